@@ -1,0 +1,171 @@
+// flashsampler-cli: talk to a flashsampler-server from the shell.
+//
+//   flashsampler-cli --address=HOST:PORT info
+//   flashsampler-cli --address=HOST:PORT health
+//   flashsampler-cli --address=HOST:PORT sample [--rows=N] [--temperature=T] [--seed=S]
+//                    [--input=FILE] [--dtype=bf16|fp16|fp32] [--logz] [--logprobs]
+//                    [--stream] [--repeat=N]
+//
+// `sample` sends random unit-normal hidden states (seeded by --data_seed), or
+// the raw little-endian fp32 [rows, D] values of --input, and prints the
+// tokens, logz / logprobs when asked, the seeds used and the round-trip latency.
+// Exit status: 0 on success, 1 when the server answered an error, 2 on usage errors.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
+#include "client/sampler_client.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server address HOST:PORT");
+ABSL_FLAG(int64_t, rows, 1, "rows (B) of random hidden states");
+ABSL_FLAG(float, temperature, 1.0f, "sampling temperature (0 = greedy)");
+ABSL_FLAG(std::string, seed, "", "noise seed (uint64); empty: the server draws one");
+ABSL_FLAG(uint64_t, offset, 0, "noise offset (e.g. decode step)");
+ABSL_FLAG(std::string, input, "", "file of raw little-endian fp32 hidden states [rows, D]");
+ABSL_FLAG(std::string, dtype, "bf16", "wire dtype of the hidden states: bf16, fp16 or fp32");
+ABSL_FLAG(bool, logz, false, "ask for log Z per row");
+ABSL_FLAG(bool, logprobs, false, "ask for the sampled token's log-probability per row");
+ABSL_FLAG(bool, stream, false, "send the requests over one SampleStream");
+ABSL_FLAG(int32_t, repeat, 1, "send the request this many times and report latency");
+ABSL_FLAG(uint64_t, data_seed, 1, "seed of the random hidden states");
+ABSL_FLAG(double, timeout_s, 60, "per-call deadline in seconds");
+
+namespace {
+
+using flashsampler::SamplerClient;
+namespace v1 = flashsampler::v1;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "flashsampler-cli: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "flashsampler-cli: %s\n", message.c_str());
+  return 2;
+}
+
+int RunInfo(SamplerClient& client) {
+  absl::StatusOr<v1::ModelInfo> info = client.GetModelInfo();
+  if (!info.ok()) return Fail(info.status());
+  std::printf("vocab_size: %lld\nvalid_vocab_size: %lld\nhidden_size: %lld\nweight_dtype: %s\n"
+              "backend: %s\nmax_batch_rows: %lld\n",
+              static_cast<long long>(info->vocab_size()),
+              static_cast<long long>(info->valid_vocab_size()),
+              static_cast<long long>(info->hidden_size()), v1::DType_Name(info->weight_dtype()).c_str(),
+              info->backend().c_str(), static_cast<long long>(info->max_batch_rows()));
+  return 0;
+}
+
+int RunHealth(SamplerClient& client) {
+  auto status = client.CheckHealth();
+  if (!status.ok()) return Fail(status.status());
+  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status).c_str());
+  return *status == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+int RunSample(SamplerClient& client) {
+  absl::StatusOr<v1::ModelInfo> info = client.GetModelInfo();
+  if (!info.ok()) return Fail(info.status());
+  const int64_t cols = info->hidden_size();
+  int64_t rows = absl::GetFlag(FLAGS_rows);
+  std::vector<float> values;
+  const std::string input = absl::GetFlag(FLAGS_input);
+  if (!input.empty()) {
+    std::ifstream in(input, std::ios::binary);
+    if (!in) return Usage("cannot read --input " + input);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (bytes.empty() || bytes.size() % (cols * sizeof(float)) != 0) {
+      return Usage("--input must hold whole rows of " + std::to_string(cols) + " fp32 values");
+    }
+    rows = static_cast<int64_t>(bytes.size() / (cols * sizeof(float)));
+    values.resize(bytes.size() / sizeof(float));
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+  } else {
+    if (rows < 1) return Usage("--rows must be >= 1");
+    std::mt19937_64 gen(absl::GetFlag(FLAGS_data_seed));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    values.resize(static_cast<size_t>(rows * cols));
+    for (float& v : values) v = normal(gen);
+  }
+  const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
+  v1::DType dtype;
+  if (dtype_name == "bf16") dtype = v1::DTYPE_BF16;
+  else if (dtype_name == "fp16") dtype = v1::DTYPE_FP16;
+  else if (dtype_name == "fp32") dtype = v1::DTYPE_FP32;
+  else return Usage("--dtype must be bf16, fp16 or fp32");
+
+  v1::SampleRequest request;
+  *request.mutable_hidden_states() = flashsampler::MakeHiddenStates(values, rows, cols, dtype);
+  v1::SamplingParams* params = request.add_params();
+  params->set_temperature(absl::GetFlag(FLAGS_temperature));
+  params->set_offset(absl::GetFlag(FLAGS_offset));
+  const std::string seed = absl::GetFlag(FLAGS_seed);
+  if (!seed.empty()) {
+    try {
+      params->set_seed(std::stoull(seed));
+    } catch (...) {
+      return Usage("--seed must be an unsigned 64-bit integer");
+    }
+  }
+  request.set_return_logz(absl::GetFlag(FLAGS_logz));
+  request.set_return_logprobs(absl::GetFlag(FLAGS_logprobs));
+  request.set_request_id("flashsampler-cli");
+
+  const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  std::vector<v1::SampleResponse> responses;
+  std::vector<double> latencies_ms;
+  const auto start_all = std::chrono::steady_clock::now();
+  if (absl::GetFlag(FLAGS_stream)) {
+    std::vector<v1::SampleRequest> requests(repeat, request);
+    auto result = client.SampleStream(requests, timeout);
+    if (!result.ok()) return Fail(result.status());
+    responses = *std::move(result);
+    latencies_ms.push_back(std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - start_all).count() / repeat);
+  } else {
+    for (int i = 0; i < repeat; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      auto result = client.Sample(request, timeout);
+      if (!result.ok()) return Fail(result.status());
+      latencies_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      responses.push_back(*std::move(result));
+    }
+  }
+  const v1::SampleResponse& last = responses.back();
+  std::printf("token_ids: [%s]\n", absl::StrJoin(last.token_ids(), ", ").c_str());
+  if (last.logz_size() > 0) std::printf("logz: [%s]\n", absl::StrJoin(last.logz(), ", ").c_str());
+  if (last.logprobs_size() > 0) {
+    std::printf("logprobs: [%s]\n", absl::StrJoin(last.logprobs(), ", ").c_str());
+  }
+  std::printf("seeds: [%s]\n", absl::StrJoin(last.seeds(), ", ").c_str());
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  std::printf("latency: %.3f ms (median of %zu%s)\n", latencies_ms[latencies_ms.size() / 2],
+              latencies_ms.size(), absl::GetFlag(FLAGS_stream) ? " stream, per request" : "");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("flashsampler-cli --address=HOST:PORT sample|info|health [flags]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) return Usage("expected one command: sample, info or health");
+  const std::string command = args[1];
+  SamplerClient client(absl::GetFlag(FLAGS_address));
+  if (command == "info") return RunInfo(client);
+  if (command == "health") return RunHealth(client);
+  if (command == "sample") return RunSample(client);
+  return Usage("unknown command '" + command + "' (expected sample, info or health)");
+}

@@ -1,0 +1,110 @@
+#include "client/sampler_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "kernels/common/half_precision.h"
+
+namespace flashsampler {
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+SamplerClient::SamplerClient(const std::string& address, int max_message_bytes) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(max_message_bytes);
+  args.SetMaxSendMessageSize(max_message_bytes);
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  sampler_ = v1::Sampler::NewStub(channel_);
+  health_ = grpc::health::v1::Health::NewStub(channel_);
+}
+
+absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest& request,
+                                                         absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  v1::SampleResponse response;
+  grpc::Status status = sampler_->Sample(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::SampleResponse>> SamplerClient::SampleStream(
+    const std::vector<v1::SampleRequest>& requests, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  auto stream = sampler_->SampleStream(&context);
+  std::vector<v1::SampleResponse> responses;
+  // The server answers strictly one request at a time, so write-then-read keeps
+  // at most one message in flight each way.
+  for (const v1::SampleRequest& request : requests) {
+    if (!stream->Write(request)) break;
+    v1::SampleResponse response;
+    if (!stream->Read(&response)) break;
+    responses.push_back(std::move(response));
+  }
+  stream->WritesDone();
+  v1::SampleResponse extra;
+  while (stream->Read(&extra)) responses.push_back(std::move(extra));
+  grpc::Status status = stream->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (responses.size() != requests.size()) {
+    return absl::DataLossError("stream ended with fewer responses than requests");
+  }
+  return responses;
+}
+
+absl::StatusOr<v1::ModelInfo> SamplerClient::GetModelInfo(absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  v1::ModelInfo info;
+  grpc::Status status = sampler_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return info;
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> SamplerClient::CheckHealth(
+    const std::string& service, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = health_->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.status();
+}
+
+v1::Tensor MakeHiddenStates(const std::vector<float>& values, int64_t rows, int64_t cols,
+                            v1::DType dtype) {
+  v1::Tensor t;
+  t.set_dtype(dtype);
+  t.add_shape(rows);
+  t.add_shape(cols);
+  std::string* data = t.mutable_data();
+  if (dtype == v1::DTYPE_FP32) {
+    data->resize(values.size() * sizeof(float));
+    std::memcpy(data->data(), values.data(), data->size());
+    return t;
+  }
+  data->resize(values.size() * 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t bits = dtype == v1::DTYPE_BF16 ? FloatToBf16(values[i]) : FloatToFp16(values[i]);
+    std::memcpy(data->data() + 2 * i, &bits, 2);
+  }
+  return t;
+}
+
+}  // namespace flashsampler

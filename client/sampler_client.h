@@ -1,0 +1,56 @@
+// SamplerClient: a blocking C++ client for flashsampler-server.
+//
+// Wraps the generated stubs with absl::Status results (gRPC codes carried over
+// unchanged) and helpers to pack hidden states into the wire Tensor.
+//
+// Thread safety: one SamplerClient may be used from many threads at once (gRPC
+// channels and stubs are thread-safe). Every call blocks until the server
+// answers or `timeout` passes (DEADLINE_EXCEEDED).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "flashsampler/v1/sampler.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace flashsampler {
+
+class SamplerClient {
+ public:
+  // Connects lazily (the first call dials). `max_message_bytes` bounds
+  // requests and responses on this side.
+  explicit SamplerClient(const std::string& address, int max_message_bytes = 256 << 20);
+
+  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& request,
+                                            absl::Duration timeout = absl::Seconds(60));
+
+  // Sends every request on one SampleStream and returns the responses in order.
+  // If the server ends the stream with an error, that status is returned.
+  absl::StatusOr<std::vector<v1::SampleResponse>> SampleStream(
+      const std::vector<v1::SampleRequest>& requests, absl::Duration timeout = absl::Seconds(60));
+
+  absl::StatusOr<v1::ModelInfo> GetModelInfo(absl::Duration timeout = absl::Seconds(10));
+
+  // grpc.health.v1 Check for `service` ("" = the whole server).
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> CheckHealth(
+      const std::string& service = "", absl::Duration timeout = absl::Seconds(10));
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Sampler::Stub> sampler_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// Packs row-major fp32 values [rows, cols] into a Tensor of `dtype`
+// (FP32 as is; FP16/BF16 rounded to nearest even).
+v1::Tensor MakeHiddenStates(const std::vector<float>& values, int64_t rows, int64_t cols,
+                            v1::DType dtype);
+
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace flashsampler

@@ -1,0 +1,84 @@
+// The RNG contract: Gumbel noise as a pure function of
+// (seed, offset, stream, vocab_index), identical on host and device.
+//
+//   Philox4x32-10, key = {seed_lo, seed_hi},
+//   counter = {vocab_index >> 2, stream, offset_lo, offset_hi},
+//   r = word (vocab_index & 3) of the output block,
+//   u = ((r >> 8) + 0.5) * 2^-24,  g = -log(-log(u))   (all fp32).
+//
+// Why this gives exact, reproducible sampling: argmax_i (l_i / T + g_i) over
+// i.i.d. Gumbel(0, 1) noise is distributed as softmax(l / T). Because the noise
+// of a token depends only on the row's (seed, offset, stream) and the token's
+// global id, a row's sample does not depend on batch composition, tile size,
+// thread count, shard count or backend (up to fp32 rounding of the logits).
+//
+// Numerics: k = r >> 8 has 24 bits and the +0.5 centres each of the 2^24
+// cells, so u lies in [2^-25, 1 - 2^-25]: never 0 (log 0 = -inf) and never 1
+// (-log 1 = 0 would make g = +inf). fp32 cannot hold every such u: in [0.5, 1)
+// its spacing is 2^-24, so k + 0.5 would round and the top cell would become
+// exactly 1. We therefore never form u in the upper half. There we compute
+// E = -log(u) as -log1p(-(1 - u)), where 1 - u = (2^24 - 1 - k + 0.5) * 2^-24
+// needs only 24 bits and is exact; in the lower half u itself is exact. So E is
+// -log of the exact cell centre to within logf's ulp, including the tiny E of
+// the top cells that produce the largest (winning) noise values, and g = -log E
+// lies in [-2.8524, 17.3287]. kGumbelMax bounds it from above.
+//
+// Thread safety: pure functions, callable concurrently from anywhere.
+#pragma once
+
+#include <Random123/philox.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common/host_device.h"
+
+namespace flashsampler {
+
+// Upper bound of GumbelFromBits over all 2^32 inputs: the largest value is
+// -log(-log1p(-2^-25)) = 17.32868 (r >= 2^32 - 256); the margin covers a 1-ulp
+// difference between host and device logf. A token whose transformed logit plus
+// kGumbelMax is below the best score so far cannot win, whatever its noise.
+inline constexpr float kGumbelMax = 17.3300f;
+
+// The four 32-bit words of Philox block `block` = vocab_index >> 2.
+FS_HOST_DEVICE FS_FORCE_INLINE r123::Philox4x32::ctr_type PhiloxNoiseBlock(
+    uint64_t seed, uint64_t offset, uint32_t stream, uint32_t block) {
+  r123::Philox4x32 philox;
+  r123::Philox4x32::ctr_type ctr = {{block, stream, static_cast<uint32_t>(offset),
+                                     static_cast<uint32_t>(offset >> 32)}};
+  r123::Philox4x32::key_type key = {
+      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
+  return philox(ctr, key);
+}
+
+// The raw 32-bit noise word of one vocabulary index.
+FS_HOST_DEVICE FS_FORCE_INLINE uint32_t NoiseBits(uint64_t seed, uint64_t offset,
+                                                  uint32_t stream, uint32_t vocab_index) {
+  return PhiloxNoiseBlock(seed, offset, stream, vocab_index >> 2).v[vocab_index & 3];
+}
+
+// E = -log(u) > 0 for u = ((r >> 8) + 0.5) * 2^-24, without rounding u (see the
+// header comment): logf of the exact u in the lower half, log1pf of the exact
+// 1 - u in the upper half.
+FS_HOST_DEVICE FS_FORCE_INLINE float ExponentialFromBits(uint32_t r) {
+  const uint32_t k = r >> 8;
+  if (k < (1u << 23)) {
+    return -logf((static_cast<float>(k) + 0.5f) * 0x1p-24f);
+  }
+  const float one_minus_u = (static_cast<float>((1u << 24) - 1u - k) + 0.5f) * 0x1p-24f;
+  return -log1pf(-one_minus_u);
+}
+
+// Gumbel(0, 1) from one noise word: g = -log(-log u), fp32, IEEE logf/log1pf
+// (never fast approximations), so host and device agree to logf's last ulp.
+FS_HOST_DEVICE FS_FORCE_INLINE float GumbelFromBits(uint32_t r) {
+  return -logf(ExponentialFromBits(r));
+}
+
+FS_HOST_DEVICE FS_FORCE_INLINE float GumbelNoise(uint64_t seed, uint64_t offset,
+                                                 uint32_t stream, uint32_t vocab_index) {
+  return GumbelFromBits(NoiseBits(seed, offset, stream, vocab_index));
+}
+
+}  // namespace flashsampler

@@ -1,0 +1,271 @@
+// CpuTiledSampler implementation.
+//
+// Work split: the vocabulary [0, valid_vocab) is cut into tiles of tile_rows
+// tokens and the batch into blocks of at most kMaxRowsPerGemm rows. A work item
+// is one (tile, row block): one single-threaded cblas_sgemm writes its
+// [rows, tile] logits into the worker's own buffer, then every row of the block
+// reduces the tile to a SampleSummary stored at summaries[tile][row]. Workers
+// claim items from an atomic counter; after all items are done each row merges
+// its tile summaries in tile order. The logits are fully determined by the
+// (tile, row block) sgemm call, whichever thread makes it, and the merge order
+// is fixed, so outputs are bit-identical for any thread count.
+//
+// Exact pruning (never changes a result): each worker keeps, per row, the best
+// score it has seen so far in this call (a real score of a real token of that
+// row). A token is skipped only when an upper bound of its score is strictly
+// below that value, so it could neither win nor tie the final merge:
+//   1. l' + kGumbelMax < best: no noise can save it; its Philox block is not
+//      even generated when all the tokens that need the block are skipped;
+//   2. l' + GumbelBucketBound(r) < best: the logs are not evaluated;
+//   3. otherwise the score l' + GumbelFromBits(r) is compared in full.
+// fp32 addition is monotone, so fl(l' + g) <= fl(l' + bound) < best. A skipped
+// token may leave a tile summary without the tile's own best token, but then
+// that token loses to the one that set `best`, so the merged winner (and its
+// logit, hence the logprob) is unchanged. The log-sum-exp part of the summaries
+// is computed over every token of the tile, independently of pruning.
+//
+// BLAS threads: OpenBLAS's thread count is process-wide. The workers are our
+// threads, so every Sample() makes sure OpenBLAS runs single-threaded inside
+// them (a multi-threaded sgemm inside each worker would oversubscribe the cores
+// and serialise on OpenBLAS's internal queue).
+#include "kernels/cpu/tiled_sampler.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/sample_summary.h"
+#include "kernels/cpu/gumbel_bucket_bound.h"
+#include "kernels/cpu/worker_pool.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+// Rows per sgemm: bounds the per-worker logits buffer to
+// kMaxRowsPerGemm * tile_rows floats whatever the batch size.
+constexpr int64_t kMaxRowsPerGemm = 128;
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+bool ValidTemperature(float t) { return t == 0.0f || (t > 0.0f && std::isfinite(t)); }
+
+// The log-sum-exp part of a tile summary: max of the transformed logits and the
+// sum of exp(l' - max), in index order.
+void TileLogSumExp(const float* logits, int64_t n, float scale, SampleSummary* s) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, logits[j] * scale);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) sum += expf(logits[j] * scale - m);
+  s->max_logit = m;
+  s->sum_exp = sum;
+}
+
+// Greedy row: score = l', prune when l' < best.
+void TileGreedy(const float* logits, int64_t n, int64_t first_token, float scale, float* best,
+                SampleSummary* s) {
+  float threshold = *best;
+  for (int64_t j = 0; j < n; ++j) {
+    const float l = logits[j] * scale;
+    if (l < threshold) continue;
+    const int32_t token = static_cast<int32_t>(first_token + j);
+    if (ScoreBeats(l, token, s->best_score, s->best_index)) {
+      s->best_score = l;
+      s->best_index = token;
+      s->best_logit = l;
+      threshold = std::max(threshold, l);
+    }
+  }
+  *best = threshold;
+}
+
+// Sampled row: score = l' + GumbelNoise(seed, offset, stream, token), with the
+// exact pruning described at the top of the file. One Philox block serves the
+// four tokens 4m..4m+3; it is generated at most once per tile, on first need.
+void TileGumbel(const float* logits, int64_t n, int64_t first_token, float scale,
+                const RowParams& p, const GumbelBucketBound& bound, float* best,
+                SampleSummary* s) {
+  float threshold = *best;
+  uint32_t cached_block = std::numeric_limits<uint32_t>::max();  // never a real block
+  r123::Philox4x32::ctr_type words = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const float l = logits[j] * scale;
+    if (l + kGumbelMax < threshold) continue;
+    const uint32_t token = static_cast<uint32_t>(first_token + j);
+    const uint32_t block = token >> 2;
+    if (block != cached_block) {
+      words = PhiloxNoiseBlock(p.seed, p.offset, p.stream, block);
+      cached_block = block;
+    }
+    const uint32_t r = words.v[token & 3];
+    if (l + bound(r) < threshold) continue;
+    const float score = l + GumbelFromBits(r);
+    if (score < threshold) continue;
+    const int32_t id = static_cast<int32_t>(token);
+    if (ScoreBeats(score, id, s->best_score, s->best_index)) {
+      s->best_score = score;
+      s->best_index = id;
+      s->best_logit = l;
+      threshold = std::max(threshold, score);
+    }
+  }
+  *best = threshold;
+}
+
+}  // namespace
+
+struct CpuTiledSampler::Impl {
+  Impl(const float* w, int64_t v, int64_t vv, int64_t d, CpuSamplerConfig config)
+      : weight(w),
+        vocab(v),
+        valid_vocab(vv),
+        hidden(d),
+        tile_rows(std::min(config.tile_rows, vv)),
+        config_ok(w != nullptr && v > 0 && v <= kMaxInt32 && vv > 0 && vv <= v && d > 0 &&
+                  d <= kMaxInt32 && config.tile_rows > 0 && config.num_threads >= 0),
+        pool(ResolveThreads(config.num_threads)) {}
+
+  static int ResolveThreads(int requested) {
+    if (requested > 0) return requested;
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? static_cast<int>(hw) : 1;
+  }
+
+  KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
+                      CpuSampleOutputs outputs);
+  void RunItem(int64_t item, int worker, const float* hidden_states, int64_t batch,
+               const RowParams* params, bool want_lse);
+
+  const float* weight;
+  int64_t vocab;
+  int64_t valid_vocab;
+  int64_t hidden;
+  int64_t tile_rows;
+  bool config_ok;
+  WorkerPool pool;
+  GumbelBucketBound bound;
+
+  // Scratch, grown on demand and reused across calls.
+  std::vector<std::vector<float>> logits;      // [worker][kMaxRowsPerGemm * tile_rows]
+  std::vector<std::vector<float>> row_best;    // [worker][batch]
+  std::vector<SampleSummary> tile_summaries;   // [num_tiles][batch]
+  std::vector<SampleSummary> merged;           // [batch]
+  int64_t num_tiles = 0;
+  int64_t rows_per_gemm = 0;
+  int64_t row_blocks = 0;
+};
+
+void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidden_states,
+                                    int64_t batch, const RowParams* params, bool want_lse) {
+  const int64_t tile = item / row_blocks;
+  const int64_t row0 = (item % row_blocks) * rows_per_gemm;
+  const int64_t rows = std::min(rows_per_gemm, batch - row0);
+  const int64_t token0 = tile * tile_rows;
+  const int64_t n = std::min(tile_rows, valid_vocab - token0);
+  float* buf = logits[worker].data();
+  // buf[r * n + j] = h_{row0 + r} . w_{token0 + j}
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+              static_cast<int>(n), static_cast<int>(hidden), 1.0f,
+              hidden_states + row0 * hidden, static_cast<int>(hidden), weight + token0 * hidden,
+              static_cast<int>(hidden), 0.0f, buf, static_cast<int>(n));
+  float* best = row_best[worker].data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = row0 + r;
+    const RowParams& p = params[row];
+    const float scale = LogitScale(p);
+    const float* l = buf + r * n;
+    SampleSummary s = EmptySampleSummary();
+    if (want_lse) TileLogSumExp(l, n, scale, &s);
+    if (p.temperature == 0.0f) {
+      TileGreedy(l, n, token0, scale, &best[row], &s);
+    } else {
+      TileGumbel(l, n, token0, scale, p, bound, &best[row], &s);
+    }
+    tile_summaries[tile * batch + row] = s;
+  }
+}
+
+KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t batch,
+                                           const RowParams* params, CpuSampleOutputs outputs) {
+  if (!config_ok || hidden_states == nullptr || params == nullptr ||
+      outputs.token_ids == nullptr || batch <= 0 || batch > kMaxInt32) {
+    return KernelStatus::kInvalidArgument;
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    if (!ValidTemperature(params[b].temperature)) return KernelStatus::kInvalidArgument;
+  }
+  for (int64_t i = 0; i < batch * hidden; ++i) {
+    if (!std::isfinite(hidden_states[i])) return KernelStatus::kInvalidArgument;
+  }
+
+  const int workers = pool.num_threads();
+  num_tiles = (valid_vocab + tile_rows - 1) / tile_rows;
+  rows_per_gemm = std::min(batch, kMaxRowsPerGemm);
+  row_blocks = (batch + rows_per_gemm - 1) / rows_per_gemm;
+  try {
+    logits.resize(workers);
+    row_best.resize(workers);
+    for (int w = 0; w < workers; ++w) {
+      logits[w].resize(static_cast<size_t>(rows_per_gemm * tile_rows));
+      row_best[w].assign(static_cast<size_t>(batch), -INFINITY);
+    }
+    tile_summaries.resize(static_cast<size_t>(num_tiles * batch));
+    merged.resize(static_cast<size_t>(batch));
+  } catch (const std::bad_alloc&) {
+    return KernelStatus::kOutOfMemory;
+  }
+
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+
+  const bool want_lse = outputs.logz != nullptr || outputs.logprobs != nullptr;
+  const int64_t items = num_tiles * row_blocks;
+  std::atomic<int64_t> next_item{0};
+  pool.RunOnAll([&](int worker) {
+    for (int64_t item = next_item.fetch_add(1, std::memory_order_relaxed); item < items;
+         item = next_item.fetch_add(1, std::memory_order_relaxed)) {
+      RunItem(item, worker, hidden_states, batch, params, want_lse);
+    }
+  });
+
+  // Merge in tile order (fixed, so logz rounds the same for any thread count).
+  // A row without a winner only happens when every logit is NaN (non-finite
+  // weights); report it before writing any output.
+  std::fill(merged.begin(), merged.end(), EmptySampleSummary());
+  for (int64_t t = 0; t < num_tiles; ++t) {
+    const SampleSummary* tile_row = tile_summaries.data() + t * batch;
+    for (int64_t b = 0; b < batch; ++b) merged[b] = MergeSummaries(merged[b], tile_row[b]);
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    if (merged[b].best_index < 0) return KernelStatus::kInvalidArgument;
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    outputs.token_ids[b] = merged[b].best_index;
+    if (want_lse) {
+      const float logz = SummaryLogZ(merged[b]);
+      if (outputs.logz != nullptr) outputs.logz[b] = logz;
+      if (outputs.logprobs != nullptr) outputs.logprobs[b] = merged[b].best_logit - logz;
+    }
+  }
+  return KernelStatus::kOk;
+}
+
+CpuTiledSampler::CpuTiledSampler(const float* weight, int64_t vocab, int64_t valid_vocab,
+                                 int64_t hidden, CpuSamplerConfig config)
+    : impl_(std::make_unique<Impl>(weight, vocab, valid_vocab, hidden, config)) {}
+
+CpuTiledSampler::~CpuTiledSampler() = default;
+
+KernelStatus CpuTiledSampler::Sample(const float* hidden_states, int64_t batch,
+                                     const RowParams* params, CpuSampleOutputs outputs) {
+  return impl_->Sample(hidden_states, batch, params, outputs);
+}
+
+int CpuTiledSampler::num_threads() const { return impl_->pool.num_threads(); }
+
+}  // namespace flashsampler::kernels

@@ -1,0 +1,60 @@
+// CpuTiledSampler: exact fused LM-head sampling on the CPU (FlashSampling's
+// algorithm with BLAS tiles). The embedded default backend and the reference
+// every GPU path is tested against.
+//
+// For each row b it returns token = argmax_i (s_b * (h_b . w_i) + g_b(i)) over
+// i < valid_vocab, with s_b = LogitScale(params[b]) and g the Gumbel noise of the
+// RNG contract (no noise for greedy rows), which is an exact sample of
+// softmax(s_b * H W^T). The vocabulary is walked in tiles of `tile_rows` tokens:
+// one sgemm computes the [B, tile] logits into a small per-thread buffer, then
+// each row keeps the tile's SampleSummary. Threads take tiles; tile summaries are
+// merged in tile order, so tokens, logz and logprobs are bit-identical for any
+// thread count. The [B, V] logits are never allocated.
+//
+// Thread safety: Sample() may not be called concurrently on one object (it owns
+// the worker threads and the scratch buffers); distinct objects are independent.
+// Outcomes: kOk with outputs written; kInvalidArgument for null pointers or
+// sizes out of range (outputs untouched).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/common/kernel_status.h"
+#include "kernels/common/row_params.h"
+
+namespace flashsampler::kernels {
+
+struct CpuSamplerConfig {
+  int num_threads = 0;       // 0: std::thread::hardware_concurrency()
+  int64_t tile_rows = 1024;  // tokens per tile
+};
+
+struct CpuSampleOutputs {
+  int32_t* token_ids = nullptr;  // [batch], required
+  float* logz = nullptr;         // [batch], optional
+  float* logprobs = nullptr;     // [batch], optional
+};
+
+class CpuTiledSampler {
+ public:
+  // weight: [vocab, hidden] fp32 row-major; it must outlive the sampler.
+  // Rows >= valid_vocab are never sampled (their logits count as -inf).
+  CpuTiledSampler(const float* weight, int64_t vocab, int64_t valid_vocab, int64_t hidden,
+                  CpuSamplerConfig config);
+  ~CpuTiledSampler();
+  CpuTiledSampler(const CpuTiledSampler&) = delete;
+  CpuTiledSampler& operator=(const CpuTiledSampler&) = delete;
+
+  // hidden_states: [batch, hidden] fp32 row-major; params: [batch].
+  KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
+                      CpuSampleOutputs outputs);
+
+  int num_threads() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashsampler::kernels

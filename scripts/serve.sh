@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The README's serve command: builds flashsampler-server and flashsampler-cli,
+# starts the server on its embedded default (demo LM head; CUDA when present,
+# else CPU), shows a real round trip with the CLI, then keeps serving until
+# Ctrl-C (SIGINT drains in-flight requests and exits 0).
+#   scripts/serve.sh [server flags...]     e.g. --weights=/models/llama --address=0.0.0.0:50051
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target flashsampler-server flashsampler-cli
+address=127.0.0.1:${FLASHSAMPLER_PORT:-50051}
+build/bin/flashsampler-server --address="$address" "$@" &
+server=$!
+trap 'kill -INT $server 2>/dev/null; wait $server' INT TERM
+cli=(build/bin/flashsampler-cli --address="$address")
+for _ in $(seq 1 600); do
+  if "${cli[@]}" health >/dev/null 2>&1; then break; fi
+  kill -0 $server 2>/dev/null || { echo "serve.sh: the server exited" >&2; wait $server; exit 1; }
+  sleep 0.1
+done
+echo "--- flashsampler-cli health";  "${cli[@]}" health
+echo "--- flashsampler-cli info";    "${cli[@]}" info
+echo "--- flashsampler-cli sample --rows=4 --temperature=0.8 --logz --logprobs"
+"${cli[@]}" sample --rows=4 --temperature=0.8 --logz --logprobs
+echo "--- serving on $address; Ctrl-C stops the server"
+wait $server

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, builds everything and runs
+# the whole test suite with ctest. On a machine without a GPU the tests labelled
+# `gpu` are excluded (they would fail loudly there); with a GPU everything runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHSAMPLER_BUILD_TESTS=ON
+cmake --build build -j"$(nproc)"
+exclude=()
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }; then
+  echo "test.sh: no GPU on this machine: excluding tests labelled gpu"
+  exclude=(-LE gpu)
+fi
+ctest --test-dir build --output-on-failure --no-tests=error "${exclude[@]}" "$@"

@@ -1,0 +1,101 @@
+// The CPU Engine: widens the LM head to fp32 once and runs CpuTiledSampler.
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/common/half_precision.h"
+#include "kernels/cpu/tiled_sampler.h"
+#include "server/engine.h"
+
+namespace flashsampler {
+namespace {
+
+// fp32 view of the weights: the mapping itself for F32 files, else one widened
+// copy (the only copy of the weights this process makes).
+std::vector<float> WidenToFloat(const LmHead& head) {
+  const int64_t n = head.vocab_size() * head.hidden_size();
+  std::vector<float> out(static_cast<size_t>(n));
+  const auto* src = static_cast<const unsigned char*>(head.data());
+  // The mapping gives no alignment guarantee for 16-bit elements: load via memcpy.
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, sizeof bits);
+    out[i] = head.dtype() == WeightDType::kBFloat16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
+  }
+  return out;
+}
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(LmHead head, std::vector<float> widened, const ModelShape& shape,
+            const CpuEngineOptions& options)
+      : head_(std::move(head)),
+        widened_(std::move(widened)),
+        shape_(shape),
+        sampler_(widened_.empty() ? static_cast<const float*>(head_.data()) : widened_.data(),
+                 shape.vocab_size, shape.valid_vocab, shape.hidden_size,
+                 kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}) {}
+
+  absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
+    if (batch.rows <= 0 || static_cast<int64_t>(batch.params.size()) != batch.rows ||
+        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size) {
+      return absl::InvalidArgumentError("cpu engine: batch sizes are inconsistent");
+    }
+    SampleResult result;
+    result.token_ids.resize(batch.rows);
+    if (batch.want_logz) result.logz.resize(batch.rows);
+    if (batch.want_logprobs) result.logprobs.resize(batch.rows);
+    kernels::CpuSampleOutputs out{result.token_ids.data(),
+                                  batch.want_logz ? result.logz.data() : nullptr,
+                                  batch.want_logprobs ? result.logprobs.data() : nullptr};
+    const kernels::KernelStatus status =
+        sampler_.Sample(batch.hidden.data(), batch.rows, batch.params.data(), out);
+    if (status != kernels::KernelStatus::kOk) {
+      return absl::InternalError(
+          absl::StrCat("cpu sampler failed: ", kernels::KernelStatusName(status)));
+    }
+    return result;
+  }
+
+  const ModelShape& shape() const override { return shape_; }
+  std::string backend_name() const override { return "cpu"; }
+
+ private:
+  LmHead head_;
+  std::vector<float> widened_;
+  ModelShape shape_;
+  kernels::CpuTiledSampler sampler_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, const CpuEngineOptions& options) {
+  ModelShape shape;
+  shape.vocab_size = head.vocab_size();
+  shape.hidden_size = head.hidden_size();
+  shape.weight_dtype = head.dtype();
+  shape.valid_vocab = options.valid_vocab == 0 ? head.vocab_size() : options.valid_vocab;
+  if (shape.valid_vocab < 0 || shape.valid_vocab > shape.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("valid_vocab ", options.valid_vocab, " is outside [1, ", shape.vocab_size,
+                     "] for ", head.source()));
+  }
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));
+  }
+  if (options.tile_rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tile_rows must be > 0, got ", options.tile_rows));
+  }
+  std::vector<float> widened;
+  if (head.dtype() != WeightDType::kFloat32) {
+    widened = WidenToFloat(head);
+  } else if (reinterpret_cast<uintptr_t>(head.data()) % alignof(float) != 0) {
+    // An fp32 tensor at an unaligned file offset cannot be handed to BLAS in place.
+    widened.resize(static_cast<size_t>(head.vocab_size() * head.hidden_size()));
+    std::memcpy(widened.data(), head.data(), widened.size() * sizeof(float));
+  }
+  return std::unique_ptr<Engine>(new CpuEngine(std::move(head), std::move(widened), shape, options));
+}
+
+}  // namespace flashsampler

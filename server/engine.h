@@ -1,0 +1,79 @@
+// Engine: a backend that holds the LM head and samples batches of rows.
+//
+// The service hands an Engine fully validated batches: hidden states already
+// widened to fp32 and free of NaN/Inf, one resolved RowParams per row. The
+// engine returns one token per row (plus logz / logprobs when asked) or an
+// error status; it never crashes the process on a bad batch.
+//
+// Thread safety: Sample() is NOT reentrant; the SampleExecutor is its only
+// caller and serialises calls. shape() and backend_name() are immutable;
+// healthy() may be called from any thread at any time.
+// Outcomes: OK with `rows` results; InvalidArgument for a batch that breaks the
+// engine's preconditions (a bug in the caller); Internal for a backend failure,
+// after which healthy() turns false.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/common/row_params.h"
+#include "server/lm_head.h"
+
+namespace flashsampler {
+
+struct ModelShape {
+  int64_t vocab_size = 0;   // rows of W, padding included
+  int64_t valid_vocab = 0;  // tokens that may be sampled: [0, valid_vocab)
+  int64_t hidden_size = 0;
+  WeightDType weight_dtype = WeightDType::kBFloat16;
+};
+
+struct SampleBatch {
+  int64_t rows = 0;
+  std::vector<float> hidden;       // [rows, hidden_size] fp32, finite
+  std::vector<RowParams> params;   // [rows]
+  bool want_logz = false;
+  bool want_logprobs = false;
+};
+
+struct SampleResult {
+  std::vector<int32_t> token_ids;  // [rows]
+  std::vector<float> logz;         // [rows] when asked, else empty
+  std::vector<float> logprobs;     // [rows] when asked, else empty
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) = 0;
+  virtual const ModelShape& shape() const = 0;
+  virtual std::string backend_name() const = 0;
+  // False once the backend hit an unrecoverable error (e.g. a device fault).
+  virtual bool healthy() const { return true; }
+};
+
+struct CpuEngineOptions {
+  int64_t valid_vocab = 0;   // 0: the whole vocabulary
+  int num_threads = 0;       // 0: all hardware threads
+  int64_t tile_rows = 1024;
+};
+
+// The CPU backend. bf16/fp16 weights are widened once into an fp32 copy (the
+// BLAS tiles need fp32); fp32 weights are used in place from the mapping.
+// InvalidArgument when valid_vocab exceeds the vocabulary.
+absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, const CpuEngineOptions& options);
+
+struct EngineOptions {
+  CpuEngineOptions cpu;
+};
+
+// Builds the backend named by `backend`: "cpu", "cuda" or "auto" (CUDA when
+// built in and a GPU is present, else CPU). InvalidArgument for an unknown name,
+// Unavailable for a backend this build or machine cannot provide.
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& backend, LmHead head,
+                                                   const EngineOptions& options);
+
+}  // namespace flashsampler

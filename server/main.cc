@@ -1,0 +1,142 @@
+// flashsampler-server: serves the Sampler API over gRPC.
+//
+// Lifecycle: parse flags -> map the LM head (cheap: mmap, or the demo head) ->
+// listen with health NOT_SERVING -> build the engine on a loader thread
+// (widening / uploading weights) -> SERVING. SIGTERM or SIGINT: health goes
+// NOT_SERVING, the server stops accepting, in-flight RPCs get
+// --grace_period_s to finish (then are cancelled), the executor drains, exit 0.
+// SIGINT/SIGTERM are blocked in every thread and taken by sigwait in main, so
+// no handler runs in signal context.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "server/engine.h"
+#include "server/lm_head.h"
+#include "server/sample_executor.h"
+#include "server/sampler_service.h"
+#include "server/server_config.h"
+
+namespace {
+
+constexpr char kServiceName[] = "flashsampler.v1.Sampler";
+
+void SetHealth(grpc::Server* server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(kServiceName, serving);
+  health->SetServingStatus("", serving);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using flashsampler::LmHead;
+  absl::SetProgramUsageMessage(
+      "Serves exact LM-head sampling over gRPC.\n"
+      "  flashsampler-server --address=HOST:PORT [--weights=FILE_OR_DIR] [--backend=auto|cpu|cuda]");
+  absl::ParseCommandLine(argc, argv);
+
+  // Before any thread exists, so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<flashsampler::ServerConfig> config = flashsampler::ServerConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "flashsampler-server: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+
+  absl::StatusOr<LmHead> head = config->weights.empty()
+                                    ? LmHead::Demo(config->demo_vocab, config->demo_hidden,
+                                                   config->demo_seed)
+                                    : LmHead::Load(config->weights, config->tensor);
+  if (!head.ok()) {
+    std::fprintf(stderr, "flashsampler-server: cannot load the LM head: %s\n",
+                 head.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t hidden = head->hidden_size();
+  std::fprintf(stderr, "flashsampler-server: LM head %s [%lld, %lld] %s\n", head->source().c_str(),
+               static_cast<long long>(head->vocab_size()), static_cast<long long>(hidden),
+               flashsampler::WeightDTypeName(head->dtype()));
+
+  std::unique_ptr<grpc::Server> server;
+  flashsampler::SampleExecutor executor([&server] {
+    std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
+    SetHealth(server.get(), false);
+  });
+  flashsampler::RequestLimits limits{config->max_batch_rows};
+  flashsampler::SamplerService service(&executor, limits);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config->address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  // The largest valid request: max_batch_rows x D fp32 values plus framing.
+  const int64_t max_message = config->max_batch_rows * hidden * 4 + (1 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT_MAX)));
+  server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "flashsampler-server: cannot listen on %s\n", config->address.c_str());
+    return 1;
+  }
+  SetHealth(server.get(), false);
+  const std::string host = config->address.substr(0, config->address.rfind(':'));
+  std::printf("flashsampler-server listening on %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+
+  std::atomic<bool> load_failed{false};
+  std::thread loader([&] {
+    flashsampler::EngineOptions options;
+    options.cpu.valid_vocab = config->valid_vocab;
+    options.cpu.num_threads = config->threads;
+    options.cpu.tile_rows = config->tile_rows;
+    absl::StatusOr<std::unique_ptr<flashsampler::Engine>> engine =
+        flashsampler::MakeEngine(config->backend, *std::move(head), options);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "flashsampler-server: cannot start the %s backend: %s\n",
+                   config->backend.c_str(), engine.status().ToString().c_str());
+      load_failed = true;
+      kill(getpid(), SIGTERM);  // taken by the sigwait below
+      return;
+    }
+    const std::string backend = (*engine)->backend_name();
+    executor.SetEngine(*std::move(engine));
+    SetHealth(server.get(), true);
+    std::fprintf(stderr, "flashsampler-server: serving on the %s backend\n", backend.c_str());
+  });
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::fprintf(stderr, "flashsampler-server: %s, draining (grace %.1f s)\n",
+               signal_number == SIGINT ? "SIGINT" : "SIGTERM", config->grace_period_s);
+  SetHealth(server.get(), false);
+  loader.join();
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(config->grace_period_s * 1000));
+  server->Shutdown(deadline);  // stops accepting; waits for in-flight RPCs
+  server->Wait();
+  executor.Stop();
+  std::fprintf(stderr, "flashsampler-server: stopped\n");
+  return load_failed ? 1 : 0;
+}

@@ -1,0 +1,47 @@
+// Request validation: turns an untrusted SampleRequest into a SampleBatch the
+// engine can run, or an InvalidArgument status saying exactly what is wrong.
+//
+// Every field is checked once, here: dtype, shape [B, D] against the model's D,
+// 1 <= B <= max_batch_rows, the byte length against the shape, NaN/Inf in the
+// hidden states, the params count (1 or B), each temperature (finite, >= 0).
+// Rows that share one params entry get noise streams 0..B-1; rows with their
+// own entry get stream 0. Absent seeds are drawn from `draw_seed` (one per
+// params entry) and reported per row.
+//
+// Thread safety: ParseSampleRequest is reentrant as long as `draw_seed` is.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "flashsampler/v1/sampler.pb.h"
+#include "server/engine.h"
+
+namespace flashsampler {
+
+struct RequestLimits {
+  int64_t max_batch_rows = 4096;
+};
+
+struct ParsedSampleRequest {
+  SampleBatch batch;
+  std::vector<uint64_t> seeds;  // [rows], the seed each row used
+  std::string request_id;       // echoed in the response
+};
+
+absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
+                                                       const ModelShape& shape,
+                                                       const RequestLimits& limits,
+                                                       const std::function<uint64_t()>& draw_seed);
+
+// The response for a parsed request and its engine result.
+void FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
+                        v1::SampleResponse* response);
+
+// Bytes per element of a wire dtype; 0 for DTYPE_UNSPECIFIED or unknown values.
+int64_t WireDTypeSize(int dtype);
+
+}  // namespace flashsampler

@@ -1,0 +1,52 @@
+// SamplerService: the flashsampler.v1.Sampler gRPC service (callback API).
+//
+// Each RPC is validated on the gRPC thread (ParseSampleRequest), handed to the
+// SampleExecutor, and finished from the executor's callback, so no gRPC thread
+// blocks on compute. SampleStream handles one request at a time per stream,
+// which keeps responses in request order; an invalid request ends the stream
+// with its status. Errors are mapped to gRPC codes once, by ToGrpcStatus.
+//
+// Thread safety: gRPC calls the methods concurrently; the service holds only
+// immutable configuration, the executor and a mutex-guarded seed generator.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
+#include "flashsampler/v1/sampler.grpc.pb.h"
+#include "server/request_parser.h"
+#include "server/sample_executor.h"
+
+namespace flashsampler {
+
+class SamplerService final : public v1::Sampler::CallbackService {
+ public:
+  SamplerService(SampleExecutor* executor, RequestLimits limits);
+
+  grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
+                                   const v1::SampleRequest* request,
+                                   v1::SampleResponse* response) override;
+  grpc::ServerBidiReactor<v1::SampleRequest, v1::SampleResponse>* SampleStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+  // Validates `request` and, when valid and the model is loaded, queues it;
+  // `done` gets the status, and `parsed` is filled for the response.
+  // Exposed for the stream reactor.
+  void StartSample(const v1::SampleRequest& request, ParsedSampleRequest* parsed,
+                   v1::SampleResponse* response, std::function<void(grpc::Status)> done);
+
+ private:
+  uint64_t DrawSeed();
+
+  SampleExecutor* const executor_;
+  const RequestLimits limits_;
+  absl::Mutex seed_mu_;
+  absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
+};
+
+}  // namespace flashsampler

@@ -1,0 +1,69 @@
+#include "server/server_config.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, address, "0.0.0.0:50051", "gRPC listen address HOST:PORT (port 0: pick a free port)");
+ABSL_FLAG(std::string, weights, "",
+          "LM head: a .safetensors file or a model folder (with model.safetensors or "
+          "model.safetensors.index.json). Empty: serve the seeded demo LM head.");
+ABSL_FLAG(std::string, tensor, "",
+          "Tensor name of the LM head. Empty: lm_head.weight, falling back to "
+          "model.embed_tokens.weight (tied embeddings).");
+ABSL_FLAG(std::string, backend, "auto", "auto | cpu | cuda (auto: CUDA when available, else CPU)");
+ABSL_FLAG(int64_t, valid_vocab, 0,
+          "Sample only token ids below N; rows >= N are padding (0: the whole vocabulary)");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend worker threads (0: all hardware threads)");
+ABSL_FLAG(int64_t, tile_rows, 1024, "CPU backend vocabulary tile, in tokens");
+ABSL_FLAG(int64_t, max_batch_rows, 1024,
+          "Largest B one request may carry; the gRPC message size limit follows from it");
+ABSL_FLAG(double, grace_period_s, 10.0,
+          "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
+ABSL_FLAG(int64_t, demo_vocab, 32000, "Vocabulary size of the demo LM head (no --weights)");
+ABSL_FLAG(int64_t, demo_hidden, 1024, "Hidden size of the demo LM head (no --weights)");
+ABSL_FLAG(uint64_t, demo_seed, 0, "Seed of the demo LM head (no --weights)");
+
+namespace flashsampler {
+
+absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
+  ServerConfig c;
+  c.address = absl::GetFlag(FLAGS_address);
+  c.weights = absl::GetFlag(FLAGS_weights);
+  c.tensor = absl::GetFlag(FLAGS_tensor);
+  c.backend = absl::GetFlag(FLAGS_backend);
+  c.valid_vocab = absl::GetFlag(FLAGS_valid_vocab);
+  c.threads = absl::GetFlag(FLAGS_threads);
+  c.tile_rows = absl::GetFlag(FLAGS_tile_rows);
+  c.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
+  c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
+  c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
+  c.demo_hidden = absl::GetFlag(FLAGS_demo_hidden);
+  c.demo_seed = absl::GetFlag(FLAGS_demo_seed);
+
+  if (c.address.empty()) return absl::InvalidArgumentError("--address must not be empty");
+  if (c.backend != "auto" && c.backend != "cpu" && c.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend must be auto, cpu or cuda, got '", c.backend, "'"));
+  }
+  if (c.valid_vocab < 0) return absl::InvalidArgumentError("--valid_vocab must be >= 0");
+  if (c.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (c.tile_rows < 1) return absl::InvalidArgumentError("--tile_rows must be >= 1");
+  if (c.max_batch_rows < 1 || c.max_batch_rows > (1 << 20)) {
+    return absl::InvalidArgumentError("--max_batch_rows must be in [1, 1048576]");
+  }
+  if (!(c.grace_period_s >= 0 && c.grace_period_s <= 3600)) {
+    return absl::InvalidArgumentError("--grace_period_s must be in [0, 3600]");
+  }
+  if (c.weights.empty() && (c.demo_vocab < 1 || c.demo_hidden < 1 ||
+                            c.demo_vocab > (int64_t{1} << 24) || c.demo_hidden > (1 << 16))) {
+    return absl::InvalidArgumentError(
+        "--demo_vocab must be in [1, 2^24] and --demo_hidden in [1, 65536]");
+  }
+  return c;
+}
+
+}  // namespace flashsampler

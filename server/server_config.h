@@ -1,0 +1,32 @@
+// ServerConfig: flashsampler-server's command line, parsed and validated once.
+//
+// The flags are defined in server_config.cc (Abseil flags); ServerConfigFromFlags
+// reads them after absl::ParseCommandLine and returns InvalidArgument naming the
+// flag for any value out of range. Not thread-safe: call once from main.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace flashsampler {
+
+struct ServerConfig {
+  std::string address;       // HOST:PORT; port 0 picks a free port
+  std::string weights;       // safetensors file or model folder; empty = demo head
+  std::string tensor;        // tensor name; empty = lm_head.weight, then tied embeddings
+  std::string backend;       // auto | cpu | cuda
+  int64_t valid_vocab = 0;   // 0 = whole vocabulary
+  int threads = 0;           // CPU backend threads; 0 = all
+  int64_t tile_rows = 1024;  // CPU backend vocabulary tile
+  int64_t max_batch_rows = 1024;
+  double grace_period_s = 10;
+  int64_t demo_vocab = 32000;
+  int64_t demo_hidden = 1024;
+  uint64_t demo_seed = 0;
+};
+
+absl::StatusOr<ServerConfig> ServerConfigFromFlags();
+
+}  // namespace flashsampler

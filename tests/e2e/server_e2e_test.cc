@@ -1,0 +1,325 @@
+// End to end: the real flashsampler-server binary on a loopback port, driven by
+// the real client library and flashsampler-cli.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/sampler_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/server_process.h"
+
+namespace flashsampler {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ServerProcess;
+
+constexpr int64_t kVocab = 2000;
+constexpr int64_t kHidden = 64;
+constexpr int64_t kMaxRows = 64;
+
+std::vector<float> RandomValues(int64_t n, uint64_t seed) {
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+v1::SampleRequest Request(int64_t rows, uint64_t data_seed, v1::DType dtype = v1::DTYPE_FP32) {
+  v1::SampleRequest r;
+  *r.mutable_hidden_states() = MakeHiddenStates(RandomValues(rows * kHidden, data_seed), rows, kHidden, dtype);
+  r.add_params()->set_temperature(1.0f);
+  return r;
+}
+
+// One server for the whole suite: small demo head, valid_vocab below V.
+class ServerE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess({"--demo_vocab=2000", "--demo_hidden=64", "--valid_vocab=1990",
+                                 "--max_batch_rows=64", "--threads=2", "--tile_rows=256"});
+    const absl::Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+    client_ = new SamplerClient(server_->address());
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    delete server_;
+  }
+
+  void ExpectInvalid(const v1::SampleRequest& request, const std::string& fragment) {
+    absl::StatusOr<v1::SampleResponse> r = client_->Sample(request);
+    ASSERT_FALSE(r.ok()) << "accepted a bad request expected to mention: " << fragment;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(fragment));
+  }
+
+  static ServerProcess* server_;
+  static SamplerClient* client_;
+};
+ServerProcess* ServerE2E::server_ = nullptr;
+SamplerClient* ServerE2E::client_ = nullptr;
+
+TEST_F(ServerE2E, ModelInfo) {
+  absl::StatusOr<v1::ModelInfo> info = client_->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->vocab_size(), kVocab);
+  EXPECT_EQ(info->valid_vocab_size(), 1990);
+  EXPECT_EQ(info->hidden_size(), kHidden);
+  EXPECT_EQ(info->weight_dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ(info->backend(), "cpu");
+  EXPECT_EQ(info->max_batch_rows(), kMaxRows);
+}
+
+TEST_F(ServerE2E, HealthIsServingForServerAndService) {
+  auto overall = client_->CheckHealth("");
+  ASSERT_TRUE(overall.ok()) << overall.status();
+  EXPECT_EQ(*overall, grpc::health::v1::HealthCheckResponse::SERVING);
+  auto service = client_->CheckHealth("flashsampler.v1.Sampler");
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_EQ(*service, grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST_F(ServerE2E, UnaryRoundTripIsReproducible) {
+  v1::SampleRequest request = Request(16, 1);
+  request.set_return_logz(true);
+  request.set_return_logprobs(true);
+  request.set_request_id("round-trip");
+  absl::StatusOr<v1::SampleResponse> first = client_->Sample(request);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->token_ids_size(), 16);
+  ASSERT_EQ(first->logz_size(), 16);
+  ASSERT_EQ(first->logprobs_size(), 16);
+  ASSERT_EQ(first->seeds_size(), 16);
+  EXPECT_EQ(first->request_id(), "round-trip");
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_GE(first->token_ids(i), 0);
+    EXPECT_LT(first->token_ids(i), 1990);  // valid_vocab masks the padding
+    EXPECT_TRUE(std::isfinite(first->logz(i)));
+    EXPECT_LE(first->logprobs(i), 0.0f);
+    EXPECT_EQ(first->seeds(i), first->seeds(0));  // one shared params entry
+  }
+  // Replaying with the reported seed gives the same tokens, bit for bit.
+  request.mutable_params(0)->set_seed(first->seeds(0));
+  absl::StatusOr<v1::SampleResponse> replay = client_->Sample(request);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_THAT(replay->token_ids(), ::testing::ElementsAreArray(first->token_ids()));
+  EXPECT_THAT(replay->logz(), ::testing::ElementsAreArray(first->logz()));
+}
+
+TEST_F(ServerE2E, RowsAreIndependentOfTheirBatch) {
+  // With one params entry per row every row uses stream 0 of its own seed, so
+  // a row sent alone must get the token it got inside the batch.
+  v1::SampleRequest big = Request(8, 2);
+  big.clear_params();
+  for (int r = 0; r < 8; ++r) {
+    v1::SamplingParams* p = big.add_params();
+    p->set_temperature(0.8f);
+    p->set_seed(100 + r);
+    p->set_offset(3);
+  }
+  absl::StatusOr<v1::SampleResponse> together = client_->Sample(big);
+  ASSERT_TRUE(together.ok()) << together.status();
+  const std::vector<float> values = RandomValues(8 * kHidden, 2);
+  for (int r = 0; r < 8; ++r) {
+    v1::SampleRequest single;
+    std::vector<float> row(values.begin() + r * kHidden, values.begin() + (r + 1) * kHidden);
+    *single.mutable_hidden_states() = MakeHiddenStates(row, 1, kHidden, v1::DTYPE_FP32);
+    *single.add_params() = big.params(r);
+    absl::StatusOr<v1::SampleResponse> alone = client_->Sample(single);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(alone->token_ids(0), together->token_ids(r)) << "row " << r;
+  }
+}
+
+TEST_F(ServerE2E, AllWireDTypesAreAccepted) {
+  for (v1::DType dtype : {v1::DTYPE_FP32, v1::DTYPE_FP16, v1::DTYPE_BF16}) {
+    v1::SampleRequest request = Request(4, 3, dtype);
+    request.mutable_params(0)->set_temperature(0.0f);
+    absl::StatusOr<v1::SampleResponse> r = client_->Sample(request);
+    ASSERT_TRUE(r.ok()) << v1::DType_Name(dtype) << ": " << r.status();
+    EXPECT_EQ(r->token_ids_size(), 4);
+  }
+}
+
+TEST_F(ServerE2E, StreamAnswersInOrderAndMatchesUnary) {
+  std::vector<v1::SampleRequest> requests;
+  for (int i = 0; i < 12; ++i) {
+    v1::SampleRequest r = Request(1 + i % 5, 10 + i);
+    r.mutable_params(0)->set_seed(500 + i);
+    r.set_request_id("s" + std::to_string(i));
+    requests.push_back(r);
+  }
+  absl::StatusOr<std::vector<v1::SampleResponse>> responses = client_->SampleStream(requests);
+  ASSERT_TRUE(responses.ok()) << responses.status();
+  ASSERT_EQ(responses->size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ((*responses)[i].request_id(), requests[i].request_id());
+    absl::StatusOr<v1::SampleResponse> unary = client_->Sample(requests[i]);
+    ASSERT_TRUE(unary.ok());
+    EXPECT_THAT((*responses)[i].token_ids(), ::testing::ElementsAreArray(unary->token_ids()));
+  }
+}
+
+TEST_F(ServerE2E, BadStreamRequestEndsTheStreamWithItsError) {
+  std::vector<v1::SampleRequest> requests = {Request(2, 1), Request(2, 2)};
+  requests[1].mutable_params(0)->set_temperature(-1.0f);
+  absl::StatusOr<std::vector<v1::SampleResponse>> r = client_->SampleStream(requests);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("temperature"));
+}
+
+TEST_F(ServerE2E, EveryBadInputIsInvalidArgumentAndTheServerStaysUp) {
+  v1::SampleRequest r = Request(2, 1);
+  r.mutable_hidden_states()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  ExpectInvalid(r, "dtype");
+
+  r = Request(2, 1);
+  r.mutable_hidden_states()->set_dtype(static_cast<v1::DType>(42));
+  ExpectInvalid(r, "got 42");
+
+  r = Request(2, 1);
+  r.mutable_hidden_states()->add_shape(1);
+  ExpectInvalid(r, "[B, D]");
+
+  r = Request(2, 1);
+  r.mutable_hidden_states()->set_shape(1, kHidden + 1);
+  ExpectInvalid(r, "hidden size 64");
+
+  r = Request(2, 1);
+  r.mutable_hidden_states()->mutable_data()->resize(2 * kHidden * 4 - 3);
+  ExpectInvalid(r, "bytes");
+
+  std::vector<float> values = RandomValues(2 * kHidden, 1);
+  values[70] = std::numeric_limits<float>::quiet_NaN();
+  r = Request(2, 1);
+  *r.mutable_hidden_states() = MakeHiddenStates(values, 2, kHidden, v1::DTYPE_FP32);
+  ExpectInvalid(r, "NaN");
+  values[70] = std::numeric_limits<float>::infinity();
+  *r.mutable_hidden_states() = MakeHiddenStates(values, 2, kHidden, v1::DTYPE_BF16);
+  ExpectInvalid(r, "infinite");
+
+  r = Request(2, 1);
+  r.mutable_params(0)->set_temperature(-0.1f);
+  ExpectInvalid(r, "temperature");
+  r.mutable_params(0)->set_temperature(std::numeric_limits<float>::quiet_NaN());
+  ExpectInvalid(r, "temperature");
+
+  r = Request(3, 1);
+  r.add_params();
+  ExpectInvalid(r, "params must have 1 entry");
+  r.clear_params();
+  ExpectInvalid(r, "params must have 1 entry");
+
+  r = Request(1, 1);
+  r.mutable_hidden_states()->set_shape(0, 0);
+  r.mutable_hidden_states()->clear_data();
+  ExpectInvalid(r, ">= 1, got 0");
+
+  ExpectInvalid(Request(kMaxRows + 1, 1), "limit of 64");
+
+  // Shape claims whose byte count would overflow B x D x size.
+  r = Request(1, 1);
+  r.mutable_hidden_states()->set_shape(0, int64_t{1} << 61);
+  ExpectInvalid(r, "limit");
+
+  r = v1::SampleRequest();
+  ExpectInvalid(r, "hidden_states is missing");
+
+  // Still healthy and still sampling.
+  auto health = client_->CheckHealth();
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(*health, grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_TRUE(client_->Sample(Request(2, 1)).ok());
+  EXPECT_TRUE(server_->running());
+}
+
+// Runs flashsampler-cli and returns (exit status, stdout).
+std::pair<int, std::string> RunCli(const std::string& args) {
+  const std::string command = testing::CliBinary() + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_F(ServerE2E, CliSampleInfoHealth) {
+  const std::string address = "--address=" + server_->address();
+  auto [info_rc, info] = RunCli(address + " info");
+  EXPECT_EQ(info_rc, 0) << info;
+  EXPECT_THAT(info, HasSubstr("vocab_size: 2000"));
+  EXPECT_THAT(info, HasSubstr("hidden_size: 64"));
+
+  auto [health_rc, health] = RunCli(address + " health");
+  EXPECT_EQ(health_rc, 0) << health;
+  EXPECT_THAT(health, HasSubstr("SERVING"));
+
+  auto [sample_rc, sample] =
+      RunCli(address + " sample --rows=3 --seed=9 --temperature=0.7 --logz --logprobs --repeat=3");
+  EXPECT_EQ(sample_rc, 0) << sample;
+  EXPECT_THAT(sample, HasSubstr("token_ids: ["));
+  EXPECT_THAT(sample, HasSubstr("logz: ["));
+  EXPECT_THAT(sample, HasSubstr("seeds: [9, 9, 9]"));
+  EXPECT_THAT(sample, HasSubstr("latency: "));
+
+  auto [stream_rc, stream] = RunCli(address + " sample --rows=2 --stream --repeat=4");
+  EXPECT_EQ(stream_rc, 0) << stream;
+  EXPECT_THAT(stream, HasSubstr("token_ids: ["));
+
+  auto [bad_rc, bad] = RunCli(address + " sample --temperature=-1");
+  EXPECT_EQ(bad_rc, 1) << bad;
+  EXPECT_THAT(bad, HasSubstr("INVALID_ARGUMENT"));
+}
+
+TEST(ServerLifecycle, SigtermDrainsInFlightRequestsAndExitsZero) {
+  // A big batch on the default-size demo head keeps the server busy for a while.
+  ServerProcess server({"--demo_vocab=32000", "--demo_hidden=1024", "--max_batch_rows=1024",
+                        "--threads=2", "--grace_period_s=60"});
+  ASSERT_TRUE(server.Start().ok());
+  SamplerClient client(server.address());
+  v1::SampleRequest request;
+  *request.mutable_hidden_states() =
+      MakeHiddenStates(RandomValues(1024 * 1024, 5), 1024, 1024, v1::DTYPE_BF16);
+  request.add_params()->set_temperature(1.0f);
+  absl::StatusOr<v1::SampleResponse> response;
+  std::thread caller([&] { response = client.Sample(request, absl::Seconds(120)); });
+  absl::SleepFor(absl::Milliseconds(300));  // let the request reach the engine
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(90));
+  caller.join();
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  ASSERT_TRUE(response.ok()) << "in-flight request lost on SIGTERM: " << response.status();
+  EXPECT_EQ(response->token_ids_size(), 1024);
+}
+
+TEST(ServerLifecycle, SigintOnAnIdleServerExitsZeroAtOnce) {
+  ServerProcess server({"--demo_vocab=100", "--demo_hidden=8"});
+  ASSERT_TRUE(server.Start().ok());
+  absl::StatusOr<int> exit_code = server.Stop(SIGINT, absl::Seconds(10));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
+TEST(ServerLifecycle, BadFlagsAndMissingWeightsFailClearly) {
+  ServerProcess bad_backend({"--backend=tpu"});
+  EXPECT_FALSE(bad_backend.Start(absl::Seconds(10)).ok());
+  ServerProcess missing({"--weights=/nonexistent/model.safetensors"});
+  EXPECT_FALSE(missing.Start(absl::Seconds(10)).ok());
+}
+
+}  // namespace
+}  // namespace flashsampler

@@ -1,0 +1,43 @@
+// ServerProcess: runs the real flashsampler-server binary on a free loopback
+// port for end-to-end tests, and stops it with a signal.
+//
+// Start() forks and execs the binary with --address=127.0.0.1:0, reads the
+// "listening on HOST:PORT" line from its stdout and waits (bounded) until
+// health answers SERVING. Not thread-safe; one test thread drives it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace flashsampler::testing {
+
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> extra_flags);
+  ~ServerProcess();  // SIGKILLs a server still running
+
+  absl::Status Start(absl::Duration ready_timeout = absl::Seconds(60));
+  const std::string& address() const { return address_; }
+  bool running();
+
+  // Sends `signal_number` and waits up to `timeout` for exit. Returns the exit
+  // status (WEXITSTATUS) or DeadlineExceeded if it did not exit in time.
+  absl::StatusOr<int> Stop(int signal_number, absl::Duration timeout);
+  void SendSignal(int signal_number);
+
+ private:
+  std::vector<std::string> flags_;
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+// Path of a binary built next to the tests (set by CMake).
+std::string ServerBinary();
+std::string CliBinary();
+
+}  // namespace flashsampler::testing

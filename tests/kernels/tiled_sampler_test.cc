@@ -1,0 +1,529 @@
+// Tests of kernels/cpu/tiled_sampler.h: exactness (the sampled distribution is
+// softmax(l / T), checked statistically; the token equals the brute-force
+// argmax of l' + g), logz / logprobs against float64, greedy, invariances, the
+// valid_vocab mask and argument checking.
+//
+// Inputs are built so the logits are known exactly, independently of how BLAS
+// sums: either D = 1 and H = 1 (the logits are a column of W), or small
+// integers in H and W (every partial sum is an exact integer in fp32). The
+// transformed logit l' = logit * LogitScale(params) is then computed here with
+// the same single fp32 multiply as the sampler, so the reference distribution
+// is the exact softmax of the fp32 values the sampler sees.
+#include "kernels/cpu/tiled_sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/common/gumbel_noise.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+constexpr int kThreads = 2;
+
+// A row-major [rows, cols] matrix of small integers in [-range, range]: its
+// products with another such matrix are exact in fp32.
+std::vector<float> IntegerMatrix(int64_t rows, int64_t cols, int range, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(-range, range);
+  std::vector<float> m(static_cast<size_t>(rows * cols));
+  for (float& x : m) x = static_cast<float>(dist(rng));
+  return m;
+}
+
+std::vector<float> NormalMatrix(int64_t rows, int64_t cols, float stddev, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> m(static_cast<size_t>(rows * cols));
+  for (float& x : m) x = dist(rng);
+  return m;
+}
+
+// Exact logits of integer-valued H [B, D] and W [V, D] (double accumulation of
+// exact integer products; the sums stay far below 2^24).
+std::vector<float> ExactLogits(const std::vector<float>& h, const std::vector<float>& w,
+                               int64_t batch, int64_t vocab, int64_t hidden) {
+  std::vector<float> logits(static_cast<size_t>(batch * vocab));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t v = 0; v < vocab; ++v) {
+      double dot = 0.0;
+      for (int64_t d = 0; d < hidden; ++d) dot += double{h[b * hidden + d]} * w[v * hidden + d];
+      logits[b * vocab + v] = static_cast<float>(dot);
+    }
+  }
+  return logits;
+}
+
+// Brute force over the whole valid vocabulary, no pruning: argmax of l' + g
+// (l' for greedy rows), ties to the lower id.
+int32_t ReferenceToken(const float* logits, int64_t valid_vocab, const RowParams& p) {
+  const float scale = LogitScale(p);
+  int32_t best = -1;
+  float best_score = -INFINITY;
+  for (int64_t v = 0; v < valid_vocab; ++v) {
+    const float l = logits[v] * scale;
+    const float s = p.temperature == 0.0f
+                        ? l
+                        : l + GumbelNoise(p.seed, p.offset, p.stream, static_cast<uint32_t>(v));
+    if (best < 0 || s > best_score) {
+      best = static_cast<int32_t>(v);
+      best_score = s;
+    }
+  }
+  return best;
+}
+
+// float64 softmax of the fp32 transformed logits [0, valid_vocab); log Z too.
+std::vector<double> ReferenceProbs(const float* logits, int64_t valid_vocab, float scale,
+                                   double* logz = nullptr) {
+  double m = -INFINITY;
+  for (int64_t v = 0; v < valid_vocab; ++v) m = std::max(m, double{logits[v] * scale});
+  std::vector<double> p(static_cast<size_t>(valid_vocab));
+  double sum = 0.0;
+  for (int64_t v = 0; v < valid_vocab; ++v) sum += p[v] = std::exp(double{logits[v] * scale} - m);
+  for (double& x : p) x /= sum;
+  if (logz != nullptr) *logz = m + std::log(sum);
+  return p;
+}
+
+struct Outputs {
+  std::vector<int32_t> tokens;
+  std::vector<float> logz;
+  std::vector<float> logprobs;
+};
+
+Outputs RunSampler(CpuTiledSampler& sampler, const std::vector<float>& h, int64_t batch,
+                   const std::vector<RowParams>& params) {
+  Outputs out{std::vector<int32_t>(batch, -7), std::vector<float>(batch, NAN),
+              std::vector<float>(batch, NAN)};
+  const KernelStatus status = sampler.Sample(
+      h.data(), batch, params.data(), {out.tokens.data(), out.logz.data(), out.logprobs.data()});
+  EXPECT_EQ(status, KernelStatus::kOk);
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// (a) Goodness of fit against the float64 softmax.
+//
+// N = 2^21 samples per case (32 calls of 65536 rows: offset = call, stream =
+// row, one seed). Power of the per-token z-test: a token with p >= 0.05 whose
+// probability is off by 2% (relative) shifts its count by 0.02 N p against a
+// standard deviation sqrt(N p (1 - p)), i.e. z = 0.02 sqrt(N p / (1 - p))
+// >= 0.02 sqrt(2^21 * 0.05 / 0.95) = 6.6 at the smallest such p. The test fails
+// at |z| > 5, so such an error is caught with probability ~0.95, while a correct
+// sampler passes each z-test with probability 1 - 6e-7. Seeds are fixed, so
+// the outcome is deterministic.
+constexpr int64_t kRowsPerCall = 1 << 16;
+constexpr int64_t kCalls = 32;
+constexpr int64_t kSamples = kRowsPerCall * kCalls;
+
+std::vector<int64_t> SampleCounts(const std::vector<float>& logits, int64_t valid_vocab,
+                                  int64_t tile_rows, float temperature, uint64_t seed) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  // D = 1, H = 1: the logits are W itself, exactly.
+  CpuTiledSampler sampler(logits.data(), vocab, valid_vocab, 1, {kThreads, tile_rows});
+  const std::vector<float> h(kRowsPerCall, 1.0f);
+  std::vector<RowParams> params(kRowsPerCall);
+  std::vector<int32_t> tokens(kRowsPerCall);
+  std::vector<int64_t> counts(vocab, 0);
+  for (int64_t call = 0; call < kCalls; ++call) {
+    for (int64_t r = 0; r < kRowsPerCall; ++r) {
+      params[r] = RowParams{temperature, seed, static_cast<uint64_t>(call),
+                            static_cast<uint32_t>(r)};
+    }
+    EXPECT_EQ(sampler.Sample(h.data(), kRowsPerCall, params.data(), {tokens.data()}),
+              KernelStatus::kOk);
+    for (int32_t t : tokens) {
+      EXPECT_TRUE(t >= 0 && t < vocab);
+      if (t >= 0 && t < vocab) ++counts[t];
+    }
+  }
+  return counts;
+}
+
+// Upper quantile of chi-square(df) at the normal quantile z (Wilson-Hilferty).
+double ChiSquareQuantile(double df, double z) {
+  const double a = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+// Chi-square over bins with expected count >= 50 (smaller tokens are pooled in
+// index order until each pool reaches 50), plus the per-token z-test for every
+// token with p >= 0.05. Tokens >= valid_vocab must never appear.
+void ExpectMatchesSoftmax(const std::vector<int64_t>& counts, const std::vector<float>& logits,
+                          int64_t valid_vocab, float temperature) {
+  const float scale = LogitScale(RowParams{temperature, 0, 0, 0});
+  const std::vector<double> p = ReferenceProbs(logits.data(), valid_vocab, scale);
+  for (size_t v = valid_vocab; v < counts.size(); ++v) EXPECT_EQ(counts[v], 0) << "masked " << v;
+
+  const double n = static_cast<double>(kSamples);
+  std::vector<double> bin_expected, bin_observed;
+  double pool_e = 0.0, pool_o = 0.0;
+  for (int64_t v = 0; v < valid_vocab; ++v) {
+    const double e = n * p[v];
+    if (e >= 50.0) {
+      bin_expected.push_back(e);
+      bin_observed.push_back(static_cast<double>(counts[v]));
+    } else {
+      pool_e += e;
+      pool_o += static_cast<double>(counts[v]);
+      if (pool_e >= 50.0) {
+        bin_expected.push_back(pool_e);
+        bin_observed.push_back(pool_o);
+        pool_e = pool_o = 0.0;
+      }
+    }
+    if (p[v] >= 0.05) {
+      const double z = (counts[v] - e) / std::sqrt(e * (1.0 - p[v]));
+      EXPECT_LT(std::fabs(z), 5.0) << "token " << v << " p=" << p[v] << " observed "
+                                   << counts[v] << " expected " << e;
+    }
+  }
+  // The last partial pool joins the smallest bin so far.
+  if (pool_e > 0.0 || pool_o > 0.0) {
+    ASSERT_FALSE(bin_expected.empty());
+    const auto smallest = std::min_element(bin_expected.begin(), bin_expected.end()) -
+                          bin_expected.begin();
+    bin_expected[smallest] += pool_e;
+    bin_observed[smallest] += pool_o;
+  }
+  ASSERT_GE(bin_expected.size(), 5u);
+  double chi2 = 0.0;
+  for (size_t i = 0; i < bin_expected.size(); ++i) {
+    const double d = bin_observed[i] - bin_expected[i];
+    chi2 += d * d / bin_expected[i];
+  }
+  const double df = static_cast<double>(bin_expected.size() - 1);
+  // alpha = 1e-6 (z = 4.75): deterministic seeds, so this only guards against
+  // a test that is fragile to harmless changes of the noise stream.
+  EXPECT_LT(chi2, ChiSquareQuantile(df, 4.75)) << "df=" << df;
+}
+
+// V = 1000 (not a multiple of the tile), six head tokens with p >= 0.05 at
+// T = 1 sitting on tile edges and on every word of a Philox block (0, 1, 63,
+// 64, 517, 999: words 0, 1, 3, 0, 1, 3; 999 is in the last, partial tile),
+// and a long tail in [-40, -2].
+std::vector<float> HeadAndTailLogits() {
+  std::vector<float> logits(1000);
+  std::mt19937 rng(2024);
+  std::uniform_real_distribution<float> tail(-40.0f, -2.0f);
+  for (float& l : logits) l = tail(rng);
+  const int head[] = {0, 1, 63, 64, 517, 999};
+  const float head_logit[] = {2.0f, 1.6f, 1.3f, 1.0f, 0.7f, 0.4f};
+  for (int i = 0; i < 6; ++i) logits[head[i]] = head_logit[i];
+  return logits;
+}
+
+TEST(TiledSamplerGoodnessOfFit, TemperatureOne) {
+  const auto logits = HeadAndTailLogits();
+  ExpectMatchesSoftmax(SampleCounts(logits, 1000, 64, 1.0f, 11), logits, 1000, 1.0f);
+}
+
+TEST(TiledSamplerGoodnessOfFit, TemperatureHalf) {
+  const auto logits = HeadAndTailLogits();
+  ExpectMatchesSoftmax(SampleCounts(logits, 1000, 64, 0.5f, 12), logits, 1000, 0.5f);
+}
+
+// At T = 2 the tail carries ~60% of the mass over hundreds of bins.
+TEST(TiledSamplerGoodnessOfFit, TemperatureTwo) {
+  const auto logits = HeadAndTailLogits();
+  ExpectMatchesSoftmax(SampleCounts(logits, 1000, 64, 2.0f, 13), logits, 1000, 2.0f);
+}
+
+// Logits spread uniformly over [-40, 10]; a tile of 50 (not a multiple of 4,
+// so Philox blocks straddle tiles) and a valid_vocab below the vocabulary
+// whose masked rows hold the largest logits.
+TEST(TiledSamplerGoodnessOfFit, WideRangeOddTileAndMask) {
+  std::vector<float> logits(1000);
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> dist(-40.0f, 10.0f);
+  for (float& l : logits) l = dist(rng);
+  for (int v = 990; v < 1000; ++v) logits[v] = 12.0f;  // masked: would dominate
+  ExpectMatchesSoftmax(SampleCounts(logits, 990, 50, 1.0f, 14), logits, 990, 1.0f);
+}
+
+// ---------------------------------------------------------------------------
+// Exactness per row: the token equals the brute-force argmax of l' + g, so
+// pruning, tiling and threading never change a result.
+
+struct Case {
+  int64_t vocab, valid_vocab, hidden, tile_rows;
+  int threads;
+};
+
+TEST(TiledSamplerTest, TokensEqualBruteForceArgmax) {
+  const Case cases[] = {{1000, 1000, 1, 64, 2}, {1000, 937, 1, 50, 3}, {517, 517, 1, 1024, 1},
+                        {4099, 4000, 1, 256, 2}};
+  for (const Case& c : cases) {
+    const int64_t batch = 300;  // > 128: several row blocks per tile
+    // Logits with a realistic spread and many exact ties (quantised to 1/8).
+    std::vector<float> w = NormalMatrix(c.vocab, 1, 3.0f, 5);
+    for (float& x : w) x = std::round(x * 8.0f) / 8.0f;
+    const std::vector<float> h(batch, 1.0f);
+    std::vector<RowParams> params(batch);
+    const float temps[] = {0.0f, 0.25f, 0.7f, 1.0f, 1.5f, 3.0f};
+    for (int64_t b = 0; b < batch; ++b) {
+      params[b] = RowParams{temps[b % 6], 1000 + static_cast<uint64_t>(b % 7),
+                            static_cast<uint64_t>(b / 7), static_cast<uint32_t>(b)};
+    }
+    CpuTiledSampler sampler(w.data(), c.vocab, c.valid_vocab, 1, {c.threads, c.tile_rows});
+    const Outputs out = RunSampler(sampler, h, batch, params);
+    for (int64_t b = 0; b < batch; ++b) {
+      ASSERT_EQ(out.tokens[b], ReferenceToken(w.data(), c.valid_vocab, params[b]))
+          << "row " << b << " vocab " << c.vocab << " tile " << c.tile_rows;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// (b) logz and logprobs against float64.
+//
+// Tolerance: a tile sums <= 64 terms exp(l' - m), each within 1 ulp (expf),
+// so its relative error is <= (64 + 1) * 2^-24 = 3.9e-6; 16 tile merges add at
+// most 2 roundings each (2e-6); log adds 1 ulp. So |logz - ref| stays below
+// ~6e-6 + ulp(logz): 1e-5 * max(1, |logz|) covers it. The logprob is
+// best_logit - logz with best_logit exact, so it gets the same bound.
+TEST(TiledSamplerTest, LogZAndLogprobsMatchFloat64) {
+  constexpr int64_t kVocab = 1000, kHidden = 16, kBatch = 24;
+  const std::vector<float> w = IntegerMatrix(kVocab, kHidden, 2, 21);
+  const std::vector<float> h = IntegerMatrix(kBatch, kHidden, 2, 22);
+  const std::vector<float> logits = ExactLogits(h, w, kBatch, kVocab, kHidden);
+  std::vector<RowParams> params(kBatch);
+  const float temps[] = {0.0f, 0.5f, 1.0f, 2.0f};
+  for (int64_t b = 0; b < kBatch; ++b) {
+    params[b] = RowParams{temps[b % 4], 31, 4, static_cast<uint32_t>(b)};
+  }
+  CpuTiledSampler sampler(w.data(), kVocab, kVocab, kHidden, {kThreads, 64});
+  const Outputs out = RunSampler(sampler, h, kBatch, params);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    const float* row = logits.data() + b * kVocab;
+    double logz = 0.0;
+    ReferenceProbs(row, kVocab, LogitScale(params[b]), &logz);
+    const double tol = 1e-5 * std::max(1.0, std::fabs(logz));
+    EXPECT_NEAR(out.logz[b], logz, tol) << "row " << b;
+    const int32_t t = out.tokens[b];
+    ASSERT_EQ(t, ReferenceToken(row, kVocab, params[b]));
+    EXPECT_NEAR(out.logprobs[b], double{row[t] * LogitScale(params[b])} - logz, tol);
+    EXPECT_LE(out.logprobs[b], 0.0f);
+  }
+  // Asking for only one of the two gives the same values.
+  std::vector<int32_t> tokens(kBatch);
+  std::vector<float> logz_only(kBatch), logprobs_only(kBatch);
+  ASSERT_EQ(sampler.Sample(h.data(), kBatch, params.data(), {tokens.data(), logz_only.data()}),
+            KernelStatus::kOk);
+  ASSERT_EQ(sampler.Sample(h.data(), kBatch, params.data(),
+                           {tokens.data(), nullptr, logprobs_only.data()}),
+            KernelStatus::kOk);
+  EXPECT_EQ(tokens, out.tokens);
+  EXPECT_EQ(logz_only, out.logz);
+  EXPECT_EQ(logprobs_only, out.logprobs);
+}
+
+// ---------------------------------------------------------------------------
+// (c) Greedy rows are the argmax, ties to the lowest id, whatever the seed.
+TEST(TiledSamplerTest, GreedyIsArgmaxWithLowestIndexTies) {
+  constexpr int64_t kVocab = 1000;
+  std::vector<float> w(kVocab);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> dist(-50, 4);
+  for (float& x : w) x = static_cast<float>(dist(rng));
+  w[700] = 5.0f;  // the maximum, repeated in later tiles and the last one
+  w[701] = 5.0f;
+  w[850] = 5.0f;
+  w[999] = 5.0f;
+  for (int threads : {1, 3}) {
+    for (int64_t tile : {1, 7, 64, 2000}) {
+      CpuTiledSampler sampler(w.data(), kVocab, kVocab, 1, {threads, tile});
+      const std::vector<float> h = {1.0f, 1.0f, 1.0f};
+      const std::vector<RowParams> params = {{0.0f, 1, 0, 0}, {0.0f, 99, 5, 1}, {0.0f, 7, 7, 7}};
+      const Outputs out = RunSampler(sampler, h, 3, params);
+      for (int b = 0; b < 3; ++b) EXPECT_EQ(out.tokens[b], 700) << threads << " " << tile;
+    }
+  }
+  // With the first maximum masked away, the next one wins.
+  CpuTiledSampler masked(w.data(), kVocab, 700, 1, {kThreads, 64});
+  std::vector<float> h1 = {1.0f};
+  std::vector<RowParams> greedy = {{0.0f, 0, 0, 0}};
+  const Outputs out = RunSampler(masked, h1, 1, greedy);
+  const int64_t expected = std::max_element(w.begin(), w.begin() + 700) - w.begin();
+  EXPECT_EQ(out.tokens[0], expected);
+}
+
+// ---------------------------------------------------------------------------
+// (d) Invariances.
+
+// Thread count: bit-identical tokens, logz and logprobs (random fp32 inputs:
+// same tiles, same sgemm calls, same merge order).
+TEST(TiledSamplerTest, BitIdenticalForAnyThreadCount) {
+  constexpr int64_t kVocab = 5000, kHidden = 64, kBatch = 200;
+  const std::vector<float> w = NormalMatrix(kVocab, kHidden, 0.3f, 41);
+  const std::vector<float> h = NormalMatrix(kBatch, kHidden, 1.0f, 42);
+  std::vector<RowParams> params(kBatch);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    params[b] = RowParams{b % 5 == 0 ? 0.0f : 0.8f, 5, 9, static_cast<uint32_t>(b)};
+  }
+  Outputs reference;
+  for (int threads : {1, 2, 3}) {
+    CpuTiledSampler sampler(w.data(), kVocab, 4990, kHidden, {threads, 256});
+    EXPECT_EQ(sampler.num_threads(), threads);
+    const Outputs out = RunSampler(sampler, h, kBatch, params);
+    if (threads == 1) {
+      reference = out;
+      continue;
+    }
+    EXPECT_EQ(out.tokens, reference.tokens) << threads;
+    for (int64_t b = 0; b < kBatch; ++b) {  // bitwise, NaN-free
+      EXPECT_EQ(std::memcmp(&out.logz[b], &reference.logz[b], 4), 0) << b;
+      EXPECT_EQ(std::memcmp(&out.logprobs[b], &reference.logprobs[b], 4), 0) << b;
+    }
+  }
+}
+
+// Tile size: identical tokens (exact integer logits, so the sgemm shape cannot
+// change them), including tiles of 1, of odd sizes and larger than V.
+TEST(TiledSamplerTest, TokensIndependentOfTileSize) {
+  constexpr int64_t kVocab = 2003, kHidden = 8, kBatch = 64;
+  const std::vector<float> w = IntegerMatrix(kVocab, kHidden, 3, 51);
+  const std::vector<float> h = IntegerMatrix(kBatch, kHidden, 3, 52);
+  std::vector<RowParams> params(kBatch);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    params[b] = RowParams{b % 8 == 0 ? 0.0f : 1.3f, 77, 1, static_cast<uint32_t>(b)};
+  }
+  std::vector<int32_t> reference;
+  for (int64_t tile : {1, 3, 50, 64, 1000, 4096}) {
+    CpuTiledSampler sampler(w.data(), kVocab, kVocab, kHidden, {kThreads, tile});
+    const Outputs out = RunSampler(sampler, h, kBatch, params);
+    if (reference.empty()) {
+      reference = out.tokens;
+      const std::vector<float> logits = ExactLogits(h, w, kBatch, kVocab, kHidden);
+      for (int64_t b = 0; b < kBatch; ++b) {
+        ASSERT_EQ(reference[b], ReferenceToken(logits.data() + b * kVocab, kVocab, params[b]));
+      }
+    }
+    EXPECT_EQ(out.tokens, reference) << "tile " << tile;
+  }
+}
+
+// Batch composition: a row gives the same result alone and among other rows
+// (at another position, with other params), and replaying (seed, offset)
+// replays the token while a new offset draws anew.
+TEST(TiledSamplerTest, RowIndependentOfBatchAndReplayable) {
+  constexpr int64_t kVocab = 3000, kHidden = 32, kBatch = 150;
+  const std::vector<float> w = NormalMatrix(kVocab, kHidden, 0.4f, 61);
+  const std::vector<float> h = NormalMatrix(kBatch, kHidden, 1.0f, 62);
+  std::vector<RowParams> params(kBatch);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    params[b] = RowParams{1.0f, 123 + static_cast<uint64_t>(b), 0, 0};
+  }
+  CpuTiledSampler sampler(w.data(), kVocab, kVocab, kHidden, {kThreads, 512});
+  const Outputs batched = RunSampler(sampler, h, kBatch, params);
+  for (int64_t b : {0, 1, 77, 128, 149}) {
+    const std::vector<float> row(h.begin() + b * kHidden, h.begin() + (b + 1) * kHidden);
+    const Outputs alone = RunSampler(sampler, row, 1, {params[b]});
+    EXPECT_EQ(alone.tokens[0], batched.tokens[b]) << b;
+    // The logits of a row may round differently between sgemm shapes (M = 1 vs
+    // M = 128), so logz is compared to fp32 accuracy here, not bitwise.
+    EXPECT_NEAR(alone.logz[0], batched.logz[b], 1e-5 * std::fabs(batched.logz[b])) << b;
+  }
+  const Outputs replay = RunSampler(sampler, h, kBatch, params);
+  EXPECT_EQ(replay.tokens, batched.tokens);
+  for (auto& p : params) p.offset = 1;
+  const Outputs next_step = RunSampler(sampler, h, kBatch, params);
+  int64_t changed = 0;
+  for (int64_t b = 0; b < kBatch; ++b) changed += next_step.tokens[b] != batched.tokens[b];
+  EXPECT_GT(changed, kBatch / 2);
+}
+
+// ---------------------------------------------------------------------------
+// (e) valid_vocab: tokens >= valid_vocab are never sampled, even with the
+// largest logits, and they are left out of log Z.
+TEST(TiledSamplerTest, MaskedTokensNeverSampledAndNotInLogZ) {
+  constexpr int64_t kVocab = 1000, kValid = 900, kBatch = 2000;
+  std::vector<float> w = NormalMatrix(kVocab, 1, 1.0f, 71);
+  for (int64_t v = kValid; v < kVocab; ++v) w[v] = 1000.0f;
+  const std::vector<float> h(kBatch, 1.0f);
+  std::vector<RowParams> params(kBatch);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    params[b] = RowParams{b == 0 ? 0.0f : 5.0f, 8, 0, static_cast<uint32_t>(b)};
+  }
+  CpuTiledSampler sampler(w.data(), kVocab, kValid, 1, {kThreads, 64});
+  const Outputs out = RunSampler(sampler, h, kBatch, params);
+  for (int64_t b = 0; b < kBatch; ++b) ASSERT_LT(out.tokens[b], kValid) << b;
+  double logz = 0.0;
+  ReferenceProbs(w.data(), kValid, LogitScale(params[1]), &logz);
+  EXPECT_NEAR(out.logz[1], logz, 1e-5 * std::max(1.0, logz));
+  EXPECT_EQ(out.tokens[0], std::max_element(w.begin(), w.begin() + kValid) - w.begin());
+}
+
+// ---------------------------------------------------------------------------
+// (f) Bad arguments: kInvalidArgument, outputs untouched.
+TEST(TiledSamplerTest, RejectsBadArguments) {
+  const std::vector<float> w(100 * 4, 0.5f);
+  const std::vector<float> h(2 * 4, 1.0f);
+  const std::vector<RowParams> params(2);
+  int32_t tokens[2] = {-7, -7};
+  float logz[2] = {-7.0f, -7.0f};
+  auto expect_invalid = [&](CpuTiledSampler& s, const float* hs, int64_t batch,
+                            const RowParams* p, CpuSampleOutputs o) {
+    EXPECT_EQ(s.Sample(hs, batch, p, o), KernelStatus::kInvalidArgument);
+    EXPECT_EQ(tokens[0], -7);
+    EXPECT_EQ(logz[0], -7.0f);
+  };
+  const CpuSampleOutputs outs{tokens, logz, nullptr};
+
+  // Bad construction: every Sample() fails.
+  struct BadConfig {
+    const float* weight;
+    int64_t vocab, valid_vocab, hidden;
+    CpuSamplerConfig config;
+  };
+  const BadConfig bad_configs[] = {
+      {nullptr, 100, 100, 4, {1, 64}},  {w.data(), 0, 0, 4, {1, 64}},
+      {w.data(), 100, 0, 4, {1, 64}},   {w.data(), 100, 101, 4, {1, 64}},
+      {w.data(), 100, -1, 4, {1, 64}},  {w.data(), 100, 100, 0, {1, 64}},
+      {w.data(), -5, 100, 4, {1, 64}},  {w.data(), 100, 100, 4, {1, 0}},
+      {w.data(), 100, 100, 4, {1, -64}}, {w.data(), 100, 100, 4, {-1, 64}},
+      {w.data(), int64_t{1} << 31, 100, 4, {1, 64}},
+  };
+  for (const BadConfig& c : bad_configs) {
+    CpuTiledSampler s(c.weight, c.vocab, c.valid_vocab, c.hidden, c.config);
+    expect_invalid(s, h.data(), 2, params.data(), outs);
+  }
+
+  CpuTiledSampler sampler(w.data(), 100, 100, 4, {2, 64});
+  expect_invalid(sampler, nullptr, 2, params.data(), outs);
+  expect_invalid(sampler, h.data(), 2, nullptr, outs);
+  expect_invalid(sampler, h.data(), 2, params.data(), {nullptr, logz, nullptr});
+  expect_invalid(sampler, h.data(), 0, params.data(), outs);
+  expect_invalid(sampler, h.data(), -1, params.data(), outs);
+  for (float t : {-1.0f, NAN, INFINITY, -0.0f * 0.0f - 1e-30f}) {
+    std::vector<RowParams> bad = params;
+    bad[1].temperature = t;
+    expect_invalid(sampler, h.data(), 2, bad.data(), outs);
+  }
+  for (float x : {NAN, INFINITY, -INFINITY}) {
+    std::vector<float> bad_h = h;
+    bad_h[5] = x;
+    expect_invalid(sampler, bad_h.data(), 2, params.data(), outs);
+  }
+  // And the same sampler still works.
+  EXPECT_EQ(sampler.Sample(h.data(), 2, params.data(), outs), KernelStatus::kOk);
+  EXPECT_GE(tokens[0], 0);
+}
+
+TEST(TiledSamplerTest, DefaultThreadCountIsHardwareConcurrency) {
+  const std::vector<float> w(16, 1.0f);
+  CpuTiledSampler sampler(w.data(), 16, 16, 1, {0, 4});
+  EXPECT_EQ(sampler.num_threads(),
+            std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+}
+
+}  // namespace
+}  // namespace flashsampler::kernels

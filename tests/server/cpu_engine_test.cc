@@ -1,0 +1,111 @@
+// The CPU engine end to end below gRPC: weights widened from bf16, batches in,
+// tokens out, and the MakeEngine backend switch.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/common/half_precision.h"
+#include "server/engine.h"
+
+namespace flashsampler {
+namespace {
+
+constexpr int64_t kVocab = 300;
+constexpr int64_t kHidden = 16;
+
+SampleBatch RandomBatch(int64_t rows, float temperature, uint64_t seed) {
+  SampleBatch b;
+  b.rows = rows;
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal;
+  b.hidden.resize(rows * kHidden);
+  for (float& v : b.hidden) v = normal(gen);
+  b.params.resize(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    b.params[r].temperature = temperature;
+    b.params[r].seed = 7;
+    b.params[r].stream = static_cast<uint32_t>(r);
+  }
+  return b;
+}
+
+// float64 logits of the demo head, from the bf16 bits the engine widens.
+std::vector<double> Logits(const LmHead& head, const std::vector<float>& h) {
+  std::vector<double> out(head.vocab_size());
+  const auto* w = static_cast<const uint16_t*>(head.data());
+  for (int64_t v = 0; v < head.vocab_size(); ++v) {
+    double acc = 0;
+    for (int64_t d = 0; d < kHidden; ++d) acc += double(Bf16ToFloat(w[v * kHidden + d])) * h[d];
+    out[v] = acc;
+  }
+  return out;
+}
+
+TEST(CpuEngine, GreedyMatchesFloat64ArgmaxAndLogZ) {
+  LmHead reference = LmHead::Demo(kVocab, kHidden, 3);
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->backend_name(), "cpu");
+  EXPECT_EQ((*engine)->shape().vocab_size, kVocab);
+  EXPECT_EQ((*engine)->shape().valid_vocab, kVocab);
+  EXPECT_EQ((*engine)->shape().weight_dtype, WeightDType::kBFloat16);
+
+  SampleBatch batch = RandomBatch(5, 0.0f, 11);
+  batch.want_logz = batch.want_logprobs = true;
+  absl::StatusOr<SampleResult> result = (*engine)->Sample(batch);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (int64_t r = 0; r < batch.rows; ++r) {
+    std::vector<float> h(batch.hidden.begin() + r * kHidden, batch.hidden.begin() + (r + 1) * kHidden);
+    std::vector<double> l = Logits(reference, h);
+    int best = 0;
+    double m = l[0];
+    for (int v = 1; v < kVocab; ++v) {
+      if (l[v] > m) m = l[v], best = v;
+    }
+    double s = 0;
+    for (double x : l) s += std::exp(x - m);
+    const double logz = m + std::log(s);
+    EXPECT_EQ(result->token_ids[r], best);
+    EXPECT_NEAR(result->logz[r], logz, 1e-4 * std::max(1.0, std::abs(logz)));
+    EXPECT_NEAR(result->logprobs[r], l[best] - logz, 1e-4);
+  }
+}
+
+TEST(CpuEngine, ValidVocabMasksPaddingRows) {
+  EngineOptions options;
+  options.cpu.valid_vocab = 10;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->shape().valid_vocab, 10);
+  SampleBatch batch = RandomBatch(64, 2.0f, 5);
+  absl::StatusOr<SampleResult> result = (*engine)->Sample(batch);
+  ASSERT_TRUE(result.ok());
+  for (int32_t t : result->token_ids) {
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 10);
+  }
+}
+
+TEST(CpuEngine, RejectsBadOptionsAndBackends) {
+  EngineOptions options;
+  options.cpu.valid_vocab = kVocab + 1;
+  EXPECT_EQ(MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeEngine("tpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuEngine, InconsistentBatchIsAnErrorNotACrash) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  SampleBatch batch = RandomBatch(2, 1.0f, 1);
+  batch.params.pop_back();
+  EXPECT_EQ((*engine)->Sample(batch).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace flashsampler

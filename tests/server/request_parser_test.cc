@@ -1,0 +1,227 @@
+#include "server/request_parser.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/common/half_precision.h"
+
+namespace flashsampler {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kHidden = 4;
+
+ModelShape Shape() {
+  ModelShape s;
+  s.vocab_size = 100;
+  s.valid_vocab = 100;
+  s.hidden_size = kHidden;
+  return s;
+}
+
+v1::SampleRequest Fp32Request(int64_t rows, const std::vector<float>& values) {
+  v1::SampleRequest r;
+  v1::Tensor* t = r.mutable_hidden_states();
+  t->set_dtype(v1::DTYPE_FP32);
+  t->add_shape(rows);
+  t->add_shape(kHidden);
+  t->mutable_data()->assign(reinterpret_cast<const char*>(values.data()),
+                            values.size() * sizeof(float));
+  r.add_params()->set_temperature(1.0f);
+  return r;
+}
+
+v1::SampleRequest ValidRequest(int64_t rows) {
+  std::vector<float> values(rows * kHidden);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i);
+  return Fp32Request(rows, values);
+}
+
+absl::StatusOr<ParsedSampleRequest> Parse(const v1::SampleRequest& r, int64_t max_rows = 8) {
+  uint64_t next_seed = 1000;
+  return ParseSampleRequest(r, Shape(), RequestLimits{max_rows}, [&] { return next_seed++; });
+}
+
+void ExpectInvalid(const v1::SampleRequest& r, const std::string& fragment) {
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr(fragment));
+}
+
+TEST(RequestParser, ValidFp32RequestIsDecodedExactly) {
+  v1::SampleRequest r = ValidRequest(3);
+  r.mutable_params(0)->set_seed(42);
+  r.mutable_params(0)->set_offset(7);
+  r.set_return_logz(true);
+  r.set_request_id("abc");
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->batch.rows, 3);
+  ASSERT_EQ(p->batch.hidden.size(), 12u);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(p->batch.hidden[i], 0.25f * i);
+  ASSERT_EQ(p->batch.params.size(), 3u);
+  for (uint32_t row = 0; row < 3; ++row) {
+    // One shared entry: same seed and offset, streams 0..B-1.
+    EXPECT_EQ(p->batch.params[row].seed, 42u);
+    EXPECT_EQ(p->batch.params[row].offset, 7u);
+    EXPECT_EQ(p->batch.params[row].stream, row);
+    EXPECT_EQ(p->seeds[row], 42u);
+  }
+  EXPECT_TRUE(p->batch.want_logz);
+  EXPECT_FALSE(p->batch.want_logprobs);
+  EXPECT_EQ(p->request_id, "abc");
+}
+
+TEST(RequestParser, PerRowParamsUseStreamZeroAndDrawMissingSeeds) {
+  v1::SampleRequest r = ValidRequest(2);
+  r.mutable_params(0)->set_seed(5);
+  r.add_params()->set_temperature(0.0f);  // no seed: drawn
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->batch.params[0].seed, 5u);
+  EXPECT_EQ(p->batch.params[1].seed, 1000u);
+  EXPECT_EQ(p->batch.params[0].stream, 0u);
+  EXPECT_EQ(p->batch.params[1].stream, 0u);
+  EXPECT_EQ(p->batch.params[1].temperature, 0.0f);
+  EXPECT_EQ(p->seeds, (std::vector<uint64_t>{5, 1000}));
+}
+
+TEST(RequestParser, SharedEntryWithoutSeedDrawsOneSeedForAllRows) {
+  absl::StatusOr<ParsedSampleRequest> p = Parse(ValidRequest(3));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->seeds, (std::vector<uint64_t>{1000, 1000, 1000}));
+}
+
+TEST(RequestParser, Bf16AndFp16AreWidenedExactly) {
+  const std::vector<float> values = {1.5f, -2.0f, 0.0078125f, 3.0f};
+  for (v1::DType dtype : {v1::DTYPE_BF16, v1::DTYPE_FP16}) {
+    v1::SampleRequest r = ValidRequest(1);
+    v1::Tensor* t = r.mutable_hidden_states();
+    t->set_dtype(dtype);
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t bits = dtype == v1::DTYPE_BF16 ? FloatToBf16(values[i]) : FloatToFp16(values[i]);
+      std::memcpy(&bytes[2 * i], &bits, 2);
+    }
+    t->set_data(bytes);
+    absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->batch.hidden, values) << v1::DType_Name(dtype);
+  }
+}
+
+TEST(RequestParser, MissingHiddenStates) {
+  v1::SampleRequest r;
+  r.add_params();
+  ExpectInvalid(r, "hidden_states is missing");
+}
+
+TEST(RequestParser, UnknownDType) {
+  v1::SampleRequest r = ValidRequest(1);
+  r.mutable_hidden_states()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  ExpectInvalid(r, "DTYPE_UNSPECIFIED");
+  r.mutable_hidden_states()->set_dtype(static_cast<v1::DType>(17));
+  ExpectInvalid(r, "got 17");
+}
+
+TEST(RequestParser, ShapeNotTwoDimensional) {
+  v1::SampleRequest r = ValidRequest(1);
+  r.mutable_hidden_states()->add_shape(1);
+  ExpectInvalid(r, "2 dims");
+  r.mutable_hidden_states()->clear_shape();
+  ExpectInvalid(r, "got 0 dims");
+}
+
+TEST(RequestParser, WrongHiddenSize) {
+  v1::SampleRequest r = ValidRequest(2);
+  r.mutable_hidden_states()->set_shape(0, 1);
+  r.mutable_hidden_states()->set_shape(1, 8);
+  ExpectInvalid(r, "hidden size 4, got 8");
+}
+
+TEST(RequestParser, ZeroAndNegativeRows) {
+  v1::SampleRequest r = ValidRequest(1);
+  r.mutable_hidden_states()->set_shape(0, 0);
+  r.mutable_hidden_states()->clear_data();
+  ExpectInvalid(r, "must be >= 1, got 0");
+  r.mutable_hidden_states()->set_shape(0, -3);
+  ExpectInvalid(r, "must be >= 1, got -3");
+}
+
+TEST(RequestParser, RowsOverTheLimit) {
+  ExpectInvalid(ValidRequest(9), "over this server's limit of 8");
+}
+
+TEST(RequestParser, HugeShapeClaimsAreRejectedBeforeAnyArithmetic) {
+  v1::SampleRequest r = ValidRequest(1);
+  r.mutable_hidden_states()->set_shape(0, std::numeric_limits<int64_t>::max());
+  ExpectInvalid(r, "over this server's limit");
+}
+
+TEST(RequestParser, ByteLengthMismatch) {
+  v1::SampleRequest r = ValidRequest(2);
+  r.mutable_hidden_states()->mutable_data()->pop_back();
+  ExpectInvalid(r, "has 31 bytes");
+  r = ValidRequest(2);
+  r.mutable_hidden_states()->mutable_data()->append("xxxx");
+  ExpectInvalid(r, "needs 32");
+}
+
+TEST(RequestParser, NaNAndInfInHiddenStates) {
+  std::vector<float> values(8, 1.0f);
+  values[6] = std::numeric_limits<float>::quiet_NaN();
+  ExpectInvalid(Fp32Request(2, values), "hidden_states[1][2] is NaN");
+  values[6] = 1.0f;
+  values[1] = -std::numeric_limits<float>::infinity();
+  ExpectInvalid(Fp32Request(2, values), "hidden_states[0][1] is infinite");
+  // bf16 infinity (0xff80) too.
+  v1::SampleRequest r = ValidRequest(1);
+  r.mutable_hidden_states()->set_dtype(v1::DTYPE_BF16);
+  std::string bytes(8, '\0');
+  const uint16_t inf = 0x7f80;
+  std::memcpy(&bytes[4], &inf, 2);
+  r.mutable_hidden_states()->set_data(bytes);
+  ExpectInvalid(r, "hidden_states[0][2] is infinite");
+}
+
+TEST(RequestParser, BadTemperatures) {
+  for (float t : {-0.5f, std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::infinity()}) {
+    v1::SampleRequest r = ValidRequest(2);
+    r.add_params()->set_temperature(t);
+    ExpectInvalid(r, "params[1].temperature must be finite and >= 0");
+  }
+}
+
+TEST(RequestParser, ParamsCountNeitherOneNorB) {
+  v1::SampleRequest r = ValidRequest(3);
+  r.add_params();
+  ExpectInvalid(r, "got 2");
+  r.clear_params();
+  ExpectInvalid(r, "got 0");
+}
+
+TEST(RequestParser, ResponseCarriesEverything) {
+  v1::SampleRequest r = ValidRequest(2);
+  r.set_request_id("req-7");
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_TRUE(p.ok());
+  SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}};
+  v1::SampleResponse response;
+  FillSampleResponse(*p, result, &response);
+  EXPECT_THAT(response.token_ids(), ::testing::ElementsAre(3, 9));
+  EXPECT_THAT(response.logz(), ::testing::ElementsAre(1.5f, 2.5f));
+  EXPECT_THAT(response.logprobs(), ::testing::ElementsAre(-0.1f, -0.2f));
+  EXPECT_THAT(response.seeds(), ::testing::ElementsAre(1000u, 1000u));
+  EXPECT_EQ(response.request_id(), "req-7");
+}
+
+}  // namespace
+}  // namespace flashsampler
