@@ -5,7 +5,9 @@
 #include <Random123/philox.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <limits>
@@ -25,9 +27,9 @@
 
 namespace flashsampler {
 
-// Exactly one of the two is set: a file mapping (Load) or an owned buffer (Demo).
-// data_ points into whichever it is; neither moves when the LmHead moves, so
-// data_ survives moves of the owning LmHead.
+// At most one of the two is set: a file mapping (Load) or an owned buffer
+// (Demo). data_ points into whichever it is; neither buffer moves when the
+// LmHead (and with it the unique_ptr<Storage>) moves, so data_ stays valid.
 struct LmHead::Storage {
   std::shared_ptr<const void> mapping;
   std::vector<uint16_t> owned;
@@ -75,9 +77,13 @@ std::string ListNames(const std::vector<std::string>& names) {
 
 enum class PathKind { kMissing, kFile, kDirectory, kOther };
 
-PathKind Classify(const std::string& path) {
+// *error (optional) gets strerror of a failed stat.
+PathKind Classify(const std::string& path, std::string* error = nullptr) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return PathKind::kMissing;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (error != nullptr) *error = std::strerror(errno);
+    return PathKind::kMissing;
+  }
   if (S_ISDIR(st.st_mode)) return PathKind::kDirectory;
   if (S_ISREG(st.st_mode)) return PathKind::kFile;
   return PathKind::kOther;
@@ -261,10 +267,11 @@ absl::StatusOr<LmHead> LmHead::Load(const std::string& path, const std::string& 
   // 1. Find the file that holds the tensor (and which candidate name it is).
   std::string file_path;
   std::string chosen;
-  const PathKind kind = Classify(path);
+  std::string stat_error;
+  const PathKind kind = Classify(path, &stat_error);
   if (kind == PathKind::kMissing) {
-    return absl::NotFoundError(absl::StrCat("weights path '", path, "' does not exist (loading tensor ",
-                                            Wanted(tensor_name), ")"));
+    return absl::NotFoundError(absl::StrCat("weights path '", path, "': ", stat_error,
+                                            " (loading tensor ", Wanted(tensor_name), ")"));
   }
   std::string index_path;
   if (kind == PathKind::kDirectory) {
@@ -277,7 +284,7 @@ absl::StatusOr<LmHead> LmHead::Load(const std::string& path, const std::string& 
                                               " nor ", kIndexFile, " (loading tensor ",
                                               Wanted(tensor_name), ")"));
     }
-  } else if (absl::EndsWith(path, ".index.json")) {
+  } else if (kind == PathKind::kFile && absl::EndsWith(path, ".index.json")) {
     index_path = path;
   } else {
     file_path = path;

@@ -29,13 +29,45 @@ std::string TensorError(const std::string& path, absl::string_view name, absl::s
   return absl::StrCat("safetensors file '", path, "', tensor '", name, "': ", problem);
 }
 
-// A short rendering of an offending JSON value for error messages. dump() could
-// throw on invalid UTF-8; the parser has already rejected that, and `replace`
-// makes sure regardless.
+// Appends a rendering of `value` to *out, at most kBriefDepth levels deep.
+// json::dump recurses once per nesting level, so a hostile header of 10^5
+// nested brackets would overflow the stack; this never goes deeper than 3.
+constexpr int kBriefDepth = 3;
+constexpr size_t kBriefChars = 80;
+
+void AppendBrief(const json& value, int depth, std::string* out) {
+  if (out->size() > kBriefChars) return;
+  if (!value.is_structured()) {
+    // Scalars only: dump does not recurse. `replace` guards against invalid
+    // UTF-8, which the parser has already rejected anyway.
+    out->append(value.dump(-1, ' ', false, json::error_handler_t::replace));
+    return;
+  }
+  const bool is_array = value.is_array();
+  out->push_back(is_array ? '[' : '{');
+  if (depth >= kBriefDepth) {
+    if (!value.empty()) out->append("...");
+  } else {
+    bool first = true;
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      if (out->size() > kBriefChars) break;
+      if (!first) out->push_back(',');
+      first = false;
+      if (!is_array) {
+        out->append(json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace));
+        out->push_back(':');
+      }
+      AppendBrief(*it, depth + 1, out);
+    }
+  }
+  out->push_back(is_array ? ']' : '}');
+}
+
+// A short rendering of an offending JSON value for error messages.
 std::string Brief(const json& value) {
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  constexpr size_t kMax = 80;
-  if (text.size() > kMax) text = text.substr(0, kMax) + "...";
+  std::string text;
+  AppendBrief(value, 0, &text);
+  if (text.size() > kBriefChars) text = text.substr(0, kBriefChars) + "...";
   return text;
 }
 
@@ -234,6 +266,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
                            " bytes after the length field (truncated or not a safetensors file)")));
   }
   const char* header_begin = reinterpret_cast<const char*>(bytes + 8);
+  // nlohmann's lexer stops at a NUL as if the input ended there, which would
+  // silently ignore the rest of the header; the format allows only JSON + spaces.
+  if (std::memchr(header_begin, '\0', header_len) != nullptr) {
+    return absl::InvalidArgumentError(FileError(path, "header is not valid JSON (contains a NUL byte)"));
+  }
   const uint8_t* data = bytes + 8 + header_len;
   const uint64_t data_size = file_size - 8 - header_len;
 

@@ -14,8 +14,9 @@
 //                    sample by inverse CDF. Rows of that pass are spread over the
 //                    same number of threads; OpenBLAS runs with --threads threads.
 //   sgemm only       the baseline's matmul alone, for reference.
-// Each variant is warmed up, then timed --iterations times with
-// std::chrono::steady_clock; the table shows the median and the minimum.
+// Each variant is warmed up, then all are timed --iterations times, round-robin
+// (one run of each per round), with std::chrono::steady_clock; the table shows
+// the median and the minimum per variant.
 //
 // Inputs: H ~ N(0, 1) and W ~ N(0, (logit_std)^2 / D), so the logits are roughly
 // N(0, logit_std^2). The fused sampler's pruning depends on the spread; the
@@ -40,7 +41,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/str_format.h"
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/row_params.h"
 #include "kernels/cpu/tiled_sampler.h"
@@ -64,27 +64,43 @@ ABSL_FLAG(std::string, commit, FLASHSAMPLER_BENCH_COMMIT, "commit recorded in th
 namespace flashsampler::kernels {
 namespace {
 
+struct Variant {
+  std::string name;
+  std::function<void()> run;
+};
+
 struct Timing {
   std::string name;
   double median_ms = 0.0;
   double min_ms = 0.0;
 };
 
-Timing TimeIt(const std::string& name, int warmup, int iterations,
-              const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> ms;
-  ms.reserve(iterations);
-  for (int i = 0; i < iterations; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    const auto t1 = std::chrono::steady_clock::now();
-    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+// Warms every variant up, then times them round-robin: iteration i runs each
+// variant once, in order. Interleaving spreads any background load of a shared
+// machine over all variants instead of penalising whichever ran at that time.
+std::vector<Timing> TimeInterleaved(const std::vector<Variant>& variants, int warmup,
+                                    int iterations) {
+  for (const Variant& v : variants) {
+    for (int i = 0; i < warmup; ++i) v.run();
   }
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  const double median = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  return Timing{name, median, ms.front()};
+  std::vector<std::vector<double>> ms(variants.size());
+  for (int i = 0; i < iterations; ++i) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      variants[k].run();
+      const auto t1 = std::chrono::steady_clock::now();
+      ms[k].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+  }
+  std::vector<Timing> out;
+  for (size_t k = 0; k < variants.size(); ++k) {
+    std::vector<double>& m = ms[k];
+    std::sort(m.begin(), m.end());
+    const size_t n = m.size();
+    const double median = n % 2 ? m[n / 2] : 0.5 * (m[n / 2 - 1] + m[n / 2]);
+    out.push_back(Timing{variants[k].name, median, m.front()});
+  }
+  return out;
 }
 
 std::string CpuModel() {
@@ -212,26 +228,30 @@ int RunCpu() {
   std::vector<int32_t> tokens(batch);
   std::vector<float> logz(batch), logprobs(batch), base_logz(batch);
 
-  std::vector<Timing> results;
-  results.push_back(TimeIt("fused (tokens)", warmup, iterations, [&] {
-    next_params();
-    if (fused.Sample(h.data(), batch, params.data(), {tokens.data()}) != KernelStatus::kOk) {
-      std::abort();
-    }
-  }));
-  results.push_back(TimeIt("fused (tokens+logz+logprobs)", warmup, iterations, [&] {
-    next_params();
-    if (fused.Sample(h.data(), batch, params.data(),
-                     {tokens.data(), logz.data(), logprobs.data()}) != KernelStatus::kOk) {
-      std::abort();
-    }
-  }));
-  results.push_back(TimeIt("materialized sgemm+softmax+sample", warmup, iterations, [&] {
-    next_params();
-    materialized.Sample(h.data(), batch, params.data(), tokens.data(), base_logz.data());
-  }));
-  results.push_back(TimeIt("  of which sgemm only", warmup, iterations,
-                           [&] { materialized.Logits(h.data(), batch); }));
+  const std::vector<Variant> variants = {
+      {"fused (tokens)",
+       [&] {
+         next_params();
+         if (fused.Sample(h.data(), batch, params.data(), {tokens.data()}) != KernelStatus::kOk) {
+           std::abort();
+         }
+       }},
+      {"fused (tokens+logz+logprobs)",
+       [&] {
+         next_params();
+         if (fused.Sample(h.data(), batch, params.data(),
+                          {tokens.data(), logz.data(), logprobs.data()}) != KernelStatus::kOk) {
+           std::abort();
+         }
+       }},
+      {"materialized sgemm+softmax+sample",
+       [&] {
+         next_params();
+         materialized.Sample(h.data(), batch, params.data(), tokens.data(), base_logz.data());
+       }},
+      {"materialized: sgemm only", [&] { materialized.Logits(h.data(), batch); }},
+  };
+  const std::vector<Timing> results = TimeInterleaved(variants, warmup, iterations);
   openblas_set_num_threads(1);
 
   // Sanity: both paths see the same distribution, so their logz agree.
@@ -272,7 +292,8 @@ int RunCpu() {
     j["warmup"] = warmup;
     j["max_logz_diff"] = max_logz_diff;
     for (const Timing& t : results) {
-      j["results"].push_back({{"variant", t.name}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms}});
+      j["results"].push_back(
+          {{"variant", t.name}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms}});
     }
     std::ofstream out(json_path);
     out << j.dump(2) << "\n";

@@ -2,9 +2,10 @@
 //
 // bf16 is the top half of an fp32, so widening is a shift. fp16 (IEEE binary16)
 // widens exactly too: every fp16 value, subnormals included, is an fp32 value.
-// NaN payloads are kept quiet; infinities stay infinities. FloatToBf16 (for
-// writers and tests) and FloatToFp16 (for clients) round to nearest even, as
-// PyTorch does, keep NaN a NaN, and FloatToFp16 overflows to infinity.
+// NaNs stay NaNs with their payload bits (a signalling NaN is not quietened);
+// infinities stay infinities. FloatToBf16 (for writers and tests) and
+// FloatToFp16 (for clients) round to nearest even, as PyTorch does, keep NaN a
+// NaN, and FloatToFp16 overflows to infinity.
 //
 // Thread safety: pure functions.
 #pragma once

@@ -44,8 +44,16 @@ class GumbelBucketBound {
     }
   }
 
+  // Noise words r >= this are in the top bucket, the only one whose bound
+  // exceeds below_top_bound().
+  static constexpr uint32_t kTopBucketFirstWord = uint32_t{kBuckets - 1} << (32 - kBucketBits);
+
   // An upper bound of GumbelFromBits(r).
   float operator()(uint32_t r) const { return bound_[r >> (32 - kBucketBits)]; }
+
+  // An upper bound of GumbelFromBits(r) for every r < kTopBucketFirstWord
+  // (the bound of the second-highest bucket, ~5.54).
+  float below_top_bound() const { return bound_[kBuckets - 2]; }
 
  private:
   std::array<float, kBuckets> bound_;

@@ -14,8 +14,8 @@
 // score it has seen so far in this call (a real score of a real token of that
 // row). A token is skipped only when an upper bound of its score is strictly
 // below that value, so it could neither win nor tie the final merge:
-//   1. l' + kGumbelMax < best: no noise can save it; its Philox block is not
-//      even generated when all the tokens that need the block are skipped;
+//   1. max l' over a chunk of 64 tokens + kGumbelMax < best: no noise can save
+//      any of them, and their Philox blocks are not even generated;
 //   2. l' + GumbelBucketBound(r) < best: the logs are not evaluated;
 //   3. otherwise the score l' + GumbelFromBits(r) is compared in full.
 // fp32 addition is monotone, so fl(l' + g) <= fl(l' + bound) < best. A skipped
@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <thread>
@@ -44,6 +45,7 @@
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
 #include "kernels/cpu/gumbel_bucket_bound.h"
+#include "kernels/cpu/philox_batch.h"
 #include "kernels/cpu/worker_pool.h"
 
 namespace flashsampler::kernels {
@@ -54,66 +56,117 @@ namespace {
 constexpr int64_t kMaxRowsPerGemm = 128;
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
-bool ValidTemperature(float t) { return t == 0.0f || (t > 0.0f && std::isfinite(t)); }
+// 0 (greedy), or positive with a finite reciprocal (1/T overflows below ~3e-39).
+bool ValidTemperature(float t) {
+  return t == 0.0f || (t > 0.0f && std::isfinite(t) && std::isfinite(1.0f / t));
+}
+
+// max of x[0, n), NaN elements ignored. Eight independent running maxima (in
+// place of one serial chain) keep the latency of maxss off the critical path.
+float MaxOf(const float* x, int64_t n) {
+  constexpr int kLanes = 8;
+  float m[kLanes];
+  for (float& v : m) v = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) m[k] = std::max(m[k], x[i + k]);
+  }
+  for (; i < n; ++i) m[0] = std::max(m[0], x[i]);
+  float out = m[0];
+  for (int k = 1; k < kLanes; ++k) out = std::max(out, m[k]);
+  return out;
+}
 
 // The log-sum-exp part of a tile summary: max of the transformed logits and the
-// sum of exp(l' - max), in index order.
+// sum of exp(l' - max), in index order. scale > 0 and fp32 rounding is
+// monotone, so max(l * scale) == max(l) * scale exactly.
 void TileLogSumExp(const float* logits, int64_t n, float scale, SampleSummary* s) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, logits[j] * scale);
+  const float m = MaxOf(logits, n) * scale;
   float sum = 0.0f;
   for (int64_t j = 0; j < n; ++j) sum += expf(logits[j] * scale - m);
   s->max_logit = m;
   s->sum_exp = sum;
 }
 
-// Greedy row: score = l', prune when l' < best.
+// Greedy row: score = l', prune when l' < best. `!(x >= y)` also skips NaN
+// logits (non-finite weights), which must never win.
 void TileGreedy(const float* logits, int64_t n, int64_t first_token, float scale, float* best,
                 SampleSummary* s) {
   float threshold = *best;
   for (int64_t j = 0; j < n; ++j) {
     const float l = logits[j] * scale;
-    if (l < threshold) continue;
+    if (!(l >= threshold)) continue;
     const int32_t token = static_cast<int32_t>(first_token + j);
     if (ScoreBeats(l, token, s->best_score, s->best_index)) {
       s->best_score = l;
       s->best_index = token;
       s->best_logit = l;
-      threshold = std::max(threshold, l);
+      threshold = l;
     }
   }
   *best = threshold;
 }
 
 // Sampled row: score = l' + GumbelNoise(seed, offset, stream, token), with the
-// exact pruning described at the top of the file. One Philox block serves the
-// four tokens 4m..4m+3; it is generated at most once per tile, on first need.
+// exact pruning described at the top of the file. Tokens go in chunks of 64
+// aligned to global ids (16 Philox blocks): a chunk whose largest l' cannot
+// reach the threshold even with kGumbelMax is skipped without noise; otherwise
+// its 64 noise words come from one PhiloxNoiseWords call and each token is
+// screened with the bucket bound before its logs are taken. The chunk-level
+// test uses the threshold at the chunk's start, which is never above the
+// current one, so it is exact too.
 void TileGumbel(const float* logits, int64_t n, int64_t first_token, float scale,
                 const RowParams& p, const GumbelBucketBound& bound, float* best,
                 SampleSummary* s) {
+  alignas(64) float scaled[kPhiloxBatchWords];
+  alignas(64) uint32_t words[kPhiloxBatchWords];
+  alignas(64) uint8_t maybe[kPhiloxBatchWords] = {};  // lanes >= count: stale, never used alone
   float threshold = *best;
-  uint32_t cached_block = std::numeric_limits<uint32_t>::max();  // never a real block
-  r123::Philox4x32::ctr_type words = {};
-  for (int64_t j = 0; j < n; ++j) {
-    const float l = logits[j] * scale;
-    if (l + kGumbelMax < threshold) continue;
-    const uint32_t token = static_cast<uint32_t>(first_token + j);
-    const uint32_t block = token >> 2;
-    if (block != cached_block) {
-      words = PhiloxNoiseBlock(p.seed, p.offset, p.stream, block);
-      cached_block = block;
+  for (int64_t j = 0; j < n;) {
+    const int64_t token = first_token + j;
+    const int64_t chunk_first = token & ~int64_t{kPhiloxBatchWords - 1};
+    const int lane0 = static_cast<int>(token - chunk_first);
+    const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatchWords - lane0, n - j));
+    for (int i = 0; i < count; ++i) scaled[i] = logits[j + i] * scale;
+    const float chunk_max = MaxOf(scaled, count);
+    if (chunk_max + kGumbelMax >= threshold) {
+      PhiloxNoiseWords(p.seed, p.offset, p.stream, static_cast<uint32_t>(chunk_first >> 2), words);
+      // Screen all lanes at once (vectorised) for a superset of the tokens
+      // that pass the bucket bound: outside the top bucket the bound is at
+      // most below_top_bound(), inside it at most kGumbelMax. The sums are
+      // formed as in the exact test, so by fp32 monotonicity nothing that
+      // would pass it is screened out.
+      const float below_top = bound.below_top_bound();
+      for (int i = 0; i < count; ++i) {
+        const float l = scaled[i];
+        const bool top = words[lane0 + i] >= GumbelBucketBound::kTopBucketFirstWord;
+        maybe[i] = (l + below_top >= threshold) | (top & (l + kGumbelMax >= threshold));
+      }
+      for (int i = 0; i < count; ++i) {
+        if ((i & 7) == 0) {  // skip 8 lanes at a time: most are screened out
+          uint64_t group;
+          std::memcpy(&group, maybe + i, sizeof group);
+          if (group == 0) {
+            i += 7;
+            continue;
+          }
+        }
+        if (!maybe[i]) continue;
+        const float l = scaled[i];
+        const uint32_t r = words[lane0 + i];
+        if (l + bound(r) < threshold) continue;
+        const float score = l + GumbelFromBits(r);
+        if (!(score >= threshold)) continue;
+        const int32_t id = static_cast<int32_t>(token + i);
+        if (ScoreBeats(score, id, s->best_score, s->best_index)) {
+          s->best_score = score;
+          s->best_index = id;
+          s->best_logit = l;
+          threshold = score;
+        }
+      }
     }
-    const uint32_t r = words.v[token & 3];
-    if (l + bound(r) < threshold) continue;
-    const float score = l + GumbelFromBits(r);
-    if (score < threshold) continue;
-    const int32_t id = static_cast<int32_t>(token);
-    if (ScoreBeats(score, id, s->best_score, s->best_index)) {
-      s->best_score = score;
-      s->best_index = id;
-      s->best_logit = l;
-      threshold = std::max(threshold, score);
-    }
+    j += count;
   }
   *best = threshold;
 }

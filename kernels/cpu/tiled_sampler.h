@@ -11,10 +11,18 @@
 // merged in tile order, so tokens, logz and logprobs are bit-identical for any
 // thread count. The [B, V] logits are never allocated.
 //
+// Pruning: tokens whose score cannot reach the best one seen so far are skipped
+// before their noise is drawn (kernels/cpu/tiled_sampler.cc); this is exact.
+//
 // Thread safety: Sample() may not be called concurrently on one object (it owns
 // the worker threads and the scratch buffers); distinct objects are independent.
-// Outcomes: kOk with outputs written; kInvalidArgument for null pointers or
-// sizes out of range (outputs untouched).
+// Sample() sets OpenBLAS's process-wide thread count to 1 (its workers are the
+// parallelism); a caller that wants a multi-threaded BLAS elsewhere sets it back.
+// Outcomes: kOk with outputs written; kInvalidArgument (outputs untouched) for
+// null pointers, sizes out of range (checked at construction, reported here),
+// a temperature that is negative, non-finite or whose reciprocal overflows,
+// non-finite hidden states, or a row whose logits are all NaN (non-finite
+// weights); kOutOfMemory when scratch cannot be allocated.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +35,8 @@ namespace flashsampler::kernels {
 
 struct CpuSamplerConfig {
   int num_threads = 0;       // 0: std::thread::hardware_concurrency()
-  int64_t tile_rows = 1024;  // tokens per tile
+  // Tokens per tile; multiples of 64 avoid drawing a noise chunk twice at tile edges.
+  int64_t tile_rows = 1024;
 };
 
 struct CpuSampleOutputs {

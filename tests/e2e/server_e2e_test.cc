@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -157,7 +158,7 @@ TEST_F(ServerE2E, StreamAnswersInOrderAndMatchesUnary) {
   for (int i = 0; i < 12; ++i) {
     v1::SampleRequest r = Request(1 + i % 5, 10 + i);
     r.mutable_params(0)->set_seed(500 + i);
-    r.set_request_id("s" + std::to_string(i));
+    r.set_request_id(absl::StrCat("s", i));
     requests.push_back(r);
   }
   absl::StatusOr<std::vector<v1::SampleResponse>> responses = client_->SampleStream(requests);

@@ -42,6 +42,11 @@ TEST(GumbelBucketBoundTest, IsTightAndMonotone) {
     prev = b;
   }
   EXPECT_EQ(bound(0xffffffffu), kGumbelMax);
+  // below_top_bound() covers every word outside the top bucket.
+  EXPECT_EQ(GumbelBucketBound::kTopBucketFirstWord, 0xff000000u);
+  EXPECT_EQ(bound.below_top_bound(), bound(0xfeffffffu));
+  EXPECT_GE(bound.below_top_bound(), GumbelFromBits(0xfeffffffu));
+  EXPECT_LT(bound.below_top_bound(), bound(0xff000000u));
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ double FloatUlp(double x) {
 double ReferenceGumbel(uint32_t r) {
   const uint32_t k = r >> 8;
   const double u = (k + 0.5) * 0x1p-24;
-  const double e = k < (1u << 23) ? -std::log(u) : -std::log1p(-(((1u << 24) - 1u - k) + 0.5) * 0x1p-24);
+  const double one_minus_u = (((1u << 24) - 1u - k) + 0.5) * 0x1p-24;
+  const double e = k < (1u << 23) ? -std::log(u) : -std::log1p(-one_minus_u);
   return -std::log(e);
 }
 
@@ -178,7 +179,9 @@ TEST(GumbelNoiseTest, ExtremeWordsAreFiniteAndBounded) {
 }
 
 // Exhaustive over all 2^24 cells (one r per cell; the low byte is ignored):
-// finite, bounded, monotone in k, and within a few ulp of float64.
+// finite, bounded, within a few ulp of float64, and non-decreasing in k up to
+// that accuracy (exactly monotone with glibc's logf / log1pf; nothing relies on
+// more than the tolerance, see gumbel_bucket_bound.h).
 TEST(GumbelNoiseTest, AllCellsFiniteBoundedMonotone) {
   float prev = -INFINITY;
   float max_g = -INFINITY;
@@ -187,7 +190,7 @@ TEST(GumbelNoiseTest, AllCellsFiniteBoundedMonotone) {
     const uint32_t r = k << 8;
     const float g = GumbelFromBits(r);
     ASSERT_TRUE(std::isfinite(g)) << k;
-    ASSERT_GE(g, prev) << "not monotone at k=" << k;
+    ASSERT_GE(g, prev - 2 * FloatUlp(g)) << "not monotone at k=" << k;
     prev = g;
     max_g = std::max(max_g, g);
     if ((k & 255) == 0 || k >= (1u << 24) - 4096) {  // a sample, and all top cells

@@ -1,6 +1,7 @@
 // Tests of kernels/common/half_precision.h: exhaustive widening of bf16 / fp16
 // against independent float64 references, and round-to-nearest-even narrowing
-// of FloatToBf16.
+// of FloatToBf16 / FloatToFp16 against a reference that picks the nearer of
+// the two neighbouring patterns.
 #include "kernels/common/half_precision.h"
 
 #include <gtest/gtest.h>
@@ -53,6 +54,25 @@ uint16_t ReferenceFloatToBf16(float x) {
   if (d_down < d_up) return static_cast<uint16_t>(down);
   if (d_up < d_down) return static_cast<uint16_t>(up);
   return static_cast<uint16_t>((down & 1) ? up : down);
+}
+
+// Round-to-nearest-even reference of FloatToFp16 for a non-NaN float: walk to
+// the largest fp16 magnitude <= |x| (with 0x7c00 read as 2^16, the IEEE rule
+// for overflow), then take the nearer of it and the next one, ties to even.
+uint16_t ReferenceFloatToFp16(float x) {
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(x));
+  auto value = [](uint32_t h) { return h == 0x7c00 ? 65536.0 : Fp16Value(h); };
+  if (a >= 65536.0) return sign | 0x7c00;
+  // Positive fp16 patterns are ordered like their values: binary search.
+  uint32_t lo = 0, hi = 0x7c00;  // value(lo) <= a < value(hi)
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) / 2;
+    (value(mid) <= a ? lo : hi) = mid;
+  }
+  const double d_lo = a - value(lo), d_hi = value(hi) - a;
+  uint32_t h = d_lo < d_hi ? lo : d_hi < d_lo ? hi : ((lo & 1) ? hi : lo);
+  return static_cast<uint16_t>(sign | h);
 }
 
 TEST(HalfPrecisionTest, Bf16WideningIsExhaustivelyExact) {
@@ -149,6 +169,44 @@ TEST(HalfPrecisionTest, FloatToBf16KeepsNaNsNaN) {
     if (!std::isnan(f)) {
       ASSERT_EQ(FloatToBf16(f), h) << std::hex << h;
     }
+  }
+}
+
+TEST(HalfPrecisionTest, FloatToFp16RoundTripsEveryPattern) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = Fp16ToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(Fp16ToFloat(FloatToFp16(f)))) << std::hex << h;
+    } else {
+      ASSERT_EQ(FloatToFp16(f), h) << std::hex << h;
+    }
+  }
+}
+
+TEST(HalfPrecisionTest, FloatToFp16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToFp16(1.0f + 0x1p-11f), 0x3c00);      // halfway, to even (down)
+  EXPECT_EQ(FloatToFp16(1.0f + 3 * 0x1p-11f), 0x3c02);  // halfway, to even (up)
+  EXPECT_EQ(FloatToFp16(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToFp16(65519.996f), 0x7bff);           // just below the overflow midpoint
+  EXPECT_EQ(FloatToFp16(65520.0f), 0x7c00);             // midpoint, to even: infinity
+  EXPECT_EQ(FloatToFp16(-1e9f), 0xfc00);
+  EXPECT_EQ(FloatToFp16(0x1p-25f), 0x0000);             // half the smallest subnormal: even
+  EXPECT_EQ(FloatToFp16(0x1.000002p-25f), 0x0001);
+  EXPECT_EQ(FloatToFp16(3 * 0x1p-25f), 0x0002);         // 1.5 subnormal units: to even
+  EXPECT_EQ(FloatToFp16(0x1.ff8p-15f), 0x03ff);         // the largest subnormal
+  EXPECT_EQ(FloatToFp16(0x1.ffcp-15f), 0x0400);         // its midpoint to 2^-14: to even, a normal
+  EXPECT_EQ(FloatToFp16(-0.0f), 0x8000);
+  EXPECT_TRUE(std::isnan(Fp16ToFloat(FloatToFp16(NAN))));
+
+  std::mt19937 rng(8);
+  for (int i = 0; i < 1000000; ++i) {
+    uint32_t bits = rng();
+    // Bias towards the fp16 range (|x| in [2^-26, 2^17)) and exact midpoints.
+    if (i % 2 == 0) bits = (bits & 0x807fffffu) | ((101u + (bits >> 8) % 43u) << 23);
+    if (i % 8 == 0) bits = (bits & 0xffffe000u) | 0x1000u;
+    const float x = BitsToFloat(bits);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(FloatToFp16(x), ReferenceFloatToFp16(x)) << std::hex << bits;
   }
 }
 

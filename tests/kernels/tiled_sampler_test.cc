@@ -206,47 +206,49 @@ void ExpectMatchesSoftmax(const std::vector<int64_t>& counts, const std::vector<
   EXPECT_LT(chi2, ChiSquareQuantile(df, 4.75)) << "df=" << df;
 }
 
-// V = 1000 (not a multiple of the tile), six head tokens with p >= 0.05 at
-// T = 1 sitting on tile edges and on every word of a Philox block (0, 1, 63,
-// 64, 517, 999: words 0, 1, 3, 0, 1, 3; 999 is in the last, partial tile),
-// and a long tail in [-40, -2].
-std::vector<float> HeadAndTailLogits() {
-  std::vector<float> logits(1000);
+// `vocab` tokens (not a multiple of the tile of 64), six head tokens with
+// p >= 0.05 at every tested temperature, sitting on tile edges and on every
+// word of a Philox block (0, 1, 63, 64, vocab / 2 + 1, vocab - 1: words 0, 1,
+// 3, 0, 1, 3; the last one is in the final, partial tile), and a tail of
+// logits drawn uniformly in [-40, -2] at random positions.
+std::vector<float> HeadAndTailLogits(int64_t vocab) {
+  std::vector<float> logits(vocab);
   std::mt19937 rng(2024);
   std::uniform_real_distribution<float> tail(-40.0f, -2.0f);
   for (float& l : logits) l = tail(rng);
-  const int head[] = {0, 1, 63, 64, 517, 999};
+  const int64_t head[] = {0, 1, 63, 64, vocab / 2 + 1, vocab - 1};
   const float head_logit[] = {2.0f, 1.6f, 1.3f, 1.0f, 0.7f, 0.4f};
   for (int i = 0; i < 6; ++i) logits[head[i]] = head_logit[i];
   return logits;
 }
 
-TEST(TiledSamplerGoodnessOfFit, TemperatureOne) {
-  const auto logits = HeadAndTailLogits();
+// Cost: every sample scans the whole vocabulary, so the larger vocabulary
+// goes to the main case and the temperature sweep uses V = 200.
+TEST(TiledSamplerGoodnessOfFit, TemperatureOneVocab1000) {
+  const auto logits = HeadAndTailLogits(1000);
   ExpectMatchesSoftmax(SampleCounts(logits, 1000, 64, 1.0f, 11), logits, 1000, 1.0f);
 }
 
 TEST(TiledSamplerGoodnessOfFit, TemperatureHalf) {
-  const auto logits = HeadAndTailLogits();
-  ExpectMatchesSoftmax(SampleCounts(logits, 1000, 64, 0.5f, 12), logits, 1000, 0.5f);
+  const auto logits = HeadAndTailLogits(200);
+  ExpectMatchesSoftmax(SampleCounts(logits, 200, 64, 0.5f, 12), logits, 200, 0.5f);
 }
 
-// At T = 2 the tail carries ~60% of the mass over hundreds of bins.
+// At T = 2 the tail carries ~25% of the mass, spread over ~190 tokens.
 TEST(TiledSamplerGoodnessOfFit, TemperatureTwo) {
-  const auto logits = HeadAndTailLogits();
-  ExpectMatchesSoftmax(SampleCounts(logits, 1000, 64, 2.0f, 13), logits, 1000, 2.0f);
+  const auto logits = HeadAndTailLogits(200);
+  ExpectMatchesSoftmax(SampleCounts(logits, 200, 64, 2.0f, 13), logits, 200, 2.0f);
 }
 
-// Logits spread uniformly over [-40, 10]; a tile of 50 (not a multiple of 4,
-// so Philox blocks straddle tiles) and a valid_vocab below the vocabulary
-// whose masked rows hold the largest logits.
-TEST(TiledSamplerGoodnessOfFit, WideRangeOddTileAndMask) {
-  std::vector<float> logits(1000);
+// Logits spread uniformly over [-40, 10], and a valid_vocab below the
+// vocabulary whose masked rows hold the largest logits.
+TEST(TiledSamplerGoodnessOfFit, WideRangeWithMask) {
+  std::vector<float> logits(500);
   std::mt19937 rng(77);
   std::uniform_real_distribution<float> dist(-40.0f, 10.0f);
   for (float& l : logits) l = dist(rng);
-  for (int v = 990; v < 1000; ++v) logits[v] = 12.0f;  // masked: would dominate
-  ExpectMatchesSoftmax(SampleCounts(logits, 990, 50, 1.0f, 14), logits, 990, 1.0f);
+  for (int v = 490; v < 500; ++v) logits[v] = 12.0f;  // masked: would dominate
+  ExpectMatchesSoftmax(SampleCounts(logits, 490, 64, 1.0f, 14), logits, 490, 1.0f);
 }
 
 // ---------------------------------------------------------------------------
@@ -503,7 +505,8 @@ TEST(TiledSamplerTest, RejectsBadArguments) {
   expect_invalid(sampler, h.data(), 2, params.data(), {nullptr, logz, nullptr});
   expect_invalid(sampler, h.data(), 0, params.data(), outs);
   expect_invalid(sampler, h.data(), -1, params.data(), outs);
-  for (float t : {-1.0f, NAN, INFINITY, -0.0f * 0.0f - 1e-30f}) {
+  // Negative, NaN, infinite, and so small that 1/T overflows to infinity.
+  for (float t : {-1.0f, -1e-30f, NAN, INFINITY, 1e-39f}) {
     std::vector<RowParams> bad = params;
     bad[1].temperature = t;
     expect_invalid(sampler, h.data(), 2, bad.data(), outs);
@@ -513,7 +516,12 @@ TEST(TiledSamplerTest, RejectsBadArguments) {
     bad_h[5] = x;
     expect_invalid(sampler, bad_h.data(), 2, params.data(), outs);
   }
-  // And the same sampler still works.
+  // Weights whose logits are all NaN leave a row without a winner.
+  std::vector<float> nan_w = w;
+  for (float& x : nan_w) x = NAN;
+  CpuTiledSampler nan_sampler(nan_w.data(), 100, 100, 4, {2, 64});
+  expect_invalid(nan_sampler, h.data(), 2, params.data(), outs);
+  // And the first sampler still works.
   EXPECT_EQ(sampler.Sample(h.data(), 2, params.data(), outs), KernelStatus::kOk);
   EXPECT_GE(tokens[0], 0);
 }

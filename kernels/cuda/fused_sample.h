@@ -1,0 +1,93 @@
+// Fused LM-head sampling on the GPU: one exact sample per row of
+// softmax(s_b * H W^T), without ever writing the [batch, vocab] logits to memory.
+//
+// What it computes. For every row b of H [batch, hidden_dim] (fp32) and the LM
+// head W [vocab, hidden_dim] (fp32, fp16 or bf16, row-major), with
+// s_b = LogitScale(params[b]) (1/T; 1 for greedy rows) and l'_bi = s_b * (h_b . w_i):
+//   token_ids[b] = argmax_{i < valid_vocab} (l'_bi + g_b(i)),
+// where g_b(i) = GumbelNoise(seed, offset, stream, i) of the row (the RNG
+// contract, kernels/common/gumbel_noise.h) and greedy rows (T = 0) add no noise
+// (ties go to the lowest id). Optionally
+//   logz[b]     = log sum_{i < valid_vocab} exp(l'_bi),
+//   logprobs[b] = l'_{b,token} - logz[b]
+// (for greedy rows these are those of softmax(logits), i.e. T = 1).
+//
+// Why it is exact. argmax_i (l'_i + g_i) with i.i.d. Gumbel(0, 1) noise is a
+// sample of softmax(l') (the Gumbel-max trick). Max decomposes over any
+// partition of the vocabulary, so each vocabulary tile keeps only its best
+// (score, token) per row, and merging the tiles with MergeSummaries
+// (kernels/common/sample_summary.h) yields the global winner. The noise is a pure
+// function of (seed, offset, stream, token id) computed with the same fp32 code
+// (IEEE logf / log1pf) as the CPU backend, and l' is one fp32 multiply of the
+// fp32-accumulated dot product by the fp32 reciprocal 1/T. So a row's token does
+// not depend on the batch it is in, and agrees with the CPU backend
+// (kernels/cpu/tiled_sampler.h) up to the fp32 rounding of the dot products,
+// i.e. except for near-ties of the two best scores.
+//
+// How (details next to the launch in fused_sample.cu). Stage 1: one block per
+// (vocabulary tile, chunk of up to 8 rows) streams its tile of W once with
+// 16-byte loads, forms the dot products with the rows held in shared memory,
+// adds the noise and reduces the tile to one SampleSummary per row in the
+// workspace. Stage 2: one warp per row merges that row's tile summaries in tile
+// order (deterministic: identical outputs on every launch).
+//
+// Preconditions the launcher cannot check (device data): params are validated
+// (temperature == 0 or finite > 0; other values are treated like 0 for the
+// noise and like the CPU's LogitScale for the scale), and H and W are finite.
+// A token whose score is NaN (non-finite weights) is never sampled; a row whose
+// every score is NaN gets token -1.
+//
+// Thread safety: LaunchFusedSample only enqueues work on `stream` and keeps no
+// state; concurrent calls are safe when they use distinct workspaces and
+// outputs. The workspace and outputs belong to the launch until `stream`
+// passes it; inputs must stay unchanged until then.
+//
+// Outcomes: kOk: the two kernels are enqueued; outputs are valid once the
+// stream reaches them. kInvalidArgument: a null pointer, a size out of range, a
+// workspace too small or misaligned, or a hidden_dim too large for one block's
+// shared memory (> ~57k fp32 on H100); nothing was enqueued. kDeviceError: a
+// CUDA call or a launch failed (errors of the running kernels surface, as
+// usual, at the caller's next synchronization).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/kernel_status.h"
+#include "kernels/common/row_params.h"
+
+namespace flashsampler::kernels {
+
+// Storage type of the LM head on the device.
+enum class CudaWeightDType { kFloat32, kFloat16, kBFloat16 };
+
+// Bytes per weight element (4 or 2); 0 for an unknown value.
+size_t CudaWeightDTypeBytes(CudaWeightDType dtype);
+
+struct FusedSampleArgs {
+  const void* weight = nullptr;  // device [vocab, hidden_dim], row-major
+  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
+  const float* hidden = nullptr;       // device [batch, hidden_dim] fp32, row-major
+  const RowParams* params = nullptr;   // device [batch]
+  int64_t batch = 0;                   // 1 .. INT32_MAX
+  int64_t vocab = 0;                   // rows of W, 1 .. INT32_MAX
+  int64_t valid_vocab = 0;             // 1 .. vocab; tokens >= valid_vocab are never sampled
+  int64_t hidden_dim = 0;              // >= 1
+  int32_t* token_ids = nullptr;        // device [batch], required
+  float* logz = nullptr;               // device [batch], optional
+  float* logprobs = nullptr;           // device [batch], optional
+  void* workspace = nullptr;           // device, >= FusedSampleWorkspaceBytes, 16-byte aligned
+  size_t workspace_bytes = 0;
+};
+
+// Device scratch a launch needs: one SampleSummary per (row, vocabulary tile).
+// Pass valid_vocab, or vocab for an upper bound that serves any valid_vocab.
+// Returns 0 for sizes out of range.
+size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab);
+
+// Enqueues stage 1 and stage 2 on `stream` (see the top of this file).
+KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream);
+
+}  // namespace flashsampler::kernels

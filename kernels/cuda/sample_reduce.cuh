@@ -1,0 +1,125 @@
+// Device-side building blocks shared by the CUDA samplers (fused_sample.cu and
+// materialized_sample.cu): how one thread folds a token into its running
+// SampleSummary, how summaries move between lanes, and the second stage that
+// merges each row's tile summaries into its token, log Z and log-prob.
+//
+// Internal to kernels/cuda: include only from .cu files.
+//
+// Every combination of two summaries goes through MergeSummaries
+// (kernels/common/sample_summary.h), the same function the CPU backend and the
+// shard reduction use, so all of them pick the same winner for the same scores.
+// Every reduction here has a fixed shape (no atomics, no order that depends on
+// timing), so repeated launches give bit-identical outputs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/kernel_status.h"
+#include "kernels/common/row_params.h"
+#include "kernels/common/sample_summary.h"
+
+namespace flashsampler::kernels::cuda_internal {
+
+constexpr unsigned kFullWarpMask = 0xffffffffu;
+
+// The fp32 multiplier of a row's logits: 1/T for sampled rows, 1 for greedy
+// rows. Same expression as LogitScale (kernels/common/row_params.h), which is a
+// host-only function; 1.0f / t is IEEE-rounded on the device too (nvcc's
+// default -prec-div=true), so both give the same float.
+__device__ __forceinline__ float DeviceLogitScale(float temperature) {
+  return temperature > 0.0f ? 1.0f / temperature : 1.0f;
+}
+
+// The transformed logit l' = logit * scale, as one IEEE fp32 multiply (the
+// _rn intrinsic keeps the compiler from fusing it into a later add), exactly
+// as the CPU backend rounds it.
+__device__ __forceinline__ float TransformLogit(float logit, float scale) {
+  return __fmul_rn(logit, scale);
+}
+
+// GumbelNoise(seed, offset, stream, token) of the RNG contract, bit for bit:
+// the same Philox block and GumbelFromBits as kernels/common/gumbel_noise.h.
+// Only the word is picked with selects instead of NoiseBits' run-time array
+// index, which would put the 4-word block in local memory.
+__device__ __forceinline__ float DeviceGumbelNoise(const RowParams& p, uint32_t token) {
+  const r123::Philox4x32::ctr_type block = PhiloxNoiseBlock(p.seed, p.offset, p.stream, token >> 2);
+  const uint32_t word = token & 3u;
+  const uint32_t bits = word == 0u   ? block.v[0]
+                        : word == 1u ? block.v[1]
+                        : word == 2u ? block.v[2]
+                                     : block.v[3];
+  return GumbelFromBits(bits);
+}
+
+// Fold one token into a thread's running summary.
+//   logit: its transformed logit l'; score: l' + noise (l' for greedy rows).
+// A NaN score (only possible with non-finite weights) never becomes the best:
+// ScoreBeats would let it into an empty summary and nothing could replace it.
+// When want_lse, the token also enters the online log-sum-exp (max_logit,
+// sum_exp); a NaN logit is left out of it as well.
+__device__ __forceinline__ void AddToken(SampleSummary& s, int32_t token, float logit,
+                                         float score, bool want_lse) {
+  if (score == score && ScoreBeats(score, token, s.best_score, s.best_index)) {
+    s.best_score = score;
+    s.best_index = token;
+    s.best_logit = logit;
+  }
+  if (want_lse) {
+    if (logit > s.max_logit) {
+      // New maximum: rescale the old sum to it. An empty summary has max -inf
+      // and sum 0, and exp(-inf) = 0, so the first token gives sum = 1.
+      s.sum_exp = __fmaf_rn(s.sum_exp, expf(s.max_logit - logit), 1.0f);
+      s.max_logit = logit;
+    } else if (logit > -INFINITY) {  // skips -inf (adds 0) and NaN
+      s.sum_exp = __fadd_rn(s.sum_exp, expf(logit - s.max_logit));
+    }
+  }
+}
+
+// The summary held by lane (this lane ^ lane_mask) of the same warp. All 32
+// lanes must call it together.
+__device__ __forceinline__ SampleSummary ShuffleXorSummary(const SampleSummary& s,
+                                                           int lane_mask) {
+  SampleSummary o;
+  o.best_score = __shfl_xor_sync(kFullWarpMask, s.best_score, lane_mask);
+  o.best_index = __shfl_xor_sync(kFullWarpMask, s.best_index, lane_mask);
+  o.best_logit = __shfl_xor_sync(kFullWarpMask, s.best_logit, lane_mask);
+  o.max_logit = __shfl_xor_sync(kFullWarpMask, s.max_logit, lane_mask);
+  o.sum_exp = __shfl_xor_sync(kFullWarpMask, s.sum_exp, lane_mask);
+  return o;
+}
+
+// The summary held by lane (this lane + delta); lanes past 31 get their own.
+// All 32 lanes must call it together.
+__device__ __forceinline__ SampleSummary ShuffleDownSummary(const SampleSummary& s,
+                                                            unsigned delta) {
+  SampleSummary o;
+  o.best_score = __shfl_down_sync(kFullWarpMask, s.best_score, delta);
+  o.best_index = __shfl_down_sync(kFullWarpMask, s.best_index, delta);
+  o.best_logit = __shfl_down_sync(kFullWarpMask, s.best_logit, delta);
+  o.max_logit = __shfl_down_sync(kFullWarpMask, s.max_logit, delta);
+  o.sum_exp = __shfl_down_sync(kFullWarpMask, s.sum_exp, delta);
+  return o;
+}
+
+// KernelStatus of a CUDA runtime result.
+inline KernelStatus StatusFromCuda(cudaError_t err) {
+  return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
+}
+
+// Stage 2, shared by both samplers. tile_summaries is [batch, num_tiles]
+// row-major (a row's tiles are contiguous, in vocabulary order). For every row
+// it merges the tiles in tile order and writes
+//   token_ids[row] = best_index   (-1 only if every score of the row was NaN),
+//   logz[row]      = SummaryLogZ  (when logz != nullptr),
+//   logprobs[row]  = best_logit - logz (when logprobs != nullptr).
+// logz / logprobs are meaningful only if stage 1 ran with want_lse.
+// Enqueues one kernel on `stream`; returns the launch error, if any.
+cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t batch,
+                                     int64_t num_tiles, int32_t* token_ids, float* logz,
+                                     float* logprobs, cudaStream_t stream);
+
+}  // namespace flashsampler::kernels::cuda_internal
