@@ -70,17 +70,10 @@ class CpuEngine final : public Engine {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, const CpuEngineOptions& options) {
-  ModelShape shape;
-  shape.vocab_size = head.vocab_size();
-  shape.hidden_size = head.hidden_size();
-  shape.weight_dtype = head.dtype();
-  shape.valid_vocab = options.valid_vocab == 0 ? head.vocab_size() : options.valid_vocab;
-  if (shape.valid_vocab < 0 || shape.valid_vocab > shape.vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("valid_vocab ", options.valid_vocab, " is outside [1, ", shape.vocab_size,
-                     "] for ", head.source()));
-  }
+absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid_vocab,
+                                                      const CpuEngineOptions& options) {
+  absl::StatusOr<ModelShape> shape = ResolveModelShape(head, valid_vocab);
+  if (!shape.ok()) return shape.status();
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));
   }
@@ -95,7 +88,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, const CpuEngi
     widened.resize(static_cast<size_t>(head.vocab_size() * head.hidden_size()));
     std::memcpy(widened.data(), head.data(), widened.size() * sizeof(float));
   }
-  return std::unique_ptr<Engine>(new CpuEngine(std::move(head), std::move(widened), shape, options));
+  return std::unique_ptr<Engine>(new CpuEngine(std::move(head), std::move(widened), *shape, options));
 }
 
 }  // namespace flashsampler

@@ -7,14 +7,39 @@
 
 namespace flashsampler {
 
+#if FLASHSAMPLER_HAVE_CUDA
+// cuda_engine.cc
+absl::StatusOr<std::unique_ptr<Engine>> MakeCudaEngine(const LmHead& head, int64_t valid_vocab,
+                                                       int64_t max_batch_rows,
+                                                       const CudaEngineOptions& options);
+#else
+bool CudaBackendAvailable() { return false; }
+#endif
+
+absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab) {
+  ModelShape shape;
+  shape.vocab_size = head.vocab_size();
+  shape.hidden_size = head.hidden_size();
+  shape.weight_dtype = head.dtype();
+  shape.valid_vocab = valid_vocab == 0 ? head.vocab_size() : valid_vocab;
+  if (shape.valid_vocab < 1 || shape.valid_vocab > shape.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("valid_vocab ", valid_vocab, " is outside [1, ",
+                                                   shape.vocab_size, "] for ", head.source()));
+  }
+  return shape;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& backend, LmHead head,
                                                    const EngineOptions& options) {
-  if (backend == "cpu" || backend == "auto") {
-    // No CUDA backend is built yet, so auto means the CPU.
-    return MakeCpuEngine(std::move(head), options.cpu);
+  if (backend == "cpu" || (backend == "auto" && !CudaBackendAvailable())) {
+    return MakeCpuEngine(std::move(head), options.valid_vocab, options.cpu);
   }
-  if (backend == "cuda") {
+  if (backend == "cuda" || backend == "auto") {
+#if FLASHSAMPLER_HAVE_CUDA
+    return MakeCudaEngine(head, options.valid_vocab, options.max_batch_rows, options.cuda);
+#else
     return absl::UnavailableError("this build of flashsampler-server has no CUDA backend");
+#endif
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown backend '", backend, "' (expected auto, cpu or cuda)"));

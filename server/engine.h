@@ -56,23 +56,43 @@ class Engine {
 };
 
 struct CpuEngineOptions {
-  int64_t valid_vocab = 0;   // 0: the whole vocabulary
   int num_threads = 0;       // 0: all hardware threads
   int64_t tile_rows = 1024;
+};
+
+struct CudaEngineOptions {
+  int device = 0;
+  // Batches of up to this many rows use the fused kernel; larger ones the
+  // cuBLAS-materialized path (faster there until the fused kernel uses tensor cores).
+  int64_t fused_max_rows = 4;
+};
+
+struct EngineOptions {
+  int64_t valid_vocab = 0;        // 0: the whole vocabulary
+  int64_t max_batch_rows = 1024;  // largest batch the engine must accept
+  CpuEngineOptions cpu;
+  CudaEngineOptions cuda;
 };
 
 // The CPU backend. bf16/fp16 weights are widened once into an fp32 copy (the
 // BLAS tiles need fp32); fp32 weights are used in place from the mapping.
 // InvalidArgument when valid_vocab exceeds the vocabulary.
-absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, const CpuEngineOptions& options);
+absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid_vocab,
+                                                      const CpuEngineOptions& options);
 
-struct EngineOptions {
-  CpuEngineOptions cpu;
-};
+// The shape an engine serves: W's dimensions and dtype, with valid_vocab
+// resolved (0 = the whole vocabulary). InvalidArgument when it is outside
+// [1, vocab_size].
+absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab);
+
+// True when this build has the CUDA backend and a CUDA device is usable.
+bool CudaBackendAvailable();
 
 // Builds the backend named by `backend`: "cpu", "cuda" or "auto" (CUDA when
-// built in and a GPU is present, else CPU). InvalidArgument for an unknown name,
-// Unavailable for a backend this build or machine cannot provide.
+// CudaBackendAvailable(), else CPU). InvalidArgument for an unknown name or bad
+// options, Unavailable for a backend this build or machine cannot provide,
+// Internal when the device fails during initialisation. The CUDA backend copies
+// W to the device, after which `head` (and its mapping) is released.
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& backend, LmHead head,
                                                    const EngineOptions& options);
 

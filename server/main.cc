@@ -108,7 +108,10 @@ int main(int argc, char** argv) {
   std::atomic<bool> load_failed{false};
   std::thread loader([&] {
     flashsampler::EngineOptions options;
-    options.cpu.valid_vocab = config->valid_vocab;
+    options.valid_vocab = config->valid_vocab;
+    options.max_batch_rows = config->max_batch_rows;
+    options.cuda.device = config->cuda_device;
+    options.cuda.fused_max_rows = config->cuda_fused_max_rows;
     options.cpu.num_threads = config->threads;
     options.cpu.tile_rows = config->tile_rows;
     absl::StatusOr<std::unique_ptr<flashsampler::Engine>> engine =

@@ -21,6 +21,10 @@ ABSL_FLAG(int32_t, threads, 0, "CPU backend worker threads (0: all hardware thre
 ABSL_FLAG(int64_t, tile_rows, 1024, "CPU backend vocabulary tile, in tokens");
 ABSL_FLAG(int64_t, max_batch_rows, 1024,
           "Largest B one request may carry; the gRPC message size limit follows from it");
+ABSL_FLAG(int32_t, cuda_device, 0, "CUDA backend: the device ordinal to use");
+ABSL_FLAG(int64_t, cuda_fused_max_rows, 4,
+          "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
+          "cuBLAS-materialized path");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
 ABSL_FLAG(int64_t, demo_vocab, 32000, "Vocabulary size of the demo LM head (no --weights)");
@@ -40,6 +44,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.tile_rows = absl::GetFlag(FLAGS_tile_rows);
   c.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
+  c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  c.cuda_fused_max_rows = absl::GetFlag(FLAGS_cuda_fused_max_rows);
   c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
   c.demo_hidden = absl::GetFlag(FLAGS_demo_hidden);
   c.demo_seed = absl::GetFlag(FLAGS_demo_seed);
@@ -55,6 +61,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   if (c.max_batch_rows < 1 || c.max_batch_rows > (1 << 20)) {
     return absl::InvalidArgumentError("--max_batch_rows must be in [1, 1048576]");
   }
+  if (c.cuda_device < 0) return absl::InvalidArgumentError("--cuda_device must be >= 0");
+  if (c.cuda_fused_max_rows < 0) return absl::InvalidArgumentError("--cuda_fused_max_rows must be >= 0");
   if (!(c.grace_period_s >= 0 && c.grace_period_s <= 3600)) {
     return absl::InvalidArgumentError("--grace_period_s must be in [0, 3600]");
   }

@@ -75,7 +75,7 @@ TEST(CpuEngine, GreedyMatchesFloat64ArgmaxAndLogZ) {
 
 TEST(CpuEngine, ValidVocabMasksPaddingRows) {
   EngineOptions options;
-  options.cpu.valid_vocab = 10;
+  options.valid_vocab = 10;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
       MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -91,11 +91,22 @@ TEST(CpuEngine, ValidVocabMasksPaddingRows) {
 
 TEST(CpuEngine, RejectsBadOptionsAndBackends) {
   EngineOptions options;
-  options.cpu.valid_vocab = kVocab + 1;
+  options.valid_vocab = kVocab + 1;
   EXPECT_EQ(MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), options).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeEngine("tpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuEngine, AutoPicksCudaOnlyWhenAGpuIsUsable) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("auto", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->backend_name(), CudaBackendAvailable() ? "cuda" : "cpu");
+  if (!CudaBackendAvailable()) {
+    EXPECT_EQ(MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{}).status().code(),
+              absl::StatusCode::kUnavailable);
+  }
 }
 
 TEST(CpuEngine, InconsistentBatchIsAnErrorNotACrash) {

@@ -1,0 +1,228 @@
+// The CUDA Engine: W resident on one GPU, one stream, pinned host staging.
+//
+// Per batch: the fp32 hidden states and RowParams are copied into pinned
+// buffers, uploaded asynchronously, one sampler launch runs (the fused kernel up
+// to --cuda_fused_max_rows rows, the cuBLAS-materialized path above, until the
+// fused kernel has tensor cores), the results come back through pinned memory
+// and the stream is synchronised. Every CUDA call is checked: a failure marks
+// the engine unhealthy (health flips to NOT_SERVING) and the batch fails with
+// Internal; a sticky device error is not retried.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/fused_sample.h"
+#include "kernels/cuda/materialized_sample.h"
+#include "server/engine.h"
+
+namespace flashsampler {
+namespace {
+
+using kernels::CudaWeightDType;
+using kernels::KernelStatus;
+
+absl::Status CudaError(const char* what, cudaError_t err) {
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
+                                          cudaGetErrorString(err), ")"));
+}
+
+#define FS_RETURN_IF_CUDA_ERROR(expr)                          \
+  do {                                                         \
+    const cudaError_t fs_err = (expr);                         \
+    if (fs_err != cudaSuccess) return CudaError(#expr, fs_err); \
+  } while (0)
+
+CudaWeightDType ToCudaDType(WeightDType d) {
+  switch (d) {
+    case WeightDType::kFloat32: return CudaWeightDType::kFloat32;
+    case WeightDType::kFloat16: return CudaWeightDType::kFloat16;
+    case WeightDType::kBFloat16: return CudaWeightDType::kBFloat16;
+  }
+  return CudaWeightDType::kBFloat16;
+}
+
+class CudaEngine final : public Engine {
+ public:
+  CudaEngine(const ModelShape& shape, const CudaEngineOptions& options, int64_t max_rows)
+      : shape_(shape), options_(options), max_rows_(max_rows) {}
+
+  ~CudaEngine() override {
+    cudaSetDevice(options_.device);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    for (void* p : {weight_, hidden_, params_, tokens_, logz_, logprobs_, workspace_}) cudaFree(p);
+    for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_}) {
+      cudaFreeHost(p);
+    }
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // Uploads W and allocates every buffer for batches of up to max_rows_ rows.
+  absl::Status Init(const LmHead& head) {
+    FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
+    FS_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
+      cublas_ = nullptr;
+      return absl::InternalError("cublasCreate failed");
+    }
+    const CudaWeightDType dtype = ToCudaDType(shape_.weight_dtype);
+    const size_t weight_bytes = static_cast<size_t>(shape_.vocab_size) * shape_.hidden_size *
+                                kernels::CudaWeightDTypeBytes(dtype);
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&weight_, weight_bytes));
+    // One copy from the mapping straight to the device; nothing is staged.
+    FS_RETURN_IF_CUDA_ERROR(cudaMemcpy(weight_, head.data(), weight_bytes, cudaMemcpyHostToDevice));
+
+    const size_t rows = static_cast<size_t>(max_rows_);
+    const size_t hidden_bytes = rows * shape_.hidden_size * sizeof(float);
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&hidden_, hidden_bytes));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&params_, rows * sizeof(RowParams)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&tokens_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logz_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logprobs_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_hidden_, hidden_bytes));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_params_, rows * sizeof(RowParams)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_tokens_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logz_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
+
+    // Workspace for the largest batch either path may get.
+    const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
+    workspace_bytes_ = std::max(
+        kernels::FusedSampleWorkspaceBytes(fused_rows, shape_.valid_vocab),
+        kernels::MaterializedSampleWorkspaceBytes(max_rows_, shape_.valid_vocab,
+                                                  shape_.hidden_size, dtype));
+    if (workspace_bytes_ == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
+    if (!healthy_) return absl::UnavailableError("the CUDA backend failed earlier and is not serving");
+    if (batch.rows <= 0 || batch.rows > max_rows_ ||
+        static_cast<int64_t>(batch.params.size()) != batch.rows ||
+        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda engine: batch of ", batch.rows, " rows is inconsistent or over ", max_rows_));
+    }
+    absl::StatusOr<SampleResult> result = Run(batch);
+    if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
+    return result;
+  }
+
+  const ModelShape& shape() const override { return shape_; }
+  std::string backend_name() const override { return "cuda"; }
+  bool healthy() const override { return healthy_; }
+
+ private:
+  absl::StatusOr<SampleResult> Run(const SampleBatch& batch) {
+    const int64_t rows = batch.rows;
+    FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
+    std::memcpy(host_hidden_, batch.hidden.data(), batch.hidden.size() * sizeof(float));
+    std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
+    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hidden_, host_hidden_, batch.hidden.size() * sizeof(float),
+                                            cudaMemcpyHostToDevice, stream_));
+    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(params_, host_params_, rows * sizeof(RowParams),
+                                            cudaMemcpyHostToDevice, stream_));
+    kernels::FusedSampleArgs args;
+    args.weight = weight_;
+    args.weight_dtype = ToCudaDType(shape_.weight_dtype);
+    args.hidden = static_cast<const float*>(hidden_);
+    args.params = static_cast<const RowParams*>(params_);
+    args.batch = rows;
+    args.vocab = shape_.vocab_size;
+    args.valid_vocab = shape_.valid_vocab;
+    args.hidden_dim = shape_.hidden_size;
+    args.token_ids = static_cast<int32_t*>(tokens_);
+    args.logz = batch.want_logz ? static_cast<float*>(logz_) : nullptr;
+    args.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_) : nullptr;
+    args.workspace = workspace_;
+    args.workspace_bytes = workspace_bytes_;
+    const KernelStatus status = rows <= options_.fused_max_rows
+                                    ? kernels::LaunchFusedSample(args, stream_)
+                                    : kernels::LaunchMaterializedSample(args, cublas_, stream_);
+    if (status != KernelStatus::kOk) {
+      return absl::InternalError(absl::StrCat("cuda sampler launch: ", kernels::KernelStatusName(status)));
+    }
+    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_tokens_, tokens_, rows * sizeof(int32_t),
+                                            cudaMemcpyDeviceToHost, stream_));
+    if (batch.want_logz) {
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_logz_, logz_, rows * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+    }
+    if (batch.want_logprobs) {
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_logprobs_, logprobs_, rows * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+    }
+    FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+    SampleResult result;
+    const auto* tokens = static_cast<const int32_t*>(host_tokens_);
+    result.token_ids.assign(tokens, tokens + rows);
+    if (batch.want_logz) {
+      const auto* logz = static_cast<const float*>(host_logz_);
+      result.logz.assign(logz, logz + rows);
+    }
+    if (batch.want_logprobs) {
+      const auto* logprobs = static_cast<const float*>(host_logprobs_);
+      result.logprobs.assign(logprobs, logprobs + rows);
+    }
+    return result;
+  }
+
+  const ModelShape shape_;
+  const CudaEngineOptions options_;
+  const int64_t max_rows_;
+  std::atomic<bool> healthy_{true};
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* weight_ = nullptr;
+  void* hidden_ = nullptr;
+  void* params_ = nullptr;
+  void* tokens_ = nullptr;
+  void* logz_ = nullptr;
+  void* logprobs_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  void* host_hidden_ = nullptr;
+  void* host_params_ = nullptr;
+  void* host_tokens_ = nullptr;
+  void* host_logz_ = nullptr;
+  void* host_logprobs_ = nullptr;
+};
+
+}  // namespace
+
+// Declared in engine.h; MakeCudaEngine is declared in engine.cc, its only caller.
+bool CudaBackendAvailable() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeCudaEngine(const LmHead& head, int64_t valid_vocab,
+                                                       int64_t max_batch_rows,
+                                                       const CudaEngineOptions& options) {
+  int count = 0;
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0) {
+    return absl::UnavailableError(absl::StrCat("no CUDA device is usable: ",
+                                               err == cudaSuccess ? "none found" : cudaGetErrorString(err)));
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+  }
+  if (max_batch_rows < 1) return absl::InvalidArgumentError("max_batch_rows must be >= 1");
+  absl::StatusOr<ModelShape> shape = ResolveModelShape(head, valid_vocab);
+  if (!shape.ok()) return shape.status();
+  auto engine = std::make_unique<CudaEngine>(*shape, options, max_batch_rows);
+  if (absl::Status s = engine->Init(head); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("CUDA backend initialisation failed: ", s.message()));
+  }
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace flashsampler
