@@ -49,8 +49,14 @@ class CpuEngine final : public Engine {
     kernels::CpuSampleOutputs out{result.token_ids.data(),
                                   batch.want_logz ? result.logz.data() : nullptr,
                                   batch.want_logprobs ? result.logprobs.data() : nullptr};
+    hidden_.assign(batch.hidden.begin(), batch.hidden.end());
+    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
+                                                  static_cast<int64_t>(hidden_.size()));
+        !s.ok()) {
+      return s;
+    }
     const kernels::KernelStatus status =
-        sampler_.Sample(batch.hidden.data(), batch.rows, batch.params.data(), out);
+        sampler_.Sample(hidden_.data(), batch.rows, batch.params.data(), out);
     if (status != kernels::KernelStatus::kOk) {
       return absl::InternalError(
           absl::StrCat("cpu sampler failed: ", kernels::KernelStatusName(status)));
@@ -66,6 +72,7 @@ class CpuEngine final : public Engine {
   std::vector<float> widened_;
   ModelShape shape_;
   kernels::CpuTiledSampler sampler_;
+  std::vector<float> hidden_;  // the batch's hidden states rounded to W's dtype
 };
 
 }  // namespace

@@ -124,6 +124,12 @@ class CudaEngine final : public Engine {
     const int64_t rows = batch.rows;
     FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
     std::memcpy(host_hidden_, batch.hidden.data(), batch.hidden.size() * sizeof(float));
+    // Both launch paths then see the same (exactly representable) inputs.
+    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, static_cast<float*>(host_hidden_),
+                                                  static_cast<int64_t>(batch.hidden.size()));
+        !s.ok()) {
+      return s;
+    }
     std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
     FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hidden_, host_hidden_, batch.hidden.size() * sizeof(float),
                                             cudaMemcpyHostToDevice, stream_));

@@ -1,9 +1,11 @@
 #include "server/engine.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/common/half_precision.h"
 
 namespace flashsampler {
 
@@ -15,6 +17,21 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCudaEngine(const LmHead& head, int64
 #else
 bool CudaBackendAvailable() { return false; }
 #endif
+
+absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n) {
+  if (dtype == WeightDType::kFloat32) return absl::OkStatus();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(values[i]))
+                                                    : Fp16ToFloat(FloatToFp16(values[i]));
+    if (std::isinf(v)) {  // finite inputs only overflow fp16
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden state value ", values[i], " (element ", i,
+          ") is outside the fp16 range of the LM head's weights"));
+    }
+    values[i] = v;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab) {
   ModelShape shape;

@@ -1,7 +1,11 @@
 // Engine: a backend that holds the LM head and samples batches of rows.
 //
 // The service hands an Engine fully validated batches: hidden states already
-// widened to fp32 and free of NaN/Inf, one resolved RowParams per row. The
+// widened to fp32 and free of NaN/Inf, one resolved RowParams per row. Every
+// engine first rounds the hidden states to the LM head's dtype (as a bf16 or
+// fp16 GEMM does) and accumulates in fp32, so all backends and all kernel
+// paths compute the same logits up to fp32 summation order, and a row's token
+// does not depend on which path its batch size selects. The
 // engine returns one token per row (plus logz / logprobs when asked) or an
 // error status; it never crashes the process on a bad batch.
 //
@@ -79,6 +83,11 @@ struct EngineOptions {
 // InvalidArgument when valid_vocab exceeds the vocabulary.
 absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid_vocab,
                                                       const CpuEngineOptions& options);
+
+// Rounds `n` fp32 hidden values to the precision of `dtype` (nearest even),
+// in place; nothing changes for kFloat32. InvalidArgument when a value is out
+// of the dtype's finite range (fp16: |h| >= 65520).
+absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n);
 
 // The shape an engine serves: W's dimensions and dtype, with valid_vocab
 // resolved (0 = the whole vocabulary). InvalidArgument when it is outside

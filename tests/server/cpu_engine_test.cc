@@ -58,6 +58,7 @@ TEST(CpuEngine, GreedyMatchesFloat64ArgmaxAndLogZ) {
   ASSERT_TRUE(result.ok()) << result.status();
   for (int64_t r = 0; r < batch.rows; ++r) {
     std::vector<float> h(batch.hidden.begin() + r * kHidden, batch.hidden.begin() + (r + 1) * kHidden);
+    for (float& x : h) x = Bf16ToFloat(FloatToBf16(x));  // engines round H to W's dtype
     std::vector<double> l = Logits(reference, h);
     int best = 0;
     double m = l[0];
@@ -71,6 +72,35 @@ TEST(CpuEngine, GreedyMatchesFloat64ArgmaxAndLogZ) {
     EXPECT_NEAR(result->logz[r], logz, 1e-4 * std::max(1.0, std::abs(logz)));
     EXPECT_NEAR(result->logprobs[r], l[best] - logz, 1e-4);
   }
+}
+
+TEST(CpuEngine, HiddenStatesAreRoundedToTheWeightDType) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  SampleBatch raw = RandomBatch(16, 0.7f, 21);
+  raw.want_logz = true;
+  SampleBatch rounded = raw;
+  for (float& x : rounded.hidden) x = Bf16ToFloat(FloatToBf16(x));
+  ASSERT_NE(raw.hidden, rounded.hidden);
+  absl::StatusOr<SampleResult> a = (*engine)->Sample(raw);
+  absl::StatusOr<SampleResult> b = (*engine)->Sample(rounded);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->token_ids, b->token_ids);
+  EXPECT_EQ(a->logz, b->logz);  // bit-identical: the engine saw the same inputs
+}
+
+TEST(RoundHiddenToWeightDType, Fp16OverflowIsInvalidAndFp32IsUntouched) {
+  std::vector<float> v = {1.0f + 0x1p-20f, 70000.0f};
+  std::vector<float> copy = v;
+  EXPECT_TRUE(RoundHiddenToWeightDType(WeightDType::kFloat32, copy.data(), 2).ok());
+  EXPECT_EQ(copy, v);
+  absl::Status s = RoundHiddenToWeightDType(WeightDType::kFloat16, v.data(), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("fp16 range"), std::string::npos) << s;
+  std::vector<float> ok = {1.0f + 0x1p-20f, -3.0f};
+  ASSERT_TRUE(RoundHiddenToWeightDType(WeightDType::kBFloat16, ok.data(), 2).ok());
+  EXPECT_EQ(ok, (std::vector<float>{1.0f, -3.0f}));
 }
 
 TEST(CpuEngine, ValidVocabMasksPaddingRows) {
