@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/cuda/fused_sample.h"
+#include "tests/common/goodness_of_fit.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace flashsampler::kernels {
@@ -40,7 +41,6 @@ using gpu_test::HostWeights;
 
 class FusedSampleExactnessTest : public GpuTest {};
 
-constexpr double kZThreshold = 5.0;
 constexpr double kRequiredShift = 7.0;  // z of a 2% error for p >= 0.05
 
 // Counts of `rows * calls` samples: call c launches `rows` rows with
@@ -97,78 +97,13 @@ std::vector<int64_t> SampleCounts(const DeviceWeights& dw, const HostWeights& w,
   return counts;
 }
 
-// Upper quantile of chi-square(df) at the normal quantile z (Wilson-Hilferty).
-double ChiSquareQuantile(double df, double z) {
-  const double a = 2.0 / (9.0 * df);
-  return df * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-}
-
-// float64 softmax of the fp32 transformed logits w[v] * LogitScale(T).
-std::vector<double> ReferenceProbs(const HostWeights& w, float temperature) {
+// float64 softmax of the fp32 transformed logits w[v] * LogitScale(T), checked
+// with the shared goodness-of-fit test (tests/common/goodness_of_fit.h).
+void ExpectMatchesSoftmax(const std::vector<int64_t>& counts, const HostWeights& w,
+                          float temperature) {
   const float scale = LogitScale(RowParams{temperature, 0, 0, 0});
-  std::vector<double> p(static_cast<size_t>(w.vocab));
-  double m = -INFINITY;
-  for (int64_t v = 0; v < w.vocab; ++v) {
-    const float transformed = w.values[v] * scale;  // one fp32 multiply, as on the GPU
-    p[v] = transformed;
-    m = std::max(m, p[v]);
-  }
-  double sum = 0.0;
-  for (double& x : p) sum += x = std::exp(x - m);
-  for (double& x : p) x /= sum;
-  return p;
-}
-
-void ExpectMatchesSoftmax(const std::vector<int64_t>& counts, const std::vector<double>& p) {
-  double n = 0.0;
-  for (int64_t c : counts) n += static_cast<double>(c);
-  ASSERT_GT(n, 0.0);
-  std::vector<double> bin_expected, bin_observed;
-  double pool_e = 0.0, pool_o = 0.0;
-  int z_tested = 0;
-  for (size_t v = 0; v < p.size(); ++v) {
-    const double e = n * p[v];
-    if (e >= 50.0) {
-      bin_expected.push_back(e);
-      bin_observed.push_back(static_cast<double>(counts[v]));
-    } else {
-      pool_e += e;
-      pool_o += static_cast<double>(counts[v]);
-      if (pool_e >= 50.0) {
-        bin_expected.push_back(pool_e);
-        bin_observed.push_back(pool_o);
-        pool_e = pool_o = 0.0;
-      }
-    }
-    if (p[v] >= 0.05) {
-      ++z_tested;
-      const double sd = std::sqrt(e * (1.0 - p[v]));
-      ASSERT_GE(0.02 * e / sd, kRequiredShift)
-          << "too few samples to catch a 2% error in token " << v << " (p=" << p[v] << ")";
-      const double z = (static_cast<double>(counts[v]) - e) / sd;
-      EXPECT_LT(std::fabs(z), kZThreshold)
-          << "token " << v << " p=" << p[v] << " observed " << counts[v] << " expected " << e;
-    }
-  }
-  EXPECT_GT(z_tested, 0);
-  // The last partial pool joins the smallest bin.
-  if (pool_e > 0.0 || pool_o > 0.0) {
-    ASSERT_FALSE(bin_expected.empty());
-    const auto smallest =
-        std::min_element(bin_expected.begin(), bin_expected.end()) - bin_expected.begin();
-    bin_expected[smallest] += pool_e;
-    bin_observed[smallest] += pool_o;
-  }
-  ASSERT_GE(bin_expected.size(), 5u);
-  double chi2 = 0.0;
-  for (size_t i = 0; i < bin_expected.size(); ++i) {
-    const double d = bin_observed[i] - bin_expected[i];
-    chi2 += d * d / bin_expected[i];
-  }
-  const double df = static_cast<double>(bin_expected.size() - 1);
-  EXPECT_LT(chi2, ChiSquareQuantile(df, 4.75)) << "df=" << df;
-  std::printf("chi2 = %.1f over %zu bins (threshold %.1f), %d tokens z-tested, N = %.0f\n",
-              chi2, bin_expected.size(), ChiSquareQuantile(df, 4.75), z_tested, n);
+  flashsampler::testing::ExpectCountsMatch(
+      counts, flashsampler::testing::SoftmaxOfScaled(w.values, w.vocab, scale), kRequiredShift);
 }
 
 // V = 64, 2^22 samples in one launch (2^22 rows). Logits -v/8 (7 tokens with
@@ -183,7 +118,7 @@ TEST_F(FusedSampleExactnessTest, SmallVocabularyChiSquare) {
   gpu_test::UploadWeights(w, 0, &dw);
   constexpr float kTemperature = 0.8f;
   const std::vector<int64_t> counts = SampleCounts(dw, w, int64_t{1} << 22, 1, kTemperature, 42);
-  ExpectMatchesSoftmax(counts, ReferenceProbs(w, kTemperature));
+  ExpectMatchesSoftmax(counts, w, kTemperature);
 }
 
 // V = 151936 (1187 tiles, the last one partial), 2^20 samples (256 launches of
@@ -206,7 +141,7 @@ TEST_F(FusedSampleExactnessTest, LargeVocabularyChiSquare) {
   DeviceWeights dw;
   gpu_test::UploadWeights(w, 0, &dw);
   const std::vector<int64_t> counts = SampleCounts(dw, w, 4096, 256, 1.0f, 7);
-  ExpectMatchesSoftmax(counts, ReferenceProbs(w, 1.0f));
+  ExpectMatchesSoftmax(counts, w, 1.0f);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scoped_temp_dir.h"
 #include "kernels/common/half_precision.h"
 #include "server/safetensors_writer.h"
 
@@ -28,20 +29,10 @@ using ::testing::HasSubstr;
 
 class LmHeadTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string base = ::testing::TempDir();
-    if (!base.empty() && base.back() != '/') base += '/';
-    std::string pattern = base + "lm_head_XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Path(const std::string& name) const { return tmp_.Path(name); }
 
-  std::string dir_;
+  testing::ScopedTempDir tmp_{"lm_head"};
+  const std::string& dir_ = tmp_.path();
 };
 
 void WriteBytes(const std::string& path, const std::string& bytes) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scoped_temp_dir.h"
 #include "server/safetensors_writer.h"
 
 namespace flashsampler {
@@ -25,23 +26,10 @@ using ::testing::HasSubstr;
 // A fresh folder per test under GoogleTest's temp dir, removed afterwards.
 class SafetensorsFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = JoinTemp("safetensors_file_XXXXXX");
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  static std::string JoinTemp(const std::string& name) {
-    std::string base = ::testing::TempDir();
-    if (!base.empty() && base.back() != '/') base += '/';
-    return base + name;
-  }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Path(const std::string& name) const { return tmp_.Path(name); }
 
-  std::string dir_;
+  testing::ScopedTempDir tmp_{"safetensors_file"};
+  const std::string& dir_ = tmp_.path();
 };
 
 void WriteBytes(const std::string& path, const std::string& bytes) {

@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scoped_temp_dir.h"
 #include "nlohmann/json.hpp"
 #include "server/safetensors_file.h"
 
@@ -23,20 +24,10 @@ using ::testing::HasSubstr;
 
 class SafetensorsWriterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string base = ::testing::TempDir();
-    if (!base.empty() && base.back() != '/') base += '/';
-    std::string pattern = base + "safetensors_writer_XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Path(const std::string& name) const { return tmp_.Path(name); }
 
-  std::string dir_;
+  testing::ScopedTempDir tmp_{"safetensors_writer"};
+  const std::string& dir_ = tmp_.path();
 };
 
 std::string ReadAll(const std::string& path) {

@@ -3,10 +3,10 @@
 
 flashsampler_add_test(lm_head_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/lm_head_test.cc
-  LIBS flashsampler_weights absl::strings)
+  LIBS flashsampler_weights flashsampler_test_support absl::strings)
 flashsampler_add_test(safetensors_file_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/safetensors_file_test.cc
-  LIBS flashsampler_weights absl::strings)
+  LIBS flashsampler_weights flashsampler_test_support absl::strings)
 flashsampler_add_test(safetensors_writer_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/safetensors_writer_test.cc
-  LIBS flashsampler_weights nlohmann_json::nlohmann_json)
+  LIBS flashsampler_weights flashsampler_test_support nlohmann_json::nlohmann_json)
