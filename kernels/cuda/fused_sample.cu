@@ -380,20 +380,8 @@ size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab) {
 
 KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream) {
   // ---- Arguments (nothing is enqueued when they are wrong).
+  if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 16); s != KernelStatus::kOk) return s;
   const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
-  if (elem_bytes == 0 || args.weight == nullptr || args.hidden == nullptr ||
-      args.params == nullptr || args.token_ids == nullptr || args.workspace == nullptr) {
-    return KernelStatus::kInvalidArgument;
-  }
-  if (args.batch < 1 || args.batch > kMaxInt32 || args.vocab < 1 || args.vocab > kMaxInt32 ||
-      args.valid_vocab < 1 || args.valid_vocab > args.vocab || args.hidden_dim < 1 ||
-      args.hidden_dim > kMaxInt32) {
-    return KernelStatus::kInvalidArgument;
-  }
-  if (!AlignedTo(args.weight, elem_bytes) || !AlignedTo(args.hidden, alignof(float)) ||
-      !AlignedTo(args.params, alignof(RowParams)) || !AlignedTo(args.workspace, 16)) {
-    return KernelStatus::kInvalidArgument;
-  }
   const int64_t num_tiles = NumTiles(args.valid_vocab);
   if (args.workspace_bytes < FusedSampleWorkspaceBytes(args.batch, args.valid_vocab)) {
     return KernelStatus::kInvalidArgument;

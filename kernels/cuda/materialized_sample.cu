@@ -121,10 +121,6 @@ __global__ void __launch_bounds__(kGumbelThreads)
   }
 }
 
-bool AlignedTo(const void* p, size_t alignment) {
-  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
-}
-
 KernelStatus StatusFromCublas(cublasStatus_t s) {
   return s == CUBLAS_STATUS_SUCCESS ? KernelStatus::kOk : KernelStatus::kDeviceError;
 }
@@ -139,20 +135,8 @@ size_t MaterializedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hi
 KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_t cublas,
                                       cudaStream_t stream) {
   // ---- Arguments (nothing is enqueued when they are wrong).
-  const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
-  if (cublas == nullptr || elem_bytes == 0 || args.weight == nullptr || args.hidden == nullptr ||
-      args.params == nullptr || args.token_ids == nullptr || args.workspace == nullptr) {
-    return KernelStatus::kInvalidArgument;
-  }
-  if (args.batch < 1 || args.batch > kMaxInt32 || args.vocab < 1 || args.vocab > kMaxInt32 ||
-      args.valid_vocab < 1 || args.valid_vocab > args.vocab || args.hidden_dim < 1 ||
-      args.hidden_dim > kMaxInt32) {
-    return KernelStatus::kInvalidArgument;
-  }
-  if (!AlignedTo(args.weight, elem_bytes) || !AlignedTo(args.hidden, alignof(float)) ||
-      !AlignedTo(args.params, alignof(RowParams)) || !AlignedTo(args.workspace, 256)) {
-    return KernelStatus::kInvalidArgument;
-  }
+  if (cublas == nullptr) return KernelStatus::kInvalidArgument;
+  if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 256); s != KernelStatus::kOk) return s;
   const WorkspaceLayout layout =
       Layout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
   if (layout.total == 0 || args.workspace_bytes < layout.total) {

@@ -61,4 +61,26 @@ cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_
   return cudaGetLastError();
 }
 
+KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment) {
+  constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+  const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
+  if (elem_bytes == 0 || args.weight == nullptr || args.hidden == nullptr ||
+      args.params == nullptr || args.token_ids == nullptr || args.workspace == nullptr) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (args.batch < 1 || args.batch > kMaxInt32 || args.vocab < 1 || args.vocab > kMaxInt32 ||
+      args.valid_vocab < 1 || args.valid_vocab > args.vocab || args.hidden_dim < 1 ||
+      args.hidden_dim > kMaxInt32) {
+    return KernelStatus::kInvalidArgument;
+  }
+  auto aligned = [](const void* p, size_t alignment) {
+    return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+  };
+  if (!aligned(args.weight, elem_bytes) || !aligned(args.hidden, alignof(float)) ||
+      !aligned(args.params, alignof(RowParams)) || !aligned(args.workspace, workspace_alignment)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  return KernelStatus::kOk;
+}
+
 }  // namespace flashsampler::kernels::cuda_internal

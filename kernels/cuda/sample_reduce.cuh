@@ -20,6 +20,7 @@
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_params.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_sample.h"
 
 namespace flashsampler::kernels::cuda_internal {
 
@@ -104,6 +105,12 @@ __device__ __forceinline__ SampleSummary ShuffleDownSummary(const SampleSummary&
   o.sum_exp = __shfl_down_sync(kFullWarpMask, s.sum_exp, delta);
   return o;
 }
+
+// The argument checks both launchers share: non-null inputs and outputs, sizes
+// within int32 (token ids are int32), 1 <= valid_vocab <= vocab, and pointers
+// aligned for their element types (the workspace to `workspace_alignment`).
+// kOk or kInvalidArgument; the workspace size is each launcher's own check.
+KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment);
 
 // KernelStatus of a CUDA runtime result.
 inline KernelStatus StatusFromCuda(cudaError_t err) {
