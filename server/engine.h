@@ -68,7 +68,7 @@ struct CudaEngineOptions {
   int device = 0;
   // Batches of up to this many rows use the fused kernel; larger ones the
   // cuBLAS-materialized path (faster there until the fused kernel uses tensor cores).
-  int64_t fused_max_rows = 4;
+  int64_t fused_max_rows = 2;
 };
 
 struct EngineOptions {

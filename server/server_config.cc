@@ -22,7 +22,7 @@ ABSL_FLAG(int64_t, tile_rows, 1024, "CPU backend vocabulary tile, in tokens");
 ABSL_FLAG(int64_t, max_batch_rows, 1024,
           "Largest B one request may carry; the gRPC message size limit follows from it");
 ABSL_FLAG(int32_t, cuda_device, 0, "CUDA backend: the device ordinal to use");
-ABSL_FLAG(int64_t, cuda_fused_max_rows, 4,
+ABSL_FLAG(int64_t, cuda_fused_max_rows, 2,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
           "cuBLAS-materialized path");
 ABSL_FLAG(double, grace_period_s, 10.0,

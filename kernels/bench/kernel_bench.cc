@@ -3,6 +3,12 @@
 //
 //   flashsampler-kernel-bench --backend=cpu [--batch=8 --vocab=32000
 //       --hidden=1024 --threads=0 --iterations=50 --json=out.json]
+//   flashsampler-kernel-bench --backend=cuda [--shapes=4096x151936,8192x128256
+//       --batches=1,2,4,8,16,32,64,128,256 --iterations=100 --json=out.json]
+//
+// The CUDA mode (built only with the CUDA backend) measures the device's copy
+// bandwidth and matmul rate, then times the fused sampler, cuBLAS's GEMM alone
+// and the materialized baseline for every shape and batch: cuda_bench.cc.
 //
 // CPU variants (same B, V, D, threads, inputs and temperature):
 //   fused            CpuTiledSampler::Sample, tokens only.
@@ -40,12 +46,17 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/flags/parse.h"
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/row_params.h"
 #include "kernels/cpu/tiled_sampler.h"
 #include "kernels/cpu/worker_pool.h"
 #include "nlohmann/json.hpp"
+#if FLASHSAMPLER_HAVE_CUDA
+#include "kernels/bench/cuda_bench.h"
+#endif
 
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
 ABSL_FLAG(int64_t, batch, 8, "rows B");
@@ -53,13 +64,18 @@ ABSL_FLAG(int64_t, vocab, 32000, "vocabulary V");
 ABSL_FLAG(int64_t, hidden, 1024, "hidden size D");
 ABSL_FLAG(int, threads, 0, "CPU threads for every variant (0: all hardware threads)");
 ABSL_FLAG(int64_t, tile_rows, 1024, "tokens per tile of the fused CPU sampler");
-ABSL_FLAG(int, iterations, 50, "timed runs per variant (at least 20)");
+ABSL_FLAG(int, iterations, 0,
+          "timed runs per variant (0: 50 for cpu, at least 20; 100 for cuda, at least 100)");
 ABSL_FLAG(int, warmup, 5, "untimed runs per variant before timing");
 ABSL_FLAG(float, temperature, 1.0f, "sampling temperature of every row");
 ABSL_FLAG(float, logit_std, 2.0f, "standard deviation of the random logits");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the random inputs and of the samplers");
 ABSL_FLAG(std::string, json, "", "write the results to this JSON file");
 ABSL_FLAG(std::string, commit, FLASHSAMPLER_BENCH_COMMIT, "commit recorded in the JSON");
+ABSL_FLAG(std::string, shapes, "4096x151936,8192x128256",
+          "cuda: comma-separated DxV shapes (hidden x vocab) of the bf16 LM head");
+ABSL_FLAG(std::string, batches, "1,2,4,8,16,32,64,128,256", "cuda: comma-separated batch sizes");
+ABSL_FLAG(int64_t, copy_mib, 2048, "cuda: MiB of the device-to-device copy that measures bandwidth");
 
 namespace flashsampler::kernels {
 namespace {
@@ -193,7 +209,8 @@ int RunCpu() {
   const int64_t vocab = absl::GetFlag(FLAGS_vocab);
   const int64_t hidden = absl::GetFlag(FLAGS_hidden);
   const int64_t tile_rows = absl::GetFlag(FLAGS_tile_rows);
-  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const int iterations =
+      absl::GetFlag(FLAGS_iterations) == 0 ? 50 : absl::GetFlag(FLAGS_iterations);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const float temperature = absl::GetFlag(FLAGS_temperature);
   const float logit_std = absl::GetFlag(FLAGS_logit_std);
@@ -308,11 +325,67 @@ int RunCpu() {
 }  // namespace
 }  // namespace flashsampler::kernels
 
+#if FLASHSAMPLER_HAVE_CUDA
+namespace flashsampler::kernels {
+namespace {
+
+// Parses "4096x151936,8192x128256" and "1,2,4"; false on any malformed entry.
+bool ParseShapes(const std::string& text, std::vector<bench::CudaShape>* out) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const std::vector<absl::string_view> dv = absl::StrSplit(item, 'x');
+    bench::CudaShape s;
+    if (dv.size() != 2 || !absl::SimpleAtoi(dv[0], &s.hidden) ||
+        !absl::SimpleAtoi(dv[1], &s.vocab)) {
+      return false;
+    }
+    out->push_back(s);
+  }
+  return !out->empty();
+}
+
+bool ParseBatches(const std::string& text, std::vector<int64_t>* out) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int64_t b = 0;
+    if (!absl::SimpleAtoi(item, &b)) return false;
+    out->push_back(b);
+  }
+  return !out->empty();
+}
+
+int RunCuda() {
+  bench::CudaBenchOptions o;
+  if (!ParseShapes(absl::GetFlag(FLAGS_shapes), &o.shapes)) {
+    std::cerr << "flashsampler-kernel-bench: --shapes wants DxV[,DxV...], e.g. 4096x151936\n";
+    return 2;
+  }
+  if (!ParseBatches(absl::GetFlag(FLAGS_batches), &o.batches)) {
+    std::cerr << "flashsampler-kernel-bench: --batches wants B[,B...], e.g. 1,8,64\n";
+    return 2;
+  }
+  o.iterations = absl::GetFlag(FLAGS_iterations) == 0 ? 100 : absl::GetFlag(FLAGS_iterations);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.temperature = absl::GetFlag(FLAGS_temperature);
+  o.logit_std = absl::GetFlag(FLAGS_logit_std);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  const int64_t copy_mib = absl::GetFlag(FLAGS_copy_mib);
+  o.copy_bytes = copy_mib > 0 ? static_cast<size_t>(copy_mib) << 20 : 0;
+  o.json_path = absl::GetFlag(FLAGS_json);
+  o.commit = absl::GetFlag(FLAGS_commit);
+  return bench::RunCudaBench(o);
+}
+
+}  // namespace
+}  // namespace flashsampler::kernels
+#endif
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "cpu") return flashsampler::kernels::RunCpu();
   if (backend == "cuda") {
+#if FLASHSAMPLER_HAVE_CUDA
+    return flashsampler::kernels::RunCuda();
+#endif
     std::cerr << "flashsampler-kernel-bench: --backend=cuda: this binary was not built with "
                  "CUDA (configure with -DFLASHSAMPLER_CUDA=ON on a machine with nvcc)\n";
     return 2;

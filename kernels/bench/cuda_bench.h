@@ -1,0 +1,44 @@
+// The CUDA mode of flashsampler-kernel-bench (--backend=cuda), built only when
+// the CUDA backend is (FLASHSAMPLER_HAVE_CUDA). What it measures: cuda_bench.cc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flashsampler::kernels::bench {
+
+struct CudaShape {
+  int64_t hidden = 0;  // D
+  int64_t vocab = 0;   // V
+};
+
+struct CudaBenchOptions {
+  std::vector<CudaShape> shapes;
+  std::vector<int64_t> batches;
+  int iterations = 100;  // timed runs per variant and (shape, batch), >= 100
+  int warmup = 5;        // untimed runs per variant before timing
+  float temperature = 1.0f;
+  float logit_std = 2.0f;  // W ~ N(0, logit_std^2 / D), H ~ N(0, 1)
+  uint64_t seed = 1;
+  size_t copy_bytes = size_t{2} << 30;  // buffer of the device-to-device copy
+  std::string json_path;
+  std::string commit;
+};
+
+// Runs the sweep, prints the table, writes JSON when json_path is set.
+// Returns the process exit code (0 ok, 1 device or I/O error, 2 bad options).
+int RunCudaBench(const CudaBenchOptions& options);
+
+// ---- Device helpers (cuda_bench_init.cu) ------------------------------------------
+// out[i] = bf16(scale * N_i) for i < n, N_i ~ N(0, 1) a hash of (seed, i)
+// (splitmix64 + Box-Muller). out is __nv_bfloat16*, passed as void*.
+int FillNormalBf16(void* out, size_t n, float scale, uint64_t seed, void* stream);
+// out[i] = float(bf16(scale * N_i)): fp32 values exactly representable in bf16,
+// so the fused kernel (fp32 hidden) and cuBLAS (bf16 hidden) see the same H.
+int FillNormalFloatBf16Exact(float* out, size_t n, float scale, uint64_t seed, void* stream);
+// out[i] = bf16(in[i]) (round to nearest even).
+int CastFloatToBf16(const float* in, void* out, size_t n, void* stream);
+
+}  // namespace flashsampler::kernels::bench
