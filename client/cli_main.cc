@@ -22,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "client/sampler_client.h"
 
@@ -77,6 +78,7 @@ int RunSample(SamplerClient& client) {
   absl::StatusOr<v1::ModelInfo> info = client.GetModelInfo();
   if (!info.ok()) return Fail(info.status());
   const int64_t cols = info->hidden_size();
+  if (cols < 1) return Fail(absl::InternalError("the server reports a hidden size below 1"));
   int64_t rows = absl::GetFlag(FLAGS_rows);
   std::vector<float> values;
   const std::string input = absl::GetFlag(FLAGS_input);
@@ -111,11 +113,11 @@ int RunSample(SamplerClient& client) {
   params->set_offset(absl::GetFlag(FLAGS_offset));
   const std::string seed = absl::GetFlag(FLAGS_seed);
   if (!seed.empty()) {
-    try {
-      params->set_seed(std::stoull(seed));
-    } catch (...) {
+    uint64_t value;
+    if (!absl::SimpleAtoi(seed, &value) || seed[0] == '-' || seed[0] == '+') {
       return Usage("--seed must be an unsigned 64-bit integer");
     }
+    params->set_seed(value);
   }
   request.set_return_logz(absl::GetFlag(FLAGS_logz));
   request.set_return_logprobs(absl::GetFlag(FLAGS_logprobs));

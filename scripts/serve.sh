@@ -12,7 +12,8 @@ cmake --build build -j"$(nproc)" --target flashsampler-server flashsampler-cli
 address=127.0.0.1:${FLASHSAMPLER_PORT:-50051}
 build/bin/flashsampler-server --address="$address" "$@" &
 server=$!
-trap 'kill -INT $server 2>/dev/null; wait $server' INT TERM
+# However this script ends (Ctrl-C, a failing step), the server is drained and stopped.
+trap 'kill -INT $server 2>/dev/null; wait $server' EXIT
 cli=(build/bin/flashsampler-cli --address="$address")
 for _ in $(seq 1 600); do
   if "${cli[@]}" health >/dev/null 2>&1; then break; fi

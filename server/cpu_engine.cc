@@ -57,10 +57,7 @@ class CpuEngine final : public Engine {
     }
     const kernels::KernelStatus status =
         sampler_.Sample(hidden_.data(), batch.rows, batch.params.data(), out);
-    if (status != kernels::KernelStatus::kOk) {
-      return absl::InternalError(
-          absl::StrCat("cpu sampler failed: ", kernels::KernelStatusName(status)));
-    }
+    if (status != kernels::KernelStatus::kOk) return KernelStatusToStatus(status, "cpu sampler");
     return result;
   }
 

@@ -152,9 +152,7 @@ class CudaEngine final : public Engine {
     const KernelStatus status = rows <= options_.fused_max_rows
                                     ? kernels::LaunchFusedSample(args, stream_)
                                     : kernels::LaunchMaterializedSample(args, cublas_, stream_);
-    if (status != KernelStatus::kOk) {
-      return absl::InternalError(absl::StrCat("cuda sampler launch: ", kernels::KernelStatusName(status)));
-    }
+    if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "cuda sampler launch");
     FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_tokens_, tokens_, rows * sizeof(int32_t),
                                             cudaMemcpyDeviceToHost, stream_));
     if (batch.want_logz) {

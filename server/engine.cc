@@ -33,6 +33,20 @@ absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status KernelStatusToStatus(kernels::KernelStatus status, const std::string& what) {
+  const std::string message = absl::StrCat(what, ": ", kernels::KernelStatusName(status));
+  switch (status) {
+    case kernels::KernelStatus::kOk: return absl::OkStatus();
+    case kernels::KernelStatus::kInvalidArgument:
+      return absl::InvalidArgumentError(
+          absl::StrCat(message, " (the batch's logits are not finite, or a size is out of range)"));
+    case kernels::KernelStatus::kOutOfMemory: return absl::ResourceExhaustedError(message);
+    case kernels::KernelStatus::kDeviceError:
+    case kernels::KernelStatus::kInternal: break;
+  }
+  return absl::InternalError(message);
+}
+
 absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab) {
   ModelShape shape;
   shape.vocab_size = head.vocab_size();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/common/kernel_status.h"
 #include "kernels/common/row_params.h"
 #include "server/lm_head.h"
 
@@ -88,6 +89,12 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
 // in place; nothing changes for kFloat32. InvalidArgument when a value is out
 // of the dtype's finite range (fp16: |h| >= 65520).
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n);
+
+// The one mapping of a kernel launcher's outcome to a status: kInvalidArgument
+// -> InvalidArgument (a batch the kernel refuses, e.g. logits that overflow),
+// kOutOfMemory -> ResourceExhausted, device and internal errors -> Internal
+// (which marks a device engine unhealthy). `what` names the launcher.
+absl::Status KernelStatusToStatus(kernels::KernelStatus status, const std::string& what);
 
 // The shape an engine serves: W's dimensions and dtype, with valid_vocab
 // resolved (0 = the whole vocabulary). InvalidArgument when it is outside

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -92,8 +93,9 @@ int main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(config->address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
-  // The largest valid request: max_batch_rows x D fp32 values plus framing.
-  const int64_t max_message = config->max_batch_rows * hidden * 4 + (1 << 20);
+  // The largest valid request: B x D fp32 values, up to B params entries of
+  // ~32 bytes each, and 1 MiB for the rest of the message.
+  const int64_t max_message = config->max_batch_rows * (hidden * 4 + 32) + (1 << 20);
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT_MAX)));
   server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -134,11 +136,20 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "flashsampler-server: %s, draining (grace %.1f s)\n",
                signal_number == SIGINT ? "SIGINT" : "SIGTERM", config->grace_period_s);
   SetHealth(server.get(), false);
-  loader.join();
+  // A second SIGINT/SIGTERM during the drain ends the process at once.
+  std::thread([&stop_signals] {
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    std::fprintf(stderr, "flashsampler-server: second signal, exiting without draining\n");
+    std::_Exit(1);
+  }).detach();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config->grace_period_s * 1000));
   server->Shutdown(deadline);  // stops accepting; waits for in-flight RPCs
   server->Wait();
+  // Only now: a weight upload in progress cannot be interrupted, but it must
+  // not delay closing the listener and draining the calls above.
+  loader.join();
   executor.Stop();
   std::fprintf(stderr, "flashsampler-server: stopped\n");
   return load_failed ? 1 : 0;

@@ -54,6 +54,13 @@ absl::Status CheckTemperature(float t, int index) {
     return absl::InvalidArgumentError(absl::StrCat(
         "params[", index, "].temperature must be finite and >= 0 (0 = greedy), got ", t));
   }
+  // Backends multiply logits by the fp32 reciprocal 1/T; below kMinTemperature
+  // it would overflow (or scale any logit to +-inf). Use 0 for greedy instead.
+  if (t > 0.0f && t < kMinTemperature) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params[", index, "].temperature ", t, " is below the smallest supported ",
+        kMinTemperature, "; use 0 for greedy sampling"));
+  }
   return absl::OkStatus();
 }
 

@@ -3,7 +3,8 @@
 //
 // Every field is checked once, here: dtype, shape [B, D] against the model's D,
 // 1 <= B <= max_batch_rows, the byte length against the shape, NaN/Inf in the
-// hidden states, the params count (1 or B), each temperature (finite, >= 0).
+// hidden states, the params count (1 or B), each temperature (0, or finite and
+// >= kMinTemperature).
 // Rows that share one params entry get noise streams 0..B-1; rows with their
 // own entry get stream 0. Absent seeds are drawn from `draw_seed` (one per
 // params entry) and reported per row.
@@ -21,6 +22,10 @@
 #include "server/engine.h"
 
 namespace flashsampler {
+
+// Smallest non-zero temperature: 1/T stays far from fp32 overflow, so logits
+// up to ~1e32 in magnitude still scale to finite values.
+inline constexpr float kMinTemperature = 1e-6f;
 
 struct RequestLimits {
   int64_t max_batch_rows = 4096;

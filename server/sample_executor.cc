@@ -31,7 +31,7 @@ std::string SampleExecutor::backend_name() const {
   return engine_ ? engine_->backend_name() : std::string();
 }
 
-void SampleExecutor::Submit(const SampleBatch* batch, Done done) {
+void SampleExecutor::Submit(const SampleBatch* batch, Done done, std::function<bool()> cancelled) {
   absl::Status refusal;
   {
     absl::MutexLock lock(&mu_);
@@ -42,7 +42,7 @@ void SampleExecutor::Submit(const SampleBatch* batch, Done done) {
     } else if (!engine_->healthy()) {
       refusal = absl::UnavailableError("the sampling backend failed and is not serving");
     } else {
-      queue_.push_back(Job{batch, std::move(done)});
+      queue_.push_back(Job{batch, std::move(done), std::move(cancelled)});
       return;
     }
   }
@@ -71,6 +71,10 @@ void SampleExecutor::WorkerLoop() {
       job = std::move(queue_.front());
       queue_.pop_front();
       engine = engine_.get();  // jobs are only queued once an engine is set
+    }
+    if (job.cancelled && job.cancelled()) {
+      job.done(absl::CancelledError("the call was cancelled before its batch ran"));
+      continue;
     }
     // The engine is only touched by this thread; the lock is not held while
     // computing, so Submit never waits for a batch to finish.

@@ -8,7 +8,8 @@
 // executor cannot take work.
 // Outcomes delivered to `done`, exactly once per Submit: the engine's result;
 // Unavailable when no engine is loaded yet or the executor is stopping;
-// Internal when the engine failed (the engine then may report !healthy()).
+// Cancelled when the caller went away before the job ran; Internal when the
+// engine failed (the engine then may report !healthy()).
 #pragma once
 
 #include <deque>
@@ -42,8 +43,10 @@ class SampleExecutor {
   ModelShape shape() const;
   std::string backend_name() const;
 
-  // `batch` must stay alive until `done` has been called.
-  void Submit(const SampleBatch* batch, Done done);
+  // `batch` must stay alive until `done` has been called. `cancelled`, when
+  // set, is polled just before the batch would run: a job whose caller is gone
+  // is answered Cancelled without computing.
+  void Submit(const SampleBatch* batch, Done done, std::function<bool()> cancelled = nullptr);
 
   // Refuses new work, runs what is queued, joins the worker. Idempotent.
   void Stop();
@@ -52,6 +55,7 @@ class SampleExecutor {
   struct Job {
     const SampleBatch* batch;
     Done done;
+    std::function<bool()> cancelled;
   };
   void WorkerLoop();
 

@@ -26,14 +26,17 @@ v1::DType ToWireDType(WeightDType d) {
 class SampleStreamReactor final
     : public grpc::ServerBidiReactor<v1::SampleRequest, v1::SampleResponse> {
  public:
-  explicit SampleStreamReactor(SamplerService* service) : service_(service) { StartRead(&request_); }
+  SampleStreamReactor(SamplerService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client half-closed (or the call was cancelled)
       Finish(grpc::Status::OK);
       return;
     }
-    service_->StartSample(request_, &parsed_, &response_, [this](grpc::Status status) {
+    service_->StartSample(context_, request_, &parsed_, &response_, [this](grpc::Status status) {
       if (!status.ok()) {
         Finish(status);
         return;
@@ -54,6 +57,7 @@ class SampleStreamReactor final
 
  private:
   SamplerService* const service_;
+  grpc::CallbackServerContext* const context_;
   v1::SampleRequest request_;
   ParsedSampleRequest parsed_;
   v1::SampleResponse response_;
@@ -69,7 +73,8 @@ uint64_t SamplerService::DrawSeed() {
   return absl::Uniform<uint64_t>(seed_gen_);
 }
 
-void SamplerService::StartSample(const v1::SampleRequest& request, ParsedSampleRequest* parsed,
+void SamplerService::StartSample(grpc::CallbackServerContext* context,
+                                 const v1::SampleRequest& request, ParsedSampleRequest* parsed,
                                  v1::SampleResponse* response,
                                  std::function<void(grpc::Status)> done) {
   if (!executor_->ready()) {
@@ -91,7 +96,7 @@ void SamplerService::StartSample(const v1::SampleRequest& request, ParsedSampleR
     }
     FillSampleResponse(*parsed, *result, response);
     done(grpc::Status::OK);
-  });
+  }, [context] { return context->IsCancelled(); });
 }
 
 grpc::ServerUnaryReactor* SamplerService::Sample(grpc::CallbackServerContext* context,
@@ -100,14 +105,14 @@ grpc::ServerUnaryReactor* SamplerService::Sample(grpc::CallbackServerContext* co
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The parsed batch must outlive the executor job; the callback owns it.
   auto parsed = std::make_shared<ParsedSampleRequest>();
-  StartSample(*request, parsed.get(), response,
+  StartSample(context, *request, parsed.get(), response,
               [reactor, parsed](grpc::Status status) { reactor->Finish(std::move(status)); });
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::SampleRequest, v1::SampleResponse>* SamplerService::SampleStream(
-    grpc::CallbackServerContext* /*context*/) {
-  return new SampleStreamReactor(this);
+    grpc::CallbackServerContext* context) {
+  return new SampleStreamReactor(this, context);
 }
 
 grpc::ServerUnaryReactor* SamplerService::GetModelInfo(grpc::CallbackServerContext* context,

@@ -37,8 +37,9 @@ class SamplerService final : public v1::Sampler::CallbackService {
   // Validates `request` and, when valid and the model is loaded, queues it;
   // `done` gets the status, and `parsed` is filled for the response.
   // Exposed for the stream reactor.
-  void StartSample(const v1::SampleRequest& request, ParsedSampleRequest* parsed,
-                   v1::SampleResponse* response, std::function<void(grpc::Status)> done);
+  void StartSample(grpc::CallbackServerContext* context, const v1::SampleRequest& request,
+                   ParsedSampleRequest* parsed, v1::SampleResponse* response,
+                   std::function<void(grpc::Status)> done);
 
  private:
   uint64_t DrawSeed();

@@ -56,7 +56,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
         absl::StrCat("--backend must be auto, cpu or cuda, got '", c.backend, "'"));
   }
   if (c.valid_vocab < 0) return absl::InvalidArgumentError("--valid_vocab must be >= 0");
-  if (c.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (c.threads < 0 || c.threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
   if (c.tile_rows < 1) return absl::InvalidArgumentError("--tile_rows must be >= 1");
   if (c.max_batch_rows < 1 || c.max_batch_rows > (1 << 20)) {
     return absl::InvalidArgumentError("--max_batch_rows must be in [1, 1048576]");

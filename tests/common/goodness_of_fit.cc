@@ -28,7 +28,7 @@ std::vector<double> SoftmaxOfScaled(const std::vector<float>& logits, int64_t va
 }
 
 FitSummary ExpectCountsMatch(const std::vector<int64_t>& counts, const std::vector<double>& probs,
-                             double required_shift) {
+                             double required_shift, double detectable_error) {
   constexpr double kMinBinExpected = 50.0;
   constexpr double kZThreshold = 5.0;
   constexpr double kChiSquareZ = 4.75;  // alpha ~ 1e-6
@@ -58,8 +58,9 @@ FitSummary ExpectCountsMatch(const std::vector<int64_t>& counts, const std::vect
     if (probs[v] >= 0.05) {
       ++s.z_tested;
       const double sd = std::sqrt(e * (1.0 - probs[v]));
-      EXPECT_GE(0.02 * e / sd, required_shift)
-          << "too few samples to catch a 2% error in token " << v << " (p=" << probs[v] << ")";
+      EXPECT_GE(detectable_error * e / sd, required_shift)
+          << "too few samples to catch a " << 100 * detectable_error << "% error in token " << v
+          << " (p=" << probs[v] << ")";
       const double z = (o - e) / sd;
       s.max_abs_z = std::max(s.max_abs_z, std::fabs(z));
       EXPECT_LT(std::fabs(z), kZThreshold)

@@ -8,10 +8,10 @@
 //    pool joins the smallest bin), failing above the chi-square quantile at
 //    alpha ~ 1e-6 (Wilson-Hilferty, z = 4.75);
 //  - a z-test on every token with p >= 0.05, failing at |z| > 5.
-// Power: a 2% relative error in a token of probability p shifts its count by
-// z = 0.02 sqrt(N p / (1 - p)). The check asserts that this is at least
-// `required_shift` for every z-tested token, so a test with too few samples
-// fails instead of passing vacuously. Seeds are fixed in the callers, so the
+// Power: a relative error r (`detectable_error`, 2% by default) in a token of
+// probability p shifts its count by z = r sqrt(N p / (1 - p)). The check
+// asserts that this is at least `required_shift` for every z-tested token, so
+// a test with too few samples fails instead of passing vacuously. Seeds are fixed in the callers, so the
 // outcome is deterministic.
 //
 // Thread safety: pure functions reporting through GoogleTest assertions.
@@ -37,7 +37,7 @@ double ChiSquareQuantile(double df, double z);
 // `probs` are the reference probabilities of the tokens (summing to 1); counts
 // of tokens beyond probs.size() must be zero.
 FitSummary ExpectCountsMatch(const std::vector<int64_t>& counts, const std::vector<double>& probs,
-                             double required_shift = 6.0);
+                             double required_shift = 6.0, double detectable_error = 0.02);
 
 // float64 softmax of fp32 transformed logits logits[v] * scale (one fp32
 // multiply, as every backend forms them), over the first `valid` tokens.

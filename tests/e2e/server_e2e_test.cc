@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -55,6 +56,13 @@ class ServerE2E : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     delete client_;
+    // After everything the suite threw at it, the server still drains and
+    // exits cleanly on SIGTERM.
+    absl::StatusOr<int> exit_code = server_->Stop(SIGTERM, absl::Seconds(30));
+    EXPECT_TRUE(exit_code.ok()) << exit_code.status();
+    if (exit_code.ok()) {
+      EXPECT_EQ(*exit_code, 0);
+    }
     delete server_;
   }
 
@@ -173,12 +181,21 @@ TEST_F(ServerE2E, StreamAnswersInOrderAndMatchesUnary) {
 }
 
 TEST_F(ServerE2E, BadStreamRequestEndsTheStreamWithItsError) {
-  std::vector<v1::SampleRequest> requests = {Request(2, 1), Request(2, 2)};
-  requests[1].mutable_params(0)->set_temperature(-1.0f);
-  absl::StatusOr<std::vector<v1::SampleResponse>> r = client_->SampleStream(requests);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("temperature"));
+  std::vector<v1::SampleRequest> bad_temperature = {Request(2, 1), Request(2, 2)};
+  bad_temperature[1].mutable_params(0)->set_temperature(-1.0f);
+  std::vector<v1::SampleRequest> bad_shape = {Request(2, 1), Request(2, 2)};
+  bad_shape[1].mutable_hidden_states()->set_shape(1, kHidden * 2);
+  std::vector<v1::SampleRequest> bad_bytes = {Request(2, 1)};
+  bad_bytes[0].mutable_hidden_states()->mutable_data()->resize(5);
+  for (const auto& [requests, fragment] :
+       {std::pair{bad_temperature, "temperature"}, std::pair{bad_shape, "hidden size"},
+        std::pair{bad_bytes, "bytes"}}) {
+    absl::StatusOr<std::vector<v1::SampleResponse>> r = client_->SampleStream(requests);
+    ASSERT_FALSE(r.ok()) << fragment;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(fragment));
+  }
+  EXPECT_TRUE(client_->Sample(Request(1, 1)).ok());
 }
 
 TEST_F(ServerE2E, EveryBadInputIsInvalidArgumentAndTheServerStaysUp) {
@@ -214,6 +231,8 @@ TEST_F(ServerE2E, EveryBadInputIsInvalidArgumentAndTheServerStaysUp) {
   r = Request(2, 1);
   r.mutable_params(0)->set_temperature(-0.1f);
   ExpectInvalid(r, "temperature");
+  r.mutable_params(0)->set_temperature(1e-30f);  // 1/T would overflow
+  ExpectInvalid(r, "smallest supported");
   r.mutable_params(0)->set_temperature(std::numeric_limits<float>::quiet_NaN());
   ExpectInvalid(r, "temperature");
 
@@ -287,39 +306,67 @@ TEST_F(ServerE2E, CliSampleInfoHealth) {
 }
 
 TEST(ServerLifecycle, SigtermDrainsInFlightRequestsAndExitsZero) {
-  // A big batch on the default-size demo head keeps the server busy for a while.
+  // Four big batches on the default-size demo head: they run one after the
+  // other, so most of them are still queued or computing when SIGTERM arrives.
+  // Every accepted call must still be answered, and the last answer must come
+  // after the signal (otherwise nothing was drained and the test proves nothing).
   ServerProcess server({"--demo_vocab=32000", "--demo_hidden=1024", "--max_batch_rows=1024",
-                        "--threads=2", "--grace_period_s=60"});
+                        "--threads=2", "--grace_period_s=120"});
   ASSERT_TRUE(server.Start().ok());
   SamplerClient client(server.address());
   v1::SampleRequest request;
   *request.mutable_hidden_states() =
       MakeHiddenStates(RandomValues(1024 * 1024, 5), 1024, 1024, v1::DTYPE_BF16);
   request.add_params()->set_temperature(1.0f);
-  absl::StatusOr<v1::SampleResponse> response;
-  std::thread caller([&] { response = client.Sample(request, absl::Seconds(120)); });
-  absl::SleepFor(absl::Milliseconds(300));  // let the request reach the engine
-  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(90));
-  caller.join();
+  constexpr int kCalls = 4;
+  std::vector<absl::StatusOr<v1::SampleResponse>> responses(kCalls);
+  std::vector<absl::Time> answered(kCalls);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&, i] {
+      responses[i] = client.Sample(request, absl::Seconds(300));
+      answered[i] = absl::Now();
+    });
+  }
+  // The calls are on the wire once the first one has reached the engine;
+  // GetModelInfo answering proves the server has read everything sent before it.
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(client.GetModelInfo().ok());
+  const absl::Time signalled = absl::Now();
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(240));
+  for (std::thread& t : callers) t.join();
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
-  ASSERT_TRUE(response.ok()) << "in-flight request lost on SIGTERM: " << response.status();
-  EXPECT_EQ(response->token_ids_size(), 1024);
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(responses[i].ok()) << "call " << i << " lost on SIGTERM: " << responses[i].status();
+    EXPECT_EQ(responses[i]->token_ids_size(), 1024);
+  }
+  EXPECT_GT(*std::max_element(answered.begin(), answered.end()), signalled)
+      << "every call finished before SIGTERM: the drain was not exercised";
 }
 
-TEST(ServerLifecycle, SigintOnAnIdleServerExitsZeroAtOnce) {
-  ServerProcess server({"--demo_vocab=100", "--demo_hidden=8"});
+TEST(ServerLifecycle, SigintOnAnIdleServerExitsZeroWithoutWaitingForTheGrace) {
+  // With nothing in flight the drain must not wait out the (long) grace period:
+  // Stop gives up after 30 s, well inside the 600 s grace.
+  ServerProcess server({"--demo_vocab=100", "--demo_hidden=8", "--grace_period_s=600"});
   ASSERT_TRUE(server.Start().ok());
-  absl::StatusOr<int> exit_code = server.Stop(SIGINT, absl::Seconds(10));
+  absl::StatusOr<int> exit_code = server.Stop(SIGINT, absl::Seconds(30));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
 }
 
-TEST(ServerLifecycle, BadFlagsAndMissingWeightsFailClearly) {
+TEST(ServerLifecycle, BadFlagsExitTwoAndMissingWeightsExitOne) {
   ServerProcess bad_backend({"--backend=tpu"});
   EXPECT_FALSE(bad_backend.Start(absl::Seconds(10)).ok());
+  absl::StatusOr<int> code = bad_backend.WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 2);
+
   ServerProcess missing({"--weights=/nonexistent/model.safetensors"});
   EXPECT_FALSE(missing.Start(absl::Seconds(10)).ok());
+  code = missing.WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 1);
 }
 
 }  // namespace

@@ -79,6 +79,11 @@ void ServerProcess::SendSignal(int signal_number) {
 absl::StatusOr<int> ServerProcess::Stop(int signal_number, absl::Duration timeout) {
   if (pid_ <= 0) return absl::FailedPreconditionError("not started");
   kill(pid_, signal_number);
+  return WaitForExit(timeout);
+}
+
+absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("not started");
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     int status;

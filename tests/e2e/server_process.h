@@ -29,6 +29,9 @@ class ServerProcess {
   // status (WEXITSTATUS) or DeadlineExceeded if it did not exit in time.
   absl::StatusOr<int> Stop(int signal_number, absl::Duration timeout);
   void SendSignal(int signal_number);
+  // Waits up to `timeout` for a process that stops by itself (e.g. after a
+  // failed start); its exit status, or DeadlineExceeded.
+  absl::StatusOr<int> WaitForExit(absl::Duration timeout);
 
  private:
   std::vector<std::string> flags_;

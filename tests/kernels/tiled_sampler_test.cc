@@ -126,7 +126,8 @@ constexpr int64_t kCalls = 32;
 constexpr int64_t kSamples = kRowsPerCall * kCalls;
 
 std::vector<int64_t> SampleCounts(const std::vector<float>& logits, int64_t valid_vocab,
-                                  int64_t tile_rows, float temperature, uint64_t seed) {
+                                  int64_t tile_rows, float temperature, uint64_t seed,
+                                  int64_t calls = kCalls) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   // D = 1, H = 1: the logits are W itself, exactly.
   CpuTiledSampler sampler(logits.data(), vocab, valid_vocab, 1, {kThreads, tile_rows});
@@ -134,7 +135,7 @@ std::vector<int64_t> SampleCounts(const std::vector<float>& logits, int64_t vali
   std::vector<RowParams> params(kRowsPerCall);
   std::vector<int32_t> tokens(kRowsPerCall);
   std::vector<int64_t> counts(vocab, 0);
-  for (int64_t call = 0; call < kCalls; ++call) {
+  for (int64_t call = 0; call < calls; ++call) {
     for (int64_t r = 0; r < kRowsPerCall; ++r) {
       params[r] = RowParams{temperature, seed, static_cast<uint64_t>(call),
                             static_cast<uint32_t>(r)};
@@ -179,6 +180,17 @@ std::vector<float> HeadAndTailLogits(int64_t vocab) {
 TEST(TiledSamplerGoodnessOfFit, TemperatureOneVocab1000) {
   const auto logits = HeadAndTailLogits(1000);
   ExpectMatchesSoftmax(SampleCounts(logits, 1000, 64, 1.0f, 11), logits, 1000, 1.0f);
+}
+
+// The 1% standard: 2^23 samples (128 calls), so a 1% relative error in any
+// token with p >= 0.05 shifts its count by z >= 0.01 sqrt(2^23 * 0.05 / 0.95)
+// = 6.6 (the check asserts >= 6), against a failure threshold of |z| > 5.
+TEST(TiledSamplerGoodnessOfFit, CatchesAOnePercentErrorAtTemperatureOne) {
+  const auto logits = HeadAndTailLogits(200);
+  const float scale = LogitScale(RowParams{1.0f, 0, 0, 0});
+  testing::ExpectCountsMatch(SampleCounts(logits, 200, 64, 1.0f, 15, 128),
+                             testing::SoftmaxOfScaled(logits, 200, scale),
+                             /*required_shift=*/6.0, /*detectable_error=*/0.01);
 }
 
 TEST(TiledSamplerGoodnessOfFit, TemperatureHalf) {
