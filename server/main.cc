@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
   }).detach();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config->grace_period_s * 1000));
+  service.BeginDrain();         // idle streams close now, busy ones after their answer
   server->Shutdown(deadline);  // stops accepting; waits for in-flight RPCs
   server->Wait();
   // Only now: a weight upload in progress cannot be interrupted, but it must

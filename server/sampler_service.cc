@@ -1,6 +1,7 @@
 #include "server/sampler_service.h"
 
 #include <memory>
+#include <vector>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -18,26 +19,50 @@ v1::DType ToWireDType(WeightDType d) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+}  // namespace
+
 // One bidirectional stream. Strictly one request in flight: read, sample,
-// write, read again. OnDone deletes the reactor; gRPC calls it only after
-// Finish and after every started read/write completed, and Finish is never
-// called while a sample is in flight, so the executor callback always finds
-// the reactor alive.
+// write, read again. State changes happen under mu_, and exactly one path sets
+// finished_ and calls Finish. OnDone deletes the reactor; gRPC calls it only
+// after Finish and after every started read/write completed, and Finish is
+// never called while a sample is in flight, so the executor callback always
+// finds the reactor alive.
+//
+// Draining (SIGTERM): an idle stream (a read pending, nothing in flight) is
+// finished at once with UNAVAILABLE, which gRPC allows with a read pending
+// (that read then completes with ok = false); a busy stream is finished the
+// same way right after its current response is written. So open streams never
+// hold the drain until the grace period.
 class SampleStreamReactor final
     : public grpc::ServerBidiReactor<v1::SampleRequest, v1::SampleResponse> {
  public:
   SampleStreamReactor(SamplerService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
-    StartRead(&request_);
+    if (service_->RegisterStream(this)) {
+      StartRead(&request_);
+    } else {
+      MarkFinished();
+      Finish(DrainingStatus());
+    }
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client half-closed (or the call was cancelled)
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;  // drained while this read was pending
+      if (!ok) {              // the client half-closed (or the call was cancelled)
+        finished_ = true;
+      } else {
+        sampling_ = true;
+      }
+    }
+    if (!ok) {
       Finish(grpc::Status::OK);
       return;
     }
     service_->StartSample(context_, request_, &parsed_, &response_, [this](grpc::Status status) {
       if (!status.ok()) {
+        MarkFinished();
         Finish(status);
         return;
       }
@@ -46,24 +71,85 @@ class SampleStreamReactor final
   }
 
   void OnWriteDone(bool ok) override {
+    bool drain;
+    {
+      absl::MutexLock lock(&mu_);
+      sampling_ = false;
+      drain = draining_ || !ok;
+      if (drain) finished_ = true;
+    }
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed while writing"));
-      return;
+    } else if (drain) {
+      Finish(DrainingStatus());
+    } else {
+      StartRead(&request_);
     }
-    StartRead(&request_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->UnregisterStream(this);
+    delete this;
+  }
+
+  // Called by SamplerService::BeginDrain with the registry locked. Returns true
+  // when the stream is idle: the caller must then call FinishDrained() (after
+  // unlocking); until then the reactor cannot be deleted, as Finish has not
+  // been called. A busy stream finishes itself after its current write.
+  bool MarkDraining() {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    if (finished_ || sampling_) return false;
+    finished_ = true;
+    return true;
+  }
+  void FinishDrained() { Finish(DrainingStatus()); }
 
  private:
+  static grpc::Status DrainingStatus() {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "server is shutting down; reconnect to continue the stream");
+  }
+  void MarkFinished() {
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+  }
+
   SamplerService* const service_;
   grpc::CallbackServerContext* const context_;
   v1::SampleRequest request_;
   ParsedSampleRequest parsed_;
   v1::SampleResponse response_;
+  absl::Mutex mu_;
+  bool sampling_ ABSL_GUARDED_BY(mu_) = false;  // a request is being sampled or written
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was (or is about to be) called
 };
 
-}  // namespace
+bool SamplerService::RegisterStream(SampleStreamReactor* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  if (draining_) return false;
+  streams_.insert(stream);
+  return true;
+}
+
+void SamplerService::UnregisterStream(SampleStreamReactor* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void SamplerService::BeginDrain() {
+  std::vector<SampleStreamReactor*> idle;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    draining_ = true;
+    for (SampleStreamReactor* stream : streams_) {
+      if (stream->MarkDraining()) idle.push_back(stream);
+    }
+  }
+  // Outside the lock: Finish may run OnDone, which unregisters.
+  for (SampleStreamReactor* stream : idle) stream->FinishDrained();
+}
 
 SamplerService::SamplerService(SampleExecutor* executor, RequestLimits limits)
     : executor_(executor), limits_(limits) {}

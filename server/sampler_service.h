@@ -5,14 +5,18 @@
 // blocks on compute. SampleStream handles one request at a time per stream,
 // which keeps responses in request order; an invalid request ends the stream
 // with its status. Errors are mapped to gRPC codes once, by ToGrpcStatus.
+// On shutdown, BeginDrain closes open streams (UNAVAILABLE) as soon as they are
+// idle, so the drain waits only for real work.
 //
-// Thread safety: gRPC calls the methods concurrently; the service holds only
-// immutable configuration, the executor and a mutex-guarded seed generator.
+// Thread safety: gRPC calls the methods concurrently; the service holds
+// immutable configuration, the executor, a mutex-guarded seed generator and a
+// mutex-guarded registry of open streams.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "flashsampler/v1/sampler.grpc.pb.h"
@@ -20,6 +24,8 @@
 #include "server/sample_executor.h"
 
 namespace flashsampler {
+
+class SampleStreamReactor;
 
 class SamplerService final : public v1::Sampler::CallbackService {
  public:
@@ -33,6 +39,16 @@ class SamplerService final : public v1::Sampler::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
+
+  // Shutdown, first step: idle streams are finished now with UNAVAILABLE, busy
+  // ones right after their current response, and new streams are refused, so
+  // Server::Shutdown only waits for real work. Unary calls are unaffected.
+  void BeginDrain();
+
+  // The stream reactors' registry (for BeginDrain). RegisterStream returns
+  // false once draining has begun.
+  bool RegisterStream(SampleStreamReactor* stream);
+  void UnregisterStream(SampleStreamReactor* stream);
 
   // Validates `request` and, when valid and the model is loaded, queues it;
   // `done` gets the status, and `parsed` is filled for the response.
@@ -48,6 +64,9 @@ class SamplerService final : public v1::Sampler::CallbackService {
   const RequestLimits limits_;
   absl::Mutex seed_mu_;
   absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
+  absl::Mutex streams_mu_;
+  absl::flat_hash_set<SampleStreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool draining_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 
 }  // namespace flashsampler

@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
@@ -48,7 +50,9 @@ v1::SampleRequest Request(int64_t rows, uint64_t data_seed, v1::DType dtype = v1
 class ServerE2E : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new ServerProcess({"--demo_vocab=2000", "--demo_hidden=64", "--valid_vocab=1990",
+    // The CPU backend explicitly: this suite tests the service, and on a GPU
+    // machine `auto` would pick CUDA (covered by the gpu-labelled tests).
+    server_ = new ServerProcess({"--backend=cpu", "--demo_vocab=2000", "--demo_hidden=64", "--valid_vocab=1990",
                                  "--max_batch_rows=64", "--threads=2", "--tile_rows=256"});
     const absl::Status started = server_->Start();
     ASSERT_TRUE(started.ok()) << started;
@@ -310,8 +314,10 @@ TEST(ServerLifecycle, SigtermDrainsInFlightRequestsAndExitsZero) {
   // other, so most of them are still queued or computing when SIGTERM arrives.
   // Every accepted call must still be answered, and the last answer must come
   // after the signal (otherwise nothing was drained and the test proves nothing).
-  ServerProcess server({"--demo_vocab=32000", "--demo_hidden=1024", "--max_batch_rows=1024",
-                        "--threads=2", "--grace_period_s=120"});
+  // The CPU backend with two threads keeps each batch busy for a while on any
+  // machine (on a GPU the four batches would be done before the signal).
+  ServerProcess server({"--backend=cpu", "--demo_vocab=32000", "--demo_hidden=1024",
+                        "--max_batch_rows=1024", "--threads=2", "--grace_period_s=120"});
   ASSERT_TRUE(server.Start().ok());
   SamplerClient client(server.address());
   v1::SampleRequest request;
@@ -353,6 +359,34 @@ TEST(ServerLifecycle, SigintOnAnIdleServerExitsZeroWithoutWaitingForTheGrace) {
   absl::StatusOr<int> exit_code = server.Stop(SIGINT, absl::Seconds(30));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
+}
+
+TEST(ServerLifecycle, SigtermClosesAnIdleStreamAtOnce) {
+  // A serving engine keeps its stream open between decode steps. On SIGTERM
+  // the server must close it (UNAVAILABLE: reconnect elsewhere) instead of
+  // waiting out the grace period (600 s here; Stop gives up after 30 s).
+  ServerProcess server({"--backend=cpu", "--demo_vocab=100", "--demo_hidden=8",
+                        "--grace_period_s=600"});
+  ASSERT_TRUE(server.Start().ok());
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Sampler::NewStub(channel);
+  grpc::ClientContext context;
+  auto stream = stub->SampleStream(&context);
+  v1::SampleRequest request;
+  *request.mutable_hidden_states() = MakeHiddenStates(RandomValues(8, 1), 1, 8, v1::DTYPE_FP32);
+  request.add_params()->set_temperature(1.0f);
+  ASSERT_TRUE(stream->Write(request));
+  v1::SampleResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.token_ids_size(), 1);
+
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_FALSE(stream->Read(&response));
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
 }
 
 TEST(ServerLifecycle, BadFlagsExitTwoAndMissingWeightsExitOne) {
