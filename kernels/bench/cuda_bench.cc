@@ -43,7 +43,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -127,15 +126,6 @@ Stats Summarize(std::vector<double> ms) {
   if (n == 0) return {};
   const double median = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
   return Stats{median, ms.front()};
-}
-
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 // Times `runs` calls of fn between event pairs, all enqueued, after `warmup`.
@@ -464,7 +454,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
-  const std::string date = UtcNow();
+  const std::string& date = o.date;
   const size_t l2_bytes = static_cast<size_t>(prop.l2CacheSize);
 
   cudaStream_t stream = nullptr;

@@ -25,6 +25,7 @@ struct CudaBenchOptions {
   size_t copy_bytes = size_t{2} << 30;  // buffer of the device-to-device copy
   std::string json_path;
   std::string commit;
+  std::string date;  // UTC timestamp recorded in the table and the JSON
 };
 
 // Runs the sweep, prints the table, writes JSON when json_path is set.

@@ -371,6 +371,7 @@ int RunCuda() {
   o.copy_bytes = copy_mib > 0 ? static_cast<size_t>(copy_mib) << 20 : 0;
   o.json_path = absl::GetFlag(FLAGS_json);
   o.commit = absl::GetFlag(FLAGS_commit);
+  o.date = UtcNow();
   return bench::RunCudaBench(o);
 }
 

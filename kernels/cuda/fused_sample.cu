@@ -42,6 +42,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_sample_mma.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels {
@@ -387,6 +388,22 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     return KernelStatus::kInvalidArgument;
   }
 
+  const bool want_lse = args.logz != nullptr || args.logprobs != nullptr;
+  SampleSummary* tile_summaries = static_cast<SampleSummary*>(args.workspace);
+  cudaError_t err = cudaSuccess;
+
+  // ---- Tensor-core stage 1 (fused_sample_mma.cu) for 16-bit weights and
+  // batches of cuda_internal::kMmaMinBatch rows or more: W is read once per
+  // 64 rows instead of once per 8 rows.
+  if (cuda_internal::MmaStage1Eligible(args)) {
+    err = cuda_internal::LaunchMmaStage1(args, num_tiles, want_lse, tile_summaries, stream);
+    if (err != cudaSuccess) return StatusFromCuda(err);
+    err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
+                                                  args.token_ids, args.logz, args.logprobs,
+                                                  stream);
+    return StatusFromCuda(err);
+  }
+
   // ---- Rows per block (R). The smallest power of two >= batch, at most 8, then
   // halved while the R fp32 rows exceed kPreferredRowBytes of shared memory.
   const size_t row_bytes = static_cast<size_t>(args.hidden_dim) * sizeof(float);
@@ -397,7 +414,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
 
   int device = 0;
   int max_smem_optin = 0;
-  cudaError_t err = cudaGetDevice(&device);
+  err = cudaGetDevice(&device);
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                  device);
@@ -419,9 +436,6 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   // and a row length that is a whole number of 16-byte vectors.
   const bool vector_path =
       AlignedTo(args.weight, 16) && (static_cast<size_t>(args.hidden_dim) * elem_bytes) % 16 == 0;
-  const bool want_lse = args.logz != nullptr || args.logprobs != nullptr;
-  SampleSummary* tile_summaries = static_cast<SampleSummary*>(args.workspace);
-
   const Stage1Launch launch{args.weight,    args.hidden,      args.params,
                             args.batch,     args.valid_vocab, args.hidden_dim,
                             num_chunks,     num_tiles,        vector_path,

@@ -20,11 +20,27 @@
 // function of (seed, offset, stream, token id) computed with the same fp32 code
 // (IEEE logf / log1pf) as the CPU backend, and l' is one fp32 multiply of the
 // fp32-accumulated dot product by the fp32 reciprocal 1/T. So a row's token does
-// not depend on the batch it is in, and agrees with the CPU backend
+// not depend on the batch it is in (within one stage-1 path, see below), and agrees with the CPU backend
 // (kernels/cpu/tiled_sampler.h) up to the fp32 rounding of the dot products,
 // i.e. except for near-ties of the two best scores.
 //
-// How (details next to the launch in fused_sample.cu). Stage 1: one block per
+// How (details next to the launch in fused_sample.cu). Two stage-1 kernels:
+// - tensor cores (fused_sample_mma.cu), for fp16 / bf16 weights, batch >= 3
+//   (kMmaMinBatch), hidden_dim % 16 == 0 and 16-byte aligned W and H: one block
+//   per (256 tokens, up to 32 rows) or, above 32 rows, per (128 tokens, up to
+//   64 rows) forms the dot products with mma.sync m16n8k16 (16-bit inputs,
+//   fp32 accumulation), so W crosses HBM once for batches up to 64 (larger
+//   batches re-read it per 64-row chunk, mostly from L2). The hidden values enter the tensor cores rounded to the weight
+//   dtype (round to nearest even). PRECONDITION for 16-bit weights: the hidden
+//   values must be exactly representable in the weight dtype (as the server
+//   provides them: it rounds H to the weight dtype) for the results to be those
+//   of the CUDA-core path and the CPU backend up to fp32 summation order;
+//   otherwise they are those of the rounded H (and values beyond the fp16
+//   range become infinite for fp16 weights). Tile summaries, noise, merge
+//   order and stage 2 are as below; only the dot products' fp32 summation
+//   order differs, so the two paths agree except at near-ties, and each path
+//   on its own is batch-invariant.
+// - CUDA cores (fused_sample.cu), every other case. Stage 1: one block per
 // (vocabulary tile, chunk of up to 8 rows) streams its tile of W once with
 // 16-byte loads, forms the dot products with the rows held in shared memory,
 // adds the noise and reduces the tile to one SampleSummary per row in the
@@ -44,8 +60,8 @@
 //
 // Outcomes: kOk: the two kernels are enqueued; outputs are valid once the
 // stream reaches them. kInvalidArgument: a null pointer, a size out of range, a
-// workspace too small or misaligned, or a hidden_dim too large for one block's
-// shared memory (> ~57k fp32 on H100); nothing was enqueued. kDeviceError: a
+// workspace too small or misaligned, or (CUDA-core path only) a hidden_dim too
+// large for one block's shared memory (> ~57k fp32 on H100); nothing was enqueued. kDeviceError: a
 // CUDA call or a launch failed (errors of the running kernels surface, as
 // usual, at the caller's next synchronization).
 #pragma once

@@ -89,6 +89,11 @@ std::vector<float> RandomMatrix(int64_t rows, int64_t cols, float stddev, uint32
   return m;
 }
 
+void RoundInPlace(CudaWeightDType dtype, std::vector<float>* values) {
+  uint8_t scratch[4];
+  for (float& x : *values) x = RoundTo(dtype, x, scratch);
+}
+
 std::vector<RowParams> RandomParams(int64_t batch, double greedy_fraction, uint32_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> temperature(0.3f, 2.0f);

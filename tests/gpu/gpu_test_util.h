@@ -120,6 +120,12 @@ void UploadWeights(const HostWeights& w, size_t byte_offset, DeviceWeights* out)
 std::vector<float> RandomMatrix(int64_t rows, int64_t cols, float stddev, uint32_t seed,
                                 CudaWeightDType round_to = CudaWeightDType::kFloat32);
 
+// Rounds every value to `dtype` (round to nearest even; kFloat32: unchanged).
+// The fused sampler's tensor-core path needs hidden states exactly
+// representable in the 16-bit weight dtype (fused_sample.h), as the server
+// provides them; tests comparing it with the CPU backend round H this way.
+void RoundInPlace(CudaWeightDType dtype, std::vector<float>* values);
+
 // Random per-row params: temperature uniform in [0.3, 2] (or 0 with
 // probability greedy_fraction), random seed / offset, stream = row index.
 std::vector<RowParams> RandomParams(int64_t batch, double greedy_fraction, uint32_t seed);

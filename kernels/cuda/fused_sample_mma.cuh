@@ -1,0 +1,29 @@
+// Tensor-core stage 1 of the fused sampler (fused_sample_mma.cu), used by
+// LaunchFusedSample for 16-bit weights and batches of kMmaMinBatch rows or
+// more. Internal to kernels/cuda: include only from .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_sample.h"
+
+namespace flashsampler::kernels::cuda_internal {
+
+// Smallest batch that takes the tensor-core path (below it the CUDA-core
+// kernel already reads W once and is at the bandwidth floor).
+constexpr int64_t kMmaMinBatch = 3;
+
+// True when the tensor-core stage 1 applies: fp16 / bf16 weights, batch >=
+// kMmaMinBatch, hidden_dim % 16 == 0, W and H 16-byte aligned.
+bool MmaStage1Eligible(const FusedSampleArgs& args);
+
+// Enqueues the tensor-core stage 1: writes tile_summaries[row * num_tiles +
+// tile] (tiles of kMmaTileVocab = 128 tokens, the layout of the CUDA-core
+// stage 1) for every row and tile. Returns the launch error, if any.
+cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
+                            SampleSummary* tile_summaries, cudaStream_t stream);
+
+}  // namespace flashsampler::kernels::cuda_internal
