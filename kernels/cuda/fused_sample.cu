@@ -48,13 +48,10 @@
 namespace flashsampler::kernels {
 namespace {
 
-using cuda_internal::AddToken;
-using cuda_internal::DeviceGumbelNoise;
-using cuda_internal::DeviceLogitScale;
 using cuda_internal::kFullWarpMask;
 using cuda_internal::ShuffleXorSummary;
 using cuda_internal::StatusFromCuda;
-using cuda_internal::TransformLogit;
+using cuda_internal::RowSampler;
 
 // ---- Tiling -------------------------------------------------------------------
 constexpr int kWarps = 8;
@@ -249,14 +246,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int pair_token = lane / R;  // token v0 + pair_token of each group
   const int pair_row = lane % R;    // hidden row row0 + pair_row
   const bool pair_active = lane < kGroupRows * R && row0 + pair_row < batch;
-  RowParams p{};
-  float scale = 1.0f;
-  bool sampled = false;
-  if (pair_active) {
-    p = params[row0 + pair_row];
-    scale = DeviceLogitScale(p.temperature);
-    sampled = p.temperature > 0.0f;
-  }
+  const RowSampler row = RowSampler::Load(params, row0 + pair_row, pair_active);
   SampleSummary mine = EmptySampleSummary();
   __syncthreads();
 
@@ -295,12 +285,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 
     const int64_t v = v0 + pair_token;
-    if (pair_active && v < valid_vocab) {
-      const float logit = TransformLogit(dot, scale);
-      const float score =
-          sampled ? __fadd_rn(logit, DeviceGumbelNoise(p, static_cast<uint32_t>(v))) : logit;
-      AddToken(mine, static_cast<int32_t>(v), logit, score, want_lse);
-    }
+    if (pair_active && v < valid_vocab) row.Add(mine, v, dot, want_lse);
   }
 
   // 4. Lanes p, p ^ R, p ^ 2R, ... hold the same row: merge them (a tree whose

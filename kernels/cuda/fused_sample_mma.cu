@@ -25,8 +25,8 @@
 //     both operands come from 16-byte accesses; the dot product is the same sum
 //     in a different fp32 order than the CUDA-core path.
 //
-// Epilogue: accumulator (token, row) -> l' = TransformLogit(dot, scale), plus
-// the row's Gumbel noise for sampled rows, folded with AddToken; per row the 8
+// Epilogue: accumulator (token, row) -> RowSampler::Add (l' = TransformLogit(dot, scale), plus
+// the row's Gumbel noise for sampled rows, folded with AddToken); per row the 8
 // lanes holding a warp's 16 tokens are merged by a butterfly, and the 8 warps
 // in token order into the tile's SampleSummary in the workspace. Stage 2
 // (sample_reduce.cu) is shared with the CUDA-core path.
@@ -247,26 +247,14 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     for (int j = 0; j < 2; ++j) {
       const int rloc = nb * 8 + 2 * t + j;
       const bool active = row0 + rloc < batch;
-      RowParams p{};
-      float scale = 1.0f;
-      bool sampled = false;
-      if (active) {
-        p = params[row0 + rloc];
-        scale = DeviceLogitScale(p.temperature);
-        sampled = p.temperature > 0.0f;
-      }
+      const RowSampler row = RowSampler::Load(params, row0 + rloc, active);
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb) {
         SampleSummary s = EmptySampleSummary();
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int64_t v = tok0 + mb * 16 + g + 8 * hh;
-          if (active && v < valid_vocab) {
-            const float logit = TransformLogit(acc[mb][nb][2 * hh + j], scale);
-            const float score =
-                sampled ? __fadd_rn(logit, DeviceGumbelNoise(p, static_cast<uint32_t>(v))) : logit;
-            AddToken(s, static_cast<int32_t>(v), logit, score, want_lse);
-          }
+          if (active && v < valid_vocab) row.Add(s, v, acc[mb][nb][2 * hh + j], want_lse);
         }
         // Lanes with the same t (g = 0..7) hold the 16 tokens of this sub-block.
 #pragma unroll
@@ -419,24 +407,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     for (int j = 0; j < 2; ++j) {
       const int rloc = nb * 8 + 2 * t + j;
       const bool active = row0 + rloc < batch;
-      RowParams p{};
-      float scale = 1.0f;
-      bool sampled = false;
-      if (active) {
-        p = params[row0 + rloc];
-        scale = DeviceLogitScale(p.temperature);
-        sampled = p.temperature > 0.0f;
-      }
+      const RowSampler row = RowSampler::Load(params, row0 + rloc, active);
       SampleSummary s = EmptySampleSummary();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int64_t v = tok0 + g + 8 * hh;
-        if (active && v < valid_vocab) {
-          const float logit = TransformLogit(acc[nb][2 * hh + j], scale);
-          const float score =
-              sampled ? __fadd_rn(logit, DeviceGumbelNoise(p, static_cast<uint32_t>(v))) : logit;
-          AddToken(s, static_cast<int32_t>(v), logit, score, want_lse);
-        }
+        if (active && v < valid_vocab) row.Add(s, v, acc[nb][2 * hh + j], want_lse);
       }
       // Lanes with the same t (g = 0..7) hold the warp's 16 tokens of this row.
 #pragma unroll

@@ -18,12 +18,9 @@
 namespace flashsampler::kernels {
 namespace {
 
-using cuda_internal::AddToken;
-using cuda_internal::DeviceGumbelNoise;
-using cuda_internal::DeviceLogitScale;
 using cuda_internal::ShuffleXorSummary;
 using cuda_internal::StatusFromCuda;
-using cuda_internal::TransformLogit;
+using cuda_internal::RowSampler;
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
@@ -94,19 +91,14 @@ __global__ void __launch_bounds__(kGumbelThreads)
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
 
-  const RowParams p = params[row];
-  const float scale = DeviceLogitScale(p.temperature);
-  const bool sampled = p.temperature > 0.0f;
+  const RowSampler sampler = RowSampler::Load(params, row, /*active=*/true);
 
   const int64_t begin = tile * kGumbelTileVocab;
   const int64_t end = begin + kGumbelTileVocab < valid_vocab ? begin + kGumbelTileVocab : valid_vocab;
   const float* row_logits = logits + row * valid_vocab;
   SampleSummary mine = EmptySampleSummary();
   for (int64_t v = begin + threadIdx.x; v < end; v += kGumbelThreads) {
-    const float logit = TransformLogit(__ldcs(row_logits + v), scale);  // read once: streaming
-    const float score =
-        sampled ? __fadd_rn(logit, DeviceGumbelNoise(p, static_cast<uint32_t>(v))) : logit;
-    AddToken(mine, static_cast<int32_t>(v), logit, score, want_lse);
+    sampler.Add(mine, v, __ldcs(row_logits + v), want_lse);  // logits read once: streaming
   }
 
 #pragma unroll

@@ -112,6 +112,35 @@ __device__ __forceinline__ SampleSummary ShuffleDownSummary(const SampleSummary&
 // kOk or kInvalidArgument; the workspace size is each launcher's own check.
 KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment);
 
+// One row's sampling setup, resolved once per thread, and the per-token step
+// every stage-1 kernel shares: l' = TransformLogit(dot), score = l' + noise
+// (greedy rows: l'), folded into the thread's summary with AddToken.
+struct RowSampler {
+  RowParams params{};
+  float scale = 1.0f;
+  bool sampled = false;
+
+  // An inactive lane (row beyond the batch) gets the neutral setup and must
+  // not call Add.
+  __device__ __forceinline__ static RowSampler Load(const RowParams* all, int64_t row, bool active) {
+    RowSampler r;
+    if (active) {
+      r.params = all[row];
+      r.scale = DeviceLogitScale(r.params.temperature);
+      r.sampled = r.params.temperature > 0.0f;
+    }
+    return r;
+  }
+
+  __device__ __forceinline__ void Add(SampleSummary& s, int64_t token, float dot,
+                                      bool want_lse) const {
+    const float logit = TransformLogit(dot, scale);
+    const float score =
+        sampled ? __fadd_rn(logit, DeviceGumbelNoise(params, static_cast<uint32_t>(token))) : logit;
+    AddToken(s, static_cast<int32_t>(token), logit, score, want_lse);
+  }
+};
+
 // KernelStatus of a CUDA runtime result.
 inline KernelStatus StatusFromCuda(cudaError_t err) {
   return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
