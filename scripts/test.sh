@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHSAMPLER_BUILD_TESTS=ON
 cmake --build build -j"$(nproc)"
+bash scripts/python_env.sh build/pyenv
 exclude=()
 if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }; then
   echo "test.sh: no GPU on this machine: excluding tests labelled gpu"

@@ -1,0 +1,206 @@
+"""SamplerClient / AsyncSamplerClient: Python clients for flashsampler-server.
+
+One call per decode step: hand over the last hidden states H [B, D] (numpy or
+torch, fp32/fp16/bf16), get back one sampled token id per row as numpy arrays.
+Sampling parameters are SamplingParams fields given as a dict (one for all rows)
+or a list of B dicts (one per row), so fields added to the API need no client
+change. Errors are raised as grpc.RpcError with the server's status code
+(INVALID_ARGUMENT for a bad request, UNAVAILABLE while loading or draining,
+RESOURCE_EXHAUSTED when the server sheds load, UNAUTHENTICATED for a bad token).
+
+Thread safety: a SamplerClient may be shared by threads (gRPC channels are
+thread-safe). An AsyncSamplerClient belongs to the event loop it was created on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from flashsampler.tensors import to_wire_tensor
+from flashsampler.v1 import sampler_pb2, sampler_pb2_grpc
+
+_MAX_MESSAGE_BYTES = 256 << 20
+
+
+@dataclasses.dataclass
+class SampleResult:
+    token_ids: np.ndarray        # [B] int32
+    seeds: np.ndarray            # [B] uint64: the seed each row used (for replay)
+    logz: np.ndarray | None      # [B] float32 when asked
+    logprobs: np.ndarray | None  # [B] float32 when asked
+    request_id: str
+    response: sampler_pb2.SampleResponse  # the whole message (fields added later)
+
+
+def _read(value) -> bytes | None:
+    """PEM given as bytes, or a path to a file holding it."""
+    if value is None or isinstance(value, bytes):
+        return value
+    return pathlib.Path(value).read_bytes()
+
+
+def _channel_args():
+    return [
+        ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ]
+
+
+def _credentials(tls: bool, root_certificates, private_key, certificate_chain):
+    if not tls:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(root_certificates),
+        private_key=_read(private_key),
+        certificate_chain=_read(certificate_chain),
+    )
+
+
+def _token(token: str | None, token_file) -> str | None:
+    if token is not None and token_file is not None:
+        raise ValueError("give token or token_file, not both")
+    if token_file is not None:
+        token = pathlib.Path(token_file).read_text().strip()
+    return token
+
+
+def make_request(hidden, params=None, *, dtype: str | None = None, return_logz=False,
+                 return_logprobs=False, request_id: str = "") -> sampler_pb2.SampleRequest:
+    """Builds a SampleRequest. `params`: a SamplingParams, a dict of its fields
+    (one entry for all rows), or a list of those (one per row). Default: greedy."""
+    if params is None:
+        entries = [sampler_pb2.SamplingParams()]
+    elif isinstance(params, (Mapping, sampler_pb2.SamplingParams)):
+        entries = [params]
+    else:
+        entries = list(params)
+    built = [p if isinstance(p, sampler_pb2.SamplingParams) else sampler_pb2.SamplingParams(**p)
+             for p in entries]
+    return sampler_pb2.SampleRequest(
+        hidden_states=to_wire_tensor(hidden, dtype),
+        params=built,
+        return_logz=return_logz,
+        return_logprobs=return_logprobs,
+        request_id=request_id,
+    )
+
+
+def to_result(response: sampler_pb2.SampleResponse) -> SampleResult:
+    return SampleResult(
+        token_ids=np.asarray(response.token_ids, dtype=np.int32),
+        seeds=np.asarray(response.seeds, dtype=np.uint64),
+        logz=np.asarray(response.logz, dtype=np.float32) if len(response.logz) else None,
+        logprobs=np.asarray(response.logprobs, dtype=np.float32) if len(response.logprobs) else None,
+        request_id=response.request_id,
+        response=response,
+    )
+
+
+class _ClientBase:
+    def __init__(self, token, token_file):
+        token = _token(token, token_file)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+
+
+class SamplerClient(_ClientBase):
+    """Blocking client. `tls=True` uses TLS (with `root_certificates` to trust a
+    private CA, and `private_key` + `certificate_chain` for mTLS; each bytes or a
+    file path); `token`/`token_file` sends `authorization: Bearer <token>`."""
+
+    def __init__(self, address: str, *, tls: bool = False, root_certificates=None,
+                 private_key=None, certificate_chain=None, token: str | None = None,
+                 token_file=None):
+        super().__init__(token, token_file)
+        creds = _credentials(tls, root_certificates, private_key, certificate_chain)
+        if creds is None:
+            self._channel = grpc.insecure_channel(address, options=_channel_args())
+        else:
+            self._channel = grpc.secure_channel(address, creds, options=_channel_args())
+        self._stub = sampler_pb2_grpc.SamplerStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def sample(self, hidden, params=None, *, dtype=None, return_logz=False,
+               return_logprobs=False, request_id="", timeout: float | None = 60.0) -> SampleResult:
+        request = make_request(hidden, params, dtype=dtype, return_logz=return_logz,
+                               return_logprobs=return_logprobs, request_id=request_id)
+        return to_result(self._stub.Sample(request, timeout=timeout, metadata=self._metadata))
+
+    def sample_stream(self, requests: Iterable[sampler_pb2.SampleRequest],
+                      timeout: float | None = None) -> Iterator[SampleResult]:
+        """One SampleStream; yields results in request order as they arrive."""
+        for response in self._stub.SampleStream(iter(requests), timeout=timeout,
+                                                metadata=self._metadata):
+            yield to_result(response)
+
+    def model_info(self, timeout: float | None = 10.0) -> sampler_pb2.ModelInfo:
+        return self._stub.GetModelInfo(sampler_pb2.GetModelInfoRequest(), timeout=timeout,
+                                       metadata=self._metadata)
+
+    def health(self, service: str = "", timeout: float | None = 10.0) -> str:
+        """'SERVING', 'NOT_SERVING', ... for `service` ('' = the whole server)."""
+        reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+class AsyncSamplerClient(_ClientBase):
+    """asyncio client (grpc.aio) with the same options and methods as
+    SamplerClient; create it inside the running event loop."""
+
+    def __init__(self, address: str, *, tls: bool = False, root_certificates=None,
+                 private_key=None, certificate_chain=None, token: str | None = None,
+                 token_file=None):
+        super().__init__(token, token_file)
+        creds = _credentials(tls, root_certificates, private_key, certificate_chain)
+        if creds is None:
+            self._channel = grpc.aio.insecure_channel(address, options=_channel_args())
+        else:
+            self._channel = grpc.aio.secure_channel(address, creds, options=_channel_args())
+        self._stub = sampler_pb2_grpc.SamplerStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def sample(self, hidden, params=None, *, dtype=None, return_logz=False,
+                     return_logprobs=False, request_id="",
+                     timeout: float | None = 60.0) -> SampleResult:
+        request = make_request(hidden, params, dtype=dtype, return_logz=return_logz,
+                               return_logprobs=return_logprobs, request_id=request_id)
+        return to_result(await self._stub.Sample(request, timeout=timeout,
+                                                 metadata=self._metadata))
+
+    async def sample_stream(self, requests, timeout: float | None = None):
+        """Async iterator over the results of one SampleStream, in request order.
+        `requests` may be a list or an async iterator of SampleRequest."""
+        call = self._stub.SampleStream(requests, timeout=timeout, metadata=self._metadata)
+        async for response in call:
+            yield to_result(response)
+
+    async def model_info(self, timeout: float | None = 10.0) -> sampler_pb2.ModelInfo:
+        return await self._stub.GetModelInfo(sampler_pb2.GetModelInfoRequest(),
+                                             timeout=timeout, metadata=self._metadata)
+
+    async def health(self, service: str = "", timeout: float | None = 10.0) -> str:
+        reply = await self._health.Check(health_pb2.HealthCheckRequest(service=service),
+                                         timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

@@ -1,0 +1,113 @@
+"""The Python client against a real flashsampler-server (CPU backend)."""
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+import flashsampler
+from flashsampler import tensors
+from flashsampler.v1 import sampler_pb2
+
+from conftest import HIDDEN, VOCAB
+
+
+def random_hidden(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, HIDDEN)).astype(np.float32)
+
+
+def bf16_round(values: np.ndarray) -> np.ndarray:
+    return tensors.bf16_bits_to_float32(tensors.float32_to_bf16_bits(values))
+
+
+def test_bf16_rounding_known_values():
+    values = np.array([1.0, -2.5, 1.00390625, 1.01171875, 3.0e38, 1e-40], dtype=np.float32)
+    bits = tensors.float32_to_bf16_bits(values)
+    # 1 + 2^-8 is a tie between 1.0 and 1 + 2^-7: even mantissa (1.0) wins;
+    # 1 + 3 * 2^-8 is a tie between 1 + 2^-7 and 1 + 2^-6: even wins (1 + 2^-6).
+    assert list(bits[:4]) == [0x3F80, 0xC020, 0x3F80, 0x3F82]
+    assert bits[4] == 0x7F62  # 3e38 rounds to 2^127 * 1.765625, still finite
+    assert tensors.bf16_bits_to_float32(bits[5:6])[0] == pytest.approx(1e-40, rel=1e-2)
+
+
+def test_model_info(server):
+    with flashsampler.SamplerClient(server["address"]) as client:
+        info = client.model_info()
+    assert (info.vocab_size, info.hidden_size) == (VOCAB, HIDDEN)
+    assert info.weight_dtype == sampler_pb2.DTYPE_BF16
+    assert info.backend == "cpu"
+
+
+def test_greedy_is_float64_argmax(server):
+    hidden = random_hidden(64, seed=1)
+    logits = bf16_round(hidden).astype(np.float64) @ server["w"].astype(np.float64).T
+    with flashsampler.SamplerClient(server["address"]) as client:
+        result = client.sample(hidden, {"temperature": 0.0}, return_logz=True)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 1e-3  # fp32 accumulation cannot reorder these
+    assert clear.sum() >= 60
+    np.testing.assert_array_equal(result.token_ids[clear], logits.argmax(axis=1)[clear])
+    ref_logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    np.testing.assert_allclose(result.logz, ref_logz, rtol=1e-5, atol=1e-4)
+
+
+def test_bf16_wire_equals_fp32_wire_and_seeds_replay(server):
+    hidden = random_hidden(16, seed=2)
+    params = {"temperature": 0.8, "seed": 1234, "offset": 5}
+    with flashsampler.SamplerClient(server["address"]) as client:
+        as_fp32 = client.sample(hidden, params, return_logprobs=True)
+        as_bf16 = client.sample(hidden, params, dtype="bf16", return_logprobs=True)
+        other_seed = client.sample(hidden, dict(params, seed=99))
+    np.testing.assert_array_equal(as_fp32.token_ids, as_bf16.token_ids)
+    np.testing.assert_array_equal(as_fp32.logprobs, as_bf16.logprobs)
+    assert list(as_fp32.seeds) == [1234] * 16
+    assert np.all(as_fp32.logprobs <= 0)
+    assert not np.array_equal(as_fp32.token_ids, other_seed.token_ids)
+
+
+def test_stream_in_order_and_equal_to_unary(server):
+    requests = [flashsampler.make_request(random_hidden(3, seed=10 + i),
+                                          {"temperature": 1.0, "seed": 7, "offset": i},
+                                          request_id=f"r{i}") for i in range(5)]
+    with flashsampler.SamplerClient(server["address"]) as client:
+        streamed = list(client.sample_stream(requests))
+        unary = [client.sample(random_hidden(3, seed=10 + i),
+                               {"temperature": 1.0, "seed": 7, "offset": i}) for i in range(5)]
+    assert [r.request_id for r in streamed] == [f"r{i}" for i in range(5)]
+    for got, want in zip(streamed, unary):
+        np.testing.assert_array_equal(got.token_ids, want.token_ids)
+
+
+def test_async_client_matches_sync(server):
+    hidden = random_hidden(8, seed=4)
+    params = [{"temperature": 0.5 + 0.1 * i, "seed": 100 + i} for i in range(8)]
+
+    async def run():
+        async with flashsampler.AsyncSamplerClient(server["address"]) as client:
+            assert await client.health() == "SERVING"
+            results = await asyncio.gather(*[client.sample(hidden, params) for _ in range(4)])
+            streamed = [r async for r in client.sample_stream(
+                [flashsampler.make_request(hidden, params)] * 2)]
+            return results + streamed
+
+    with flashsampler.SamplerClient(server["address"]) as client:
+        want = client.sample(hidden, params).token_ids
+    for result in asyncio.run(run()):
+        np.testing.assert_array_equal(result.token_ids, want)
+
+
+def test_bad_request_raises_invalid_argument(server):
+    with flashsampler.SamplerClient(server["address"]) as client:
+        with pytest.raises(grpc.RpcError) as error:
+            client.sample(np.zeros((2, HIDDEN + 1), np.float32))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_torch_tensors_bit_exact(server):
+    torch = pytest.importorskip("torch")  # optional extra; not installed in CI
+    hidden = random_hidden(4, seed=5)
+    with flashsampler.SamplerClient(server["address"]) as client:
+        from_numpy = client.sample(hidden, {"temperature": 1.0, "seed": 3}, dtype="bf16")
+        from_torch = client.sample(torch.from_numpy(hidden).to(torch.bfloat16),
+                                   {"temperature": 1.0, "seed": 3})
+    np.testing.assert_array_equal(from_numpy.token_ids, from_torch.token_ids)
