@@ -38,7 +38,10 @@ std::vector<HistogramBucket> LogHistogram(const std::vector<double>& samples_us,
     if (us < 1.0) return 0;
     return 1 + static_cast<int>(std::floor(std::log10(us) * buckets_per_decade));
   };
-  const int first = std::max(0, (bucket_of(*min_it) - 1) / buckets_per_decade * buckets_per_decade);
+  // Start at the decade edge at or below the smallest sample: bucket d·b + 1
+  // begins at 10^d.
+  const int min_bucket = bucket_of(*min_it);
+  const int first = min_bucket == 0 ? 0 : (min_bucket - 1) / buckets_per_decade * buckets_per_decade + 1;
   const int last = bucket_of(*max_it);
   std::vector<HistogramBucket> buckets(last - first + 1);
   for (int k = first; k <= last; ++k) {

@@ -35,9 +35,10 @@ struct HistogramBucket {
   int64_t count = 0;
 };
 
-// Buckets with edges at 10^(k / buckets_per_decade) µs, from the decade below
-// the smallest sample to the one above the largest; empty buckets are kept so
-// the plot shows gaps. Samples below 1 µs fall into the first bucket [0, 1).
+// Buckets with edges at 10^(k / buckets_per_decade) µs, from the power of ten
+// at or below the smallest sample to the bucket of the largest; empty buckets
+// in between are kept so the plot shows gaps. Samples below 1 µs fall into
+// the bucket [0, 1).
 std::vector<HistogramBucket> LogHistogram(const std::vector<double>& samples_us,
                                           int buckets_per_decade = 10);
 
