@@ -1,5 +1,6 @@
 #include "client/credential_files.h"
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -10,6 +11,11 @@
 namespace flashsampler {
 
 absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, const std::string& flag) {
+  std::error_code error;
+  // libstdc++ throws when a directory is read through a stream.
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", path, "' is a directory"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read '", path, "'"));
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -48,6 +48,9 @@ absl::StatusOr<std::unique_ptr<HealthOnlyServer>> HealthOnlyServer::Start(
   builder.SetOption(std::make_unique<NoPluginsOption>());
   // No default health service here: CheckService is this server's health.
   builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+  // Without SO_REUSEPORT: a port already taken (say by a stale server) is an
+  // error, not a silently shared listener.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &health->port_);
   builder.RegisterService(&health->service_);
   // Health requests are tiny; keep what this open port accepts small.

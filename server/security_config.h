@@ -25,11 +25,11 @@
 namespace flashsampler {
 
 struct SecurityOptions {
-  std::string tls_cert;         // PEM certificate chain of the server
-  std::string tls_key;          // PEM private key of tls_cert
-  std::string tls_client_ca;    // PEM CA for client certificates; set: mTLS
-  std::string auth_token_file;  // bearer token file; empty: no token check
-  std::string health_address;   // HOST:PORT of the plaintext health-only port; empty: none
+  std::string tls_cert = {};         // PEM certificate chain of the server
+  std::string tls_key = {};          // PEM private key of tls_cert
+  std::string tls_client_ca = {};    // PEM CA for client certificates; set: mTLS
+  std::string auth_token_file = {};  // bearer token file; empty: no token check
+  std::string health_address = {};   // HOST:PORT of the plaintext health-only port; empty: none
 };
 
 struct SecurityConfig {
