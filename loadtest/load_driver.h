@@ -21,6 +21,7 @@
 // new stream. One thread calls Run*; gRPC threads run the completions.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
