@@ -6,6 +6,7 @@
 #include <openssl/x509.h>
 
 #include <utility>
+#include <vector>
 
 #include <grpcpp/security/server_credentials.h>
 
@@ -49,6 +50,7 @@ absl::StatusOr<X509Ptr> FirstCertificate(const std::string& pem, const std::stri
   return cert;
 }
 
+// A PEM file that holds at least one certificate.
 absl::StatusOr<std::string> ReadCertificateFile(const std::string& path, const std::string& flag) {
   absl::StatusOr<std::string> pem = ReadCredentialFile(path, flag);
   if (!pem.ok()) return pem.status();
@@ -96,8 +98,10 @@ absl::StatusOr<SecurityConfig> LoadSecurityConfig(const SecurityOptions& options
     return config;
   }
 
-  absl::StatusOr<std::string> cert_pem = ReadCertificateFile(options.tls_cert, "tls_cert");
+  absl::StatusOr<std::string> cert_pem = ReadCredentialFile(options.tls_cert, "tls_cert");
   if (!cert_pem.ok()) return cert_pem.status();
+  absl::StatusOr<X509Ptr> cert = FirstCertificate(*cert_pem, "tls_cert");
+  if (!cert.ok()) return cert.status();
   absl::StatusOr<std::string> key_pem = ReadCredentialFile(options.tls_key, "tls_key");
   if (!key_pem.ok()) return key_pem.status();
   auto key_bio = MemoryBio(*key_pem);
@@ -105,8 +109,6 @@ absl::StatusOr<SecurityConfig> LoadSecurityConfig(const SecurityOptions& options
   if (key == nullptr) {
     return absl::InvalidArgumentError("--tls_key: no unencrypted PEM private key in the file");
   }
-  absl::StatusOr<X509Ptr> cert = FirstCertificate(*cert_pem, "tls_cert");
-  if (!cert.ok()) return cert.status();
   if (X509_check_private_key(cert->get(), key.get()) != 1) {
     return absl::InvalidArgumentError("--tls_key does not match the certificate in --tls_cert");
   }
