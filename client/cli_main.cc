@@ -5,6 +5,8 @@
 //   flashsampler-cli --address=HOST:PORT sample [--rows=N] [--temperature=T] [--seed=S]
 //                    [--input=FILE] [--dtype=bf16|fp16|fp32] [--logz] [--logprobs]
 //                    [--stream] [--repeat=N]
+//   TLS / mTLS / token (every command): --tls_ca=CA.pem [--tls_cert=C.pem --tls_key=K.pem]
+//                    [--tls_server_name=NAME] [--auth_token_file=FILE]
 //
 // `sample` sends random unit-normal hidden states (seeded by --data_seed), or
 // the raw little-endian fp32 [rows, D] values of --input, and prints the
@@ -24,6 +26,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "client/channel_security_flags.h"
 #include "client/sampler_client.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server address HOST:PORT");
@@ -165,7 +168,10 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) return Usage("expected one command: sample, info or health");
   const std::string command = args[1];
-  SamplerClient client(absl::GetFlag(FLAGS_address));
+  absl::StatusOr<flashsampler::ChannelSecurity> security =
+      flashsampler::LoadChannelSecurity(flashsampler::ChannelSecurityOptionsFromFlags());
+  if (!security.ok()) return Usage(std::string(security.status().message()));
+  SamplerClient client(absl::GetFlag(FLAGS_address), *std::move(security));
   if (command == "info") return RunInfo(client);
   if (command == "health") return RunHealth(client);
   if (command == "sample") return RunSample(client);

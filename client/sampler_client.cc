@@ -4,37 +4,40 @@
 
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "kernels/common/half_precision.h"
 
 namespace flashsampler {
-namespace {
-
-void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-}  // namespace
-
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-SamplerClient::SamplerClient(const std::string& address, int max_message_bytes) {
+SamplerClient::SamplerClient(const std::string& address, int max_message_bytes)
+    : SamplerClient(address, ChannelSecurity(), max_message_bytes) {}
+
+SamplerClient::SamplerClient(const std::string& address, ChannelSecurity security,
+                             int max_message_bytes)
+    : security_(std::move(security)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  channel_ = MakeSecureChannel(address, security_, args);
   sampler_ = v1::Sampler::NewStub(channel_);
   health_ = grpc::health::v1::Health::NewStub(channel_);
+}
+
+void SamplerClient::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  security_.Apply(context);
 }
 
 absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest& request,
                                                          absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(&context, timeout);
+  Prepare(&context, timeout);
   v1::SampleResponse response;
   grpc::Status status = sampler_->Sample(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -44,7 +47,7 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest
 absl::StatusOr<std::vector<v1::SampleResponse>> SamplerClient::SampleStream(
     const std::vector<v1::SampleRequest>& requests, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(&context, timeout);
+  Prepare(&context, timeout);
   auto stream = sampler_->SampleStream(&context);
   std::vector<v1::SampleResponse> responses;
   // The server answers strictly one request at a time, so write-then-read keeps
@@ -68,7 +71,7 @@ absl::StatusOr<std::vector<v1::SampleResponse>> SamplerClient::SampleStream(
 
 absl::StatusOr<v1::ModelInfo> SamplerClient::GetModelInfo(absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(&context, timeout);
+  Prepare(&context, timeout);
   v1::ModelInfo info;
   grpc::Status status = sampler_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -78,7 +81,7 @@ absl::StatusOr<v1::ModelInfo> SamplerClient::GetModelInfo(absl::Duration timeout
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> SamplerClient::CheckHealth(
     const std::string& service, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(&context, timeout);
+  Prepare(&context, timeout);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;

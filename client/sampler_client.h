@@ -5,7 +5,8 @@
 //
 // Thread safety: one SamplerClient may be used from many threads at once (gRPC
 // channels and stubs are thread-safe). Every call blocks until the server
-// answers or `timeout` passes (DEADLINE_EXCEEDED).
+// answers or `timeout` passes (DEADLINE_EXCEEDED). With TLS, a failed
+// handshake is UNAVAILABLE; a missing or wrong bearer token UNAUTHENTICATED.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/channel_security.h"
 #include "flashsampler/v1/sampler.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -25,6 +27,9 @@ class SamplerClient {
   // Connects lazily (the first call dials). `max_message_bytes` bounds
   // requests and responses on this side.
   explicit SamplerClient(const std::string& address, int max_message_bytes = 256 << 20);
+  // The same over TLS / mTLS and with a bearer token on every call.
+  SamplerClient(const std::string& address, ChannelSecurity security,
+                int max_message_bytes = 256 << 20);
 
   absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& request,
                                             absl::Duration timeout = absl::Seconds(60));
@@ -41,6 +46,9 @@ class SamplerClient {
       const std::string& service = "", absl::Duration timeout = absl::Seconds(10));
 
  private:
+  void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
+
+  ChannelSecurity security_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Sampler::Stub> sampler_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;

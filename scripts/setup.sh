@@ -9,6 +9,7 @@ packages=(
   libabsl-dev librandom123-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev
   python3 python3-venv
+  libssl-dev openssl
 )
 
 missing=()

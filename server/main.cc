@@ -6,7 +6,9 @@
 // NOT_SERVING, the server stops accepting, in-flight RPCs get
 // --grace_period_s to finish (then are cancelled), the executor drains, exit 0.
 // SIGINT/SIGTERM are blocked in every thread and taken by sigwait in main, so
-// no handler runs in signal context.
+// no handler runs in signal context. With --health_address a second, plaintext
+// server answers health only; both report the same status, and it stops last
+// so probes see NOT_SERVING during the drain.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -26,18 +28,24 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
+#include "server/authenticated_sampler_service.h"
+#include "server/bearer_token_auth.h"
 #include "server/engine.h"
+#include "server/health_only_server.h"
 #include "server/lm_head.h"
 #include "server/sample_executor.h"
 #include "server/sampler_service.h"
+#include "server/security_config.h"
 #include "server/server_config.h"
 
 namespace {
 
 constexpr char kServiceName[] = "flashsampler.v1.Sampler";
 
-void SetHealth(grpc::Server* server, bool serving) {
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+// The main server's health and, when there is one, the health-only port's.
+void SetHealth(grpc::Server* server, flashsampler::HealthOnlyServer* health_port, bool serving) {
+  if (health_port != nullptr) health_port->SetServing(serving);
+  grpc::HealthCheckServiceInterface* health = server ? server->GetHealthCheckService() : nullptr;
   if (health == nullptr) return;
   health->SetServingStatus(kServiceName, serving);
   health->SetServingStatus("", serving);
@@ -64,6 +72,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flashsampler-server: %s\n", config.status().ToString().c_str());
     return 2;
   }
+  absl::StatusOr<flashsampler::SecurityConfig> security =
+      flashsampler::LoadSecurityConfig(flashsampler::SecurityOptionsFromFlags());
+  if (!security.ok()) {
+    std::fprintf(stderr, "flashsampler-server: %s\n", security.status().ToString().c_str());
+    return 2;
+  }
 
   absl::StatusOr<LmHead> head = config->weights.empty()
                                     ? LmHead::Demo(config->demo_vocab, config->demo_hidden,
@@ -80,19 +94,31 @@ int main(int argc, char** argv) {
                flashsampler::WeightDTypeName(head->dtype()));
 
   std::unique_ptr<grpc::Server> server;
-  flashsampler::SampleExecutor executor([&server] {
+  std::unique_ptr<flashsampler::HealthOnlyServer> health_server;
+  flashsampler::SampleExecutor executor([&server, &health_server] {
     std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
-    SetHealth(server.get(), false);
+    SetHealth(server.get(), health_server.get(), false);
   });
   flashsampler::RequestLimits limits{config->max_batch_rows};
   flashsampler::SamplerService service(&executor, limits);
+  std::unique_ptr<flashsampler::BearerTokenAuth> token_auth;
+  std::unique_ptr<flashsampler::AuthenticatedSamplerService> authenticated_service;
+  if (security->auth_token.has_value()) {
+    token_auth = std::make_unique<flashsampler::BearerTokenAuth>(*security->auth_token);
+    authenticated_service =
+        std::make_unique<flashsampler::AuthenticatedSamplerService>(&service, token_auth.get());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config->address, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
+  builder.AddListeningPort(config->address, security->credentials, &port);
+  if (authenticated_service != nullptr) {
+    builder.RegisterService(authenticated_service.get());
+  } else {
+    builder.RegisterService(&service);
+  }
   // The largest valid request: B x D fp32 values, up to B params entries of
   // ~32 bytes each, and 1 MiB for the rest of the message.
   const int64_t max_message = config->max_batch_rows * (hidden * 4 + 32) + (1 << 20);
@@ -102,9 +128,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flashsampler-server: cannot listen on %s\n", config->address.c_str());
     return 1;
   }
-  SetHealth(server.get(), false);
+  int health_port = 0;
+  if (!security->health_address.empty()) {
+    auto started = flashsampler::HealthOnlyServer::Start(security->health_address, {kServiceName});
+    if (!started.ok()) {
+      std::fprintf(stderr, "flashsampler-server: %s\n", started.status().ToString().c_str());
+      server->Shutdown();
+      return 1;
+    }
+    health_server = *std::move(started);
+    health_port = health_server->port();
+  }
+  SetHealth(server.get(), health_server.get(), false);
+  std::fprintf(stderr, "flashsampler-server: security: %s\n", security->Describe().c_str());
   const std::string host = config->address.substr(0, config->address.rfind(':'));
+  // Both lines in one write: tests read them from a pipe.
   std::printf("flashsampler-server listening on %s:%d\n", host.c_str(), port);
+  if (health_server != nullptr) {
+    const std::string& health = security->health_address;
+    std::printf("flashsampler-server health listening on %s:%d\n",
+                health.substr(0, health.rfind(':')).c_str(), health_port);
+  }
   std::fflush(stdout);
 
   std::atomic<bool> load_failed{false};
@@ -127,7 +171,7 @@ int main(int argc, char** argv) {
     }
     const std::string backend = (*engine)->backend_name();
     executor.SetEngine(*std::move(engine));
-    SetHealth(server.get(), true);
+    SetHealth(server.get(), health_server.get(), true);
     std::fprintf(stderr, "flashsampler-server: serving on the %s backend\n", backend.c_str());
   });
 
@@ -135,7 +179,7 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "flashsampler-server: %s, draining (grace %.1f s)\n",
                signal_number == SIGINT ? "SIGINT" : "SIGTERM", config->grace_period_s);
-  SetHealth(server.get(), false);
+  SetHealth(server.get(), health_server.get(), false);
   // A second SIGINT/SIGTERM during the drain ends the process at once.
   std::thread([&stop_signals] {
     int again = 0;
@@ -152,6 +196,7 @@ int main(int argc, char** argv) {
   // not delay closing the listener and draining the calls above.
   loader.join();
   executor.Stop();
+  if (health_server != nullptr) health_server->Shutdown();
   std::fprintf(stderr, "flashsampler-server: stopped\n");
   return load_failed ? 1 : 0;
 }

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -15,7 +16,21 @@ namespace flashsampler::testing {
 std::string ServerBinary() { return FLASHSAMPLER_SERVER_BIN; }
 std::string CliBinary() { return FLASHSAMPLER_CLI_BIN; }
 
-ServerProcess::ServerProcess(std::vector<std::string> extra_flags) : flags_(std::move(extra_flags)) {}
+namespace {
+
+// The HOST:PORT after `marker` in a line the server printed, or empty.
+std::string AddressAfter(const char* line, const char* marker) {
+  const char* at = std::strstr(line, marker);
+  if (at == nullptr) return "";
+  std::string address(at + std::strlen(marker));
+  while (!address.empty() && (address.back() == '\n' || address.back() == '\r')) address.pop_back();
+  return address;
+}
+
+}  // namespace
+
+ServerProcess::ServerProcess(std::vector<std::string> extra_flags, ChannelSecurity security)
+    : flags_(std::move(extra_flags)), security_(std::move(security)) {}
 
 ServerProcess::~ServerProcess() {
   if (pid_ > 0) {
@@ -42,18 +57,28 @@ absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
     _exit(127);
   }
   close(out[1]);
-  // The first stdout line names the port. fdopen takes ownership of out[0].
+  // The first stdout line names the port, the second the health-only port
+  // when there is one. fdopen takes ownership of out[0].
+  const bool health_port = std::any_of(flags_.begin(), flags_.end(), [](const std::string& f) {
+    return f.rfind("--health_address=", 0) == 0;
+  });
   FILE* stream = fdopen(out[0], "r");
   char line[512] = {0};
-  const bool got_line = fgets(line, sizeof line, stream) != nullptr;
+  char health_line[512] = {0};
+  const bool got_line = fgets(line, sizeof line, stream) != nullptr &&
+                        (!health_port || fgets(health_line, sizeof health_line, stream) != nullptr);
   fclose(stream);
-  const char* marker = "listening on ";
-  const char* at = got_line ? std::strstr(line, marker) : nullptr;
-  if (at == nullptr) return absl::InternalError(absl::StrCat("server printed no address: ", line));
-  address_ = std::string(at + std::strlen(marker));
-  while (!address_.empty() && (address_.back() == '\n' || address_.back() == '\r')) address_.pop_back();
+  address_ = got_line ? AddressAfter(line, "server listening on ") : "";
+  if (address_.empty()) return absl::InternalError(absl::StrCat("server printed no address: ", line));
+  if (health_port) {
+    health_address_ = AddressAfter(health_line, "health listening on ");
+    if (health_address_.empty()) {
+      return absl::InternalError(absl::StrCat("server printed no health address: ", health_line));
+    }
+  }
 
-  SamplerClient client(address_);
+  SamplerClient client(health_port ? health_address_ : address_,
+                       health_port ? ChannelSecurity() : security_);
   const absl::Time deadline = absl::Now() + ready_timeout;
   while (absl::Now() < deadline) {
     if (!running()) return absl::InternalError("server exited during start-up");

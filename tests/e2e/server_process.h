@@ -2,8 +2,11 @@
 // port for end-to-end tests, and stops it with a signal.
 //
 // Start() forks and execs the binary with --address=127.0.0.1:0, reads the
-// "listening on HOST:PORT" line from its stdout and waits (bounded) until
-// health answers SERVING. Not thread-safe; one test thread drives it.
+// "listening on HOST:PORT" line from its stdout (and the "health listening on"
+// line when a --health_address flag is given) and waits (bounded) until
+// health answers SERVING: on the plaintext health port when there is one,
+// else on the main port with `security` (TLS, client certificate, token).
+// Not thread-safe; one test thread drives it.
 #pragma once
 
 #include <sys/types.h>
@@ -13,16 +16,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/channel_security.h"
 
 namespace flashsampler::testing {
 
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra_flags);
+  explicit ServerProcess(std::vector<std::string> extra_flags, ChannelSecurity security = {});
   ~ServerProcess();  // SIGKILLs a server still running
 
   absl::Status Start(absl::Duration ready_timeout = absl::Seconds(60));
   const std::string& address() const { return address_; }
+  const std::string& health_address() const { return health_address_; }  // empty: none
   bool running();
 
   // Sends `signal_number` and waits up to `timeout` for exit. Returns the exit
@@ -35,6 +40,8 @@ class ServerProcess {
 
  private:
   std::vector<std::string> flags_;
+  ChannelSecurity security_;
+  std::string health_address_;
   pid_t pid_ = -1;
   std::string address_;
 };

@@ -1,0 +1,34 @@
+// BearerTokenAuth: checks that a call carries `authorization: Bearer <token>`
+// with the server's token (--auth_token_file).
+//
+// The comparison runs in time independent of the presented value: both tokens
+// are hashed with SHA-256 and the digests compared with CRYPTO_memcmp, so
+// neither a matching prefix nor the presented length changes the timing.
+// Neither token ever appears in a status message or a log.
+//
+// Immutable after construction; Check may be called from any number of
+// threads at once. Check returns OK, or Unauthenticated when the header is
+// missing, not a Bearer credential, or carries another token.
+#pragma once
+
+#include <array>
+#include <map>
+#include <string>
+
+#include <grpcpp/support/string_ref.h>
+
+#include "absl/status/status.h"
+
+namespace flashsampler {
+
+class BearerTokenAuth {
+ public:
+  explicit BearerTokenAuth(const std::string& token);
+
+  absl::Status Check(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+
+ private:
+  std::array<unsigned char, 32> token_digest_;
+};
+
+}  // namespace flashsampler

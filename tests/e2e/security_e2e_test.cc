@@ -1,0 +1,247 @@
+// End to end: TLS, mTLS, the bearer token and the plaintext health-only port,
+// against the real flashsampler-server binary on loopback. The PKI is made at
+// test time by make_test_certs.sh (a CA, a server certificate for localhost /
+// 127.0.0.1, a client certificate, and an unrelated CA with its own client).
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "client/sampler_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/scoped_temp_dir.h"
+#include "tests/e2e/server_process.h"
+
+namespace flashsampler {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ScopedTempDir;
+using testing::ServerProcess;
+using Serving = grpc::health::v1::HealthCheckResponse;
+
+constexpr int64_t kHidden = 32;
+constexpr char kToken[] = "s3cr3t-token_0123456789";
+
+const std::vector<std::string> kSmallServer = {"--backend=cpu", "--demo_vocab=500",
+                                               "--demo_hidden=32", "--threads=1"};
+
+std::vector<std::string> Flags(std::vector<std::string> extra) {
+  std::vector<std::string> flags = kSmallServer;
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+v1::SampleRequest OneRowRequest() {
+  v1::SampleRequest r;
+  *r.mutable_hidden_states() =
+      MakeHiddenStates(std::vector<float>(kHidden, 0.25f), 1, kHidden, v1::DTYPE_FP32);
+  v1::SamplingParams* p = r.add_params();
+  p->set_temperature(1.0f);
+  p->set_seed(7);
+  return r;
+}
+
+// The security of a client; dies on a bad test setup.
+ChannelSecurity Security(ChannelSecurityOptions options) {
+  absl::StatusOr<ChannelSecurity> s = LoadChannelSecurity(options);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : ChannelSecurity();
+}
+
+absl::StatusCode SampleCode(const ChannelSecurity& security, const std::string& address) {
+  SamplerClient client(address, security);
+  return client.Sample(OneRowRequest(), absl::Seconds(10)).status().code();
+}
+
+// Runs `command` with a shell; its exit status and combined output.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[512];
+  while (pipe != nullptr && fgets(buffer, sizeof buffer, pipe) != nullptr) output += buffer;
+  const int status = pipe ? pclose(pipe) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+class SecurityE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ScopedTempDir("security_e2e");
+    const auto [code, output] = RunCommand(
+        absl::StrCat("bash ", FLASHSAMPLER_MAKE_TEST_CERTS, " ", dir_->path()));
+    ASSERT_EQ(code, 0) << output;
+    std::ofstream(dir_->Path("token")) << "  " << kToken << "\n";
+    std::ofstream(dir_->Path("wrong_token")) << kToken << "x\n";
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string File(const std::string& name) { return dir_->Path(name); }
+  static std::string Flag(const std::string& flag, const std::string& file) {
+    return absl::StrCat("--", flag, "=", File(file));
+  }
+  static ChannelSecurityOptions TrustingCa() { return {.tls_ca = File("ca.pem")}; }
+  static ChannelSecurityOptions WithClientCert(const std::string& name) {
+    return {.tls_ca = File("ca.pem"), .tls_cert = File(name + ".pem"), .tls_key = File(name + ".key")};
+  }
+
+  static ScopedTempDir* dir_;
+};
+
+ScopedTempDir* SecurityE2E::dir_ = nullptr;
+
+TEST_F(SecurityE2E, TlsServesTrustingClientsAndRefusesOthers) {
+  ServerProcess server(Flags({Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"),
+                              "--health_address=127.0.0.1:0"}));
+  ASSERT_TRUE(server.Start().ok());
+
+  SamplerClient client(server.address(), Security(TrustingCa()));
+  absl::StatusOr<v1::SampleResponse> response = client.Sample(OneRowRequest());
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->token_ids_size(), 1);
+  EXPECT_TRUE(client.GetModelInfo().ok());
+  // The name the certificate holds, through the override, on the IP address.
+  EXPECT_EQ(SampleCode(Security({.tls_ca = File("ca.pem"), .tls_server_name = "localhost"}),
+                       server.address()),
+            absl::StatusCode::kOk);
+
+  // A handshake that fails is UNAVAILABLE: a CA that did not sign the server,
+  // or no TLS at all.
+  EXPECT_EQ(SampleCode(Security({.tls_ca = File("other_ca.pem")}), server.address()),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(SampleCode(ChannelSecurity(), server.address()), absl::StatusCode::kUnavailable);
+
+  // The plaintext health-only port answers probes and nothing else.
+  ASSERT_FALSE(server.health_address().empty());
+  SamplerClient probe(server.health_address());
+  absl::StatusOr<Serving::ServingStatus> health = probe.CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, Serving::SERVING);
+  health = probe.CheckHealth("flashsampler.v1.Sampler");
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, Serving::SERVING);
+  EXPECT_EQ(probe.Sample(OneRowRequest()).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(probe.GetModelInfo().status().code(), absl::StatusCode::kUnimplemented);
+
+  // flashsampler-cli speaks TLS with --tls_ca and fails without it.
+  const std::string cli = absl::StrCat(testing::CliBinary(), " --address=", server.address());
+  auto [code, output] = RunCommand(absl::StrCat(cli, " --tls_ca=", File("ca.pem"), " sample"));
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("token_ids"));
+  std::tie(code, output) = RunCommand(absl::StrCat(cli, " --timeout_s=5 info"));
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_THAT(output, HasSubstr("UNAVAILABLE"));
+
+  // Probes see NOT_SERVING while the server drains, then it stops cleanly.
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
+TEST_F(SecurityE2E, MutualTlsRequiresAClientCertificateFromTheConfiguredCa) {
+  ServerProcess server(Flags({Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"),
+                              Flag("tls_client_ca", "ca.pem")}),
+                       Security(WithClientCert("client")));
+  ASSERT_TRUE(server.Start().ok());
+  EXPECT_EQ(SampleCode(Security(WithClientCert("client")), server.address()), absl::StatusCode::kOk);
+  EXPECT_EQ(SampleCode(Security(TrustingCa()), server.address()), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(SampleCode(Security(WithClientCert("other_client")), server.address()),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(SampleCode(ChannelSecurity(), server.address()), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SecurityE2E, BearerTokenGuardsEverySamplerRpcButNotHealth) {
+  ServerProcess server(Flags({Flag("auth_token_file", "token")}));
+  ASSERT_TRUE(server.Start().ok());  // readiness is a health check without a token
+
+  const ChannelSecurity right = Security({.auth_token_file = File("token")});
+  const ChannelSecurity wrong = Security({.auth_token_file = File("wrong_token")});
+  for (const ChannelSecurity* security : {&right, &wrong}) {
+    const absl::StatusCode expected =
+        security == &right ? absl::StatusCode::kOk : absl::StatusCode::kUnauthenticated;
+    SamplerClient client(server.address(), *security);
+    EXPECT_EQ(client.Sample(OneRowRequest()).status().code(), expected);
+    EXPECT_EQ(client.SampleStream({OneRowRequest(), OneRowRequest()}).status().code(), expected);
+    EXPECT_EQ(client.GetModelInfo().status().code(), expected);
+  }
+  SamplerClient anonymous(server.address());
+  EXPECT_EQ(anonymous.Sample(OneRowRequest()).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(anonymous.SampleStream({OneRowRequest()}).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(anonymous.GetModelInfo().status().code(), absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<Serving::ServingStatus> health = anonymous.CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, Serving::SERVING);
+
+  // Another scheme, or the token with a different case, is refused too.
+  for (const char* value : {"Basic czNjcjN0", "Bearer S3CR3T-TOKEN_0123456789", "Bearer"}) {
+    v1::SampleResponse response;
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", value);
+    auto stub = v1::Sampler::NewStub(
+        grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+    EXPECT_EQ(stub->Sample(&context, OneRowRequest(), &response).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED)
+        << value;
+  }
+
+  const std::string cli = absl::StrCat(testing::CliBinary(), " --address=", server.address());
+  auto [code, output] = RunCommand(absl::StrCat(cli, " --auth_token_file=", File("token"), " info"));
+  EXPECT_EQ(code, 0) << output;
+  std::tie(code, output) = RunCommand(absl::StrCat(cli, " info"));
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_THAT(output, HasSubstr("UNAUTHENTICATED"));
+}
+
+TEST_F(SecurityE2E, MutualTlsWithTokenNeedsBoth) {
+  ServerProcess server(Flags({Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"),
+                              Flag("tls_client_ca", "ca.pem"), Flag("auth_token_file", "token")}),
+                       Security(WithClientCert("client")));
+  ASSERT_TRUE(server.Start().ok());
+  ChannelSecurityOptions both = WithClientCert("client");
+  both.auth_token_file = File("token");
+  EXPECT_EQ(SampleCode(Security(both), server.address()), absl::StatusCode::kOk);
+  EXPECT_EQ(SampleCode(Security(WithClientCert("client")), server.address()),
+            absl::StatusCode::kUnauthenticated);
+  ChannelSecurityOptions token_only = TrustingCa();
+  token_only.auth_token_file = File("token");
+  EXPECT_EQ(SampleCode(Security(token_only), server.address()), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SecurityE2E, BadSecurityFilesStopTheStartWithTheFlagNamed) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--tls_cert=/nonexistent/server.pem", Flag("tls_key", "server.key")}, "--tls_cert"},
+      {{Flag("tls_cert", "server.pem")}, "--tls_cert and --tls_key"},
+      {{Flag("tls_cert", "client.pem"), Flag("tls_key", "server.key")}, "--tls_key does not match"},
+      {{Flag("tls_cert", "server.key"), Flag("tls_key", "server.key")}, "--tls_cert: no PEM certificate"},
+      {{Flag("tls_client_ca", "ca.pem")}, "--tls_client_ca needs --tls_cert"},
+      {{Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"), Flag("tls_client_ca", "token")},
+       "--tls_client_ca"},
+      {{"--auth_token_file=/nonexistent/token"}, "--auth_token_file"},
+  };
+  for (const Case& c : cases) {
+    std::string command = testing::ServerBinary() + " --address=127.0.0.1:0";
+    for (const std::string& flag : Flags(c.flags)) absl::StrAppend(&command, " ", flag);
+    const auto [code, output] = RunCommand(command);
+    EXPECT_EQ(code, 2) << command << "\n" << output;
+    EXPECT_THAT(output, HasSubstr(c.message)) << command;
+    EXPECT_THAT(output, HasSubstr("INVALID_ARGUMENT")) << command;
+    EXPECT_THAT(output, ::testing::Not(HasSubstr("PRIVATE KEY"))) << command;
+  }
+}
+
+}  // namespace
+}  // namespace flashsampler
