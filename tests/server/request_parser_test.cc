@@ -213,7 +213,7 @@ TEST(RequestParser, ResponseCarriesEverything) {
   r.set_request_id("req-7");
   absl::StatusOr<ParsedSampleRequest> p = Parse(r);
   ASSERT_TRUE(p.ok());
-  SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}};
+  SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}, {}};
   v1::SampleResponse response;
   FillSampleResponse(*p, result, &response);
   EXPECT_THAT(response.token_ids(), ::testing::ElementsAre(3, 9));

@@ -1,0 +1,158 @@
+#include "kernels/cpu/candidate_sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/sample_summary.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+float MaxLogit(const std::vector<Candidate>& c) {
+  float m = -INFINITY;
+  for (const Candidate& x : c) m = std::max(m, x.logit);
+  return m;
+}
+
+// log sum exp over the candidates, float64, summed in vector order.
+double LogSumExp(const std::vector<Candidate>& c) {
+  const double m = MaxLogit(c);
+  double sum = 0.0;
+  for (const Candidate& x : c) sum += std::exp(static_cast<double>(x.logit) - m);
+  return m + std::log(sum);
+}
+
+void ApplyMinP(std::vector<Candidate>* c, float min_p) {
+  const double m = MaxLogit(*c);
+  c->erase(std::remove_if(c->begin(), c->end(),
+                          [&](const Candidate& x) {
+                            return !(std::exp(static_cast<double>(x.logit) - m) >=
+                                     static_cast<double>(min_p));
+                          }),
+           c->end());
+}
+
+// `c` is sorted canonically; keeps the shortest prefix whose mass reaches top_p.
+void ApplyTopP(std::vector<Candidate>* c, float top_p) {
+  const double m = (*c)[0].logit;
+  double total = 0.0;
+  for (const Candidate& x : *c) total += std::exp(static_cast<double>(x.logit) - m);
+  const double target = static_cast<double>(top_p) * total;
+  double before = 0.0;
+  size_t keep = 0;
+  while (keep < c->size() && before < target) {
+    before += std::exp(static_cast<double>((*c)[keep].logit) - m);
+    ++keep;
+  }
+  c->resize(std::max<size_t>(keep, 1));
+}
+
+// Sample j's token: argmax of l' + noise on stream (stream + j * stride), or of
+// l' alone for greedy rows; ties to the lower id (ScoreBeats).
+int32_t DrawSample(const std::vector<Candidate>& c, const RowParams& p, uint32_t stream) {
+  float best_score = -INFINITY;
+  int32_t best = -1;
+  for (const Candidate& x : c) {
+    const float score = p.temperature == 0.0f
+                            ? x.logit
+                            : x.logit + GumbelNoise(p.seed, p.offset, stream,
+                                                    static_cast<uint32_t>(x.id));
+    if (ScoreBeats(score, x.id, best_score, best)) {
+      best_score = score;
+      best = x.id;
+    }
+  }
+  return best;
+}
+
+// vLLM's rank: how many of `values` are >= `v`.
+template <typename Values>
+int32_t RankOf(const Values& values, float v) {
+  int32_t rank = 0;
+  for (float x : values) rank += x >= v ? 1 : 0;
+  return rank;
+}
+
+void FillSampledModeDetail(std::vector<Candidate>* kept, double logz, int32_t n,
+                           RowSampleDetail* d) {
+  std::vector<float> logits(kept->size());
+  for (size_t i = 0; i < kept->size(); ++i) logits[i] = (*kept)[i].logit;
+  for (int32_t token : d->token_ids) {
+    const auto it = std::find_if(kept->begin(), kept->end(),
+                                 [token](const Candidate& x) { return x.id == token; });
+    d->logprobs.push_back(static_cast<float>(it->logit - logz));
+    d->ranks.push_back(RankOf(logits, it->logit));
+  }
+  const size_t top = std::min<size_t>(static_cast<size_t>(n), kept->size());
+  std::partial_sort(kept->begin(), kept->begin() + top, kept->end(), CandidateBefore);
+  for (size_t i = 0; i < top; ++i) {
+    d->top.push_back(TokenLogprob{(*kept)[i].id, static_cast<float>((*kept)[i].logit - logz)});
+  }
+}
+
+void FillRawModeDetail(const float* raw, int64_t valid_vocab, int32_t n, RowSampleDetail* d) {
+  double m = -INFINITY;
+  for (int64_t i = 0; i < valid_vocab; ++i) m = std::max(m, static_cast<double>(raw[i]));
+  double sum = 0.0;
+  for (int64_t i = 0; i < valid_vocab; ++i) sum += std::exp(raw[i] - m);
+  const double logz = m + std::log(sum);
+  const std::vector<float> values(raw, raw + valid_vocab);
+  for (int32_t token : d->token_ids) {
+    d->logprobs.push_back(static_cast<float>(raw[token] - logz));
+    d->ranks.push_back(RankOf(values, raw[token]));
+  }
+  std::vector<Candidate> all(static_cast<size_t>(valid_vocab));
+  for (int64_t i = 0; i < valid_vocab; ++i) all[i] = Candidate{raw[i], static_cast<int32_t>(i)};
+  const size_t top = std::min<size_t>(static_cast<size_t>(n), all.size());
+  std::partial_sort(all.begin(), all.begin() + top, all.end(), CandidateBefore);
+  for (size_t i = 0; i < top; ++i) {
+    d->top.push_back(TokenLogprob{all[i].id, static_cast<float>(all[i].logit - logz)});
+  }
+}
+
+}  // namespace
+
+KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowParams& params,
+                                  const RowControls& controls, const float* raw_row,
+                                  int64_t valid_vocab, CandidateRowOutputs outputs) {
+  std::vector<Candidate>& c = *candidates;
+  const bool raw_mode = controls.top_logprobs > 0 && controls.logprobs_mode == LogprobsMode::kRaw;
+  if (raw_mode && raw_row == nullptr) return KernelStatus::kInvalidArgument;
+  if (c.empty()) return KernelStatus::kFailedPrecondition;
+  if (controls.min_p > 0.0f) ApplyMinP(&c, controls.min_p);
+  const bool ordered = controls.top_k > 0 || controls.top_p < 1.0f;
+  if (controls.top_k > 0 && c.size() > static_cast<size_t>(controls.top_k)) {
+    std::nth_element(c.begin(), c.begin() + (controls.top_k - 1), c.end(), CandidateBefore);
+    c.resize(static_cast<size_t>(controls.top_k));
+  }
+  if (ordered) std::sort(c.begin(), c.end(), CandidateBefore);
+  if (controls.top_p < 1.0f) ApplyTopP(&c, controls.top_p);
+  const double logz = LogSumExp(c);
+
+  RowSampleDetail local;
+  RowSampleDetail& d = outputs.detail != nullptr ? *outputs.detail : local;
+  d = RowSampleDetail{};
+  const int32_t samples = outputs.detail != nullptr ? controls.num_samples : 1;
+  for (int32_t j = 0; j < samples; ++j) {
+    const uint32_t stream = params.stream + static_cast<uint32_t>(j) * controls.sample_stream_stride;
+    d.token_ids.push_back(DrawSample(c, params, stream));
+  }
+  const int32_t token = d.token_ids[0];
+  *outputs.token_id = token;
+  if (outputs.logz != nullptr) *outputs.logz = static_cast<float>(logz);
+  if (outputs.logprob != nullptr) {
+    const auto it = std::find_if(c.begin(), c.end(), [token](const Candidate& x) { return x.id == token; });
+    *outputs.logprob = static_cast<float>(it->logit - logz);
+  }
+  if (outputs.detail != nullptr && controls.top_logprobs > 0) {
+    if (raw_mode) {
+      FillRawModeDetail(raw_row, valid_vocab, controls.top_logprobs, &d);
+    } else {
+      FillSampledModeDetail(&c, logz, controls.top_logprobs, &d);
+    }
+  }
+  return KernelStatus::kOk;
+}
+
+}  // namespace flashsampler::kernels
