@@ -5,6 +5,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cpu/gumbel_bucket_bound.h"
 
 namespace flashsampler::kernels {
 namespace {
@@ -49,15 +50,28 @@ void ApplyTopP(std::vector<Candidate>* c, float top_p) {
 }
 
 // Sample j's token: argmax of l' + noise on stream (stream + j * stride), or of
-// l' alone for greedy rows; ties to the lower id (ScoreBeats).
-int32_t DrawSample(const std::vector<Candidate>& c, const RowParams& p, uint32_t stream) {
+// l' alone for greedy rows; ties to the lower id (ScoreBeats). Exact pruning as
+// in the tiled sampler: a token whose l' + (an upper bound of its noise) is
+// strictly below the best score cannot win or tie, so its logarithms are
+// skipped; in sorted order, once l' + kGumbelMax is below it, every later
+// token is too.
+int32_t DrawSample(const std::vector<Candidate>& c, bool sorted, const RowParams& p,
+                   uint32_t stream) {
+  static const GumbelBucketBound bound;
   float best_score = -INFINITY;
   int32_t best = -1;
   for (const Candidate& x : c) {
-    const float score = p.temperature == 0.0f
-                            ? x.logit
-                            : x.logit + GumbelNoise(p.seed, p.offset, stream,
-                                                    static_cast<uint32_t>(x.id));
+    if (p.temperature == 0.0f) {
+      if (ScoreBeats(x.logit, x.id, best_score, best)) best_score = x.logit, best = x.id;
+      continue;
+    }
+    if (x.logit + kGumbelMax < best_score) {
+      if (sorted) break;
+      continue;
+    }
+    const uint32_t r = NoiseBits(p.seed, p.offset, stream, static_cast<uint32_t>(x.id));
+    if (x.logit + bound(r) < best_score) continue;
+    const float score = x.logit + GumbelFromBits(r);
     if (ScoreBeats(score, x.id, best_score, best)) {
       best_score = score;
       best = x.id;
@@ -136,7 +150,7 @@ KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowP
   const int32_t samples = outputs.detail != nullptr ? controls.num_samples : 1;
   for (int32_t j = 0; j < samples; ++j) {
     const uint32_t stream = params.stream + static_cast<uint32_t>(j) * controls.sample_stream_stride;
-    d.token_ids.push_back(DrawSample(c, params, stream));
+    d.token_ids.push_back(DrawSample(c, ordered, params, stream));
   }
   const int32_t token = d.token_ids[0];
   *outputs.token_id = token;

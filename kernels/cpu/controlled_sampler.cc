@@ -1,6 +1,6 @@
 // CpuControlledSampler implementation.
 //
-// Rows go in blocks of kControlledRowsPerBlock. Within a block, work items are
+// Rows go in blocks of ControlledRowsPerBlock(valid_vocab). Within a block, work items are
 // vocabulary tiles of tile_rows tokens; each item is one single-threaded
 // sgemm of [block rows, tile] logits into the worker's own buffer (the same
 // call in both paths, so the logits are bit-identical), after which:
@@ -78,6 +78,10 @@ void OfferToTopK(std::vector<Candidate>* heap, size_t k, Candidate x) {
 }
 
 }  // namespace
+
+int64_t ControlledRowsPerBlock(int64_t valid_vocab) {
+  return std::clamp<int64_t>((int64_t{1} << 22) / std::max<int64_t>(valid_vocab, 1), 16, 1024);
+}
 
 CpuControlledPath PlanCpuControlledPath(const RowControls* controls, int64_t batch) {
   for (int64_t b = 0; b < batch; ++b) {
@@ -232,7 +236,7 @@ KernelStatus CpuControlledSampler::Impl::Sample(const float* hidden_states, int6
     return KernelStatus::kInvalidArgument;
   }
   const int workers = pool.num_threads();
-  const int64_t block = std::min(batch, kControlledRowsPerBlock);
+  const int64_t block = std::min(batch, ControlledRowsPerBlock(valid_vocab));
   try {
     logits.resize(workers);
     processed.resize(workers);

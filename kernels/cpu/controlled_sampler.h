@@ -8,7 +8,7 @@
 //    into the global top-k and min_p / top_p / the samples are taken within
 //    it. The [B, V] logits are never stored. Serves batches in which every row
 //    has 1 <= top_k <= kCpuFusedMaxTopK and no raw-mode top_logprobs.
-//  - kMaterialized: the full logits row (blocks of kControlledRowsPerBlock
+//  - kMaterialized: the full logits row (blocks of ControlledRowsPerBlock()
 //    rows at a time) is computed, transformed, filtered and sampled. Serves
 //    every batch.
 //
@@ -36,7 +36,11 @@
 namespace flashsampler::kernels {
 
 inline constexpr int32_t kCpuFusedMaxTopK = 64;
-inline constexpr int64_t kControlledRowsPerBlock = 16;
+
+// Rows per block: as many full logits rows as fit 2^22 floats (16 MiB),
+// within [16, 1024]. Depends on the vocabulary only, so both paths cut a batch
+// into the same blocks (and make the same sgemm calls).
+int64_t ControlledRowsPerBlock(int64_t valid_vocab);
 
 enum class CpuControlledPath { kFused, kMaterialized };
 
