@@ -182,6 +182,12 @@ class CudaEngine final : public Engine {
       const auto* logprobs = static_cast<const float*>(host_logprobs_);
       result.logprobs.assign(logprobs, logprobs + rows);
     }
+    // Controls that are all neutral reach here; details are [rows] whenever
+    // the batch carries controls.
+    if (!batch.controls.empty()) {
+      result.details.resize(rows);
+      for (int64_t r = 0; r < rows; ++r) result.details[r].token_ids = {tokens[r]};
+    }
     return result;
   }
 

@@ -15,8 +15,6 @@
 // Then SampleFromCandidates finishes each row (rows in parallel).
 #include "kernels/cpu/controlled_sampler.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -28,16 +26,11 @@
 
 #include "kernels/cpu/candidate_sampler.h"
 #include "kernels/cpu/row_logit_processor.h"
+#include "kernels/cpu/sampler_arguments.h"
 #include "kernels/cpu/worker_pool.h"
 
 namespace flashsampler::kernels {
 namespace {
-
-constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
-
-bool ValidTemperature(float t) {
-  return t == 0.0f || (t > 0.0f && std::isfinite(t) && std::isfinite(1.0f / t));
-}
 
 bool IdsIn(const std::vector<int32_t>& ids, int64_t vocab) {
   return std::all_of(ids.begin(), ids.end(), [vocab](int32_t id) { return id >= 0 && id < vocab; });
@@ -97,10 +90,8 @@ struct CpuControlledSampler::Impl {
         valid_vocab(vv),
         hidden(d),
         tile_rows(std::min(config.tile_rows, vv)),
-        config_ok(w != nullptr && v > 0 && v <= kMaxInt32 && vv > 0 && vv <= v && d > 0 &&
-                  d <= kMaxInt32 && config.tile_rows > 0 && config.num_threads >= 0),
-        pool(config.num_threads > 0 ? config.num_threads
-                                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {}
+        config_ok(ValidSamplerShape(w, v, vv, d, config)),
+        pool(ResolveSamplerThreads(config.num_threads)) {}
 
   KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
                       const RowControls* controls, CpuControlledPath path,
@@ -109,9 +100,6 @@ struct CpuControlledSampler::Impl {
   KernelStatus RunBlock(const float* hidden_states, int64_t row0, int64_t rows,
                         const RowParams* params, const RowControls* controls, bool fused,
                         CpuControlledOutputs outputs);
-  // logits[worker][r * n + j] = h_{row0 + r} . w_{token0 + j} for the tile.
-  const float* TileLogits(int worker, const float* block_hidden, int64_t rows, int64_t token0,
-                          int64_t n);
 
   const float* weight;
   int64_t vocab;
@@ -127,15 +115,6 @@ struct CpuControlledSampler::Impl {
   std::vector<std::vector<Candidate>> candidates;        // [worker] (finishing a row)
   std::vector<float> block_logits;                       // [rows, valid_vocab] (materialized)
 };
-
-const float* CpuControlledSampler::Impl::TileLogits(int worker, const float* block_hidden,
-                                                    int64_t rows, int64_t token0, int64_t n) {
-  float* buf = logits[worker].data();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
-              static_cast<int>(hidden), 1.0f, block_hidden, static_cast<int>(hidden),
-              weight + token0 * hidden, static_cast<int>(hidden), 0.0f, buf, static_cast<int>(n));
-  return buf;
-}
 
 KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, int64_t row0,
                                                   int64_t rows, const RowParams* params,
@@ -160,7 +139,8 @@ KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, in
          t = next_tile.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t token0 = t * tile_rows;
       const int64_t n = std::min(tile_rows, valid_vocab - token0);
-      const float* buf = TileLogits(w, block_hidden, rows, token0, n);
+      float* buf = logits[w].data();
+      TileLogits(block_hidden, rows, weight, token0, n, hidden, buf);
       for (int64_t r = 0; r < rows; ++r) {
         if (!fused) {
           std::memcpy(block_logits.data() + r * valid_vocab + token0, buf + r * n,
@@ -224,13 +204,12 @@ KernelStatus CpuControlledSampler::Impl::Sample(const float* hidden_states, int6
     return KernelStatus::kInvalidArgument;
   }
   for (int64_t b = 0; b < batch; ++b) {
-    if (!ValidTemperature(params[b].temperature) || !ValidControls(controls[b], vocab, valid_vocab)) {
+    if (!ValidSamplerTemperature(params[b].temperature) ||
+        !ValidControls(controls[b], vocab, valid_vocab)) {
       return KernelStatus::kInvalidArgument;
     }
   }
-  for (int64_t i = 0; i < batch * hidden; ++i) {
-    if (!std::isfinite(hidden_states[i])) return KernelStatus::kInvalidArgument;
-  }
+  if (!AllFinite(hidden_states, batch * hidden)) return KernelStatus::kInvalidArgument;
   const bool fused = path == CpuControlledPath::kFused;
   if (fused && PlanCpuControlledPath(controls, batch) != CpuControlledPath::kFused) {
     return KernelStatus::kInvalidArgument;
