@@ -34,19 +34,40 @@ void ApplyMinP(std::vector<Candidate>* c, float min_p) {
            c->end());
 }
 
-// `c` is sorted canonically; keeps the shortest prefix whose mass reaches top_p.
+// Sets of up to this many candidates are sorted whole before the top-p cut
+// (every set the fused path produces is, so both paths make identical cuts);
+// larger ones (top_p without top_k over a big vocabulary) sort only a growing
+// head, which is all the cut needs.
+constexpr size_t kSortWholeMax = 4096;
+constexpr size_t kFirstHead = 256;
+
+// Keeps the shortest prefix, in canonical order, of `c` whose mass reaches
+// top_p of the total; leaves that prefix sorted. The float64 total is summed in
+// the order `c` arrives in.
 void ApplyTopP(std::vector<Candidate>* c, float top_p) {
-  const double m = (*c)[0].logit;
+  const double m = MaxLogit(*c);
   double total = 0.0;
   for (const Candidate& x : *c) total += std::exp(static_cast<double>(x.logit) - m);
   const double target = static_cast<double>(top_p) * total;
-  double before = 0.0;
-  size_t keep = 0;
-  while (keep < c->size() && before < target) {
-    before += std::exp(static_cast<double>((*c)[keep].logit) - m);
-    ++keep;
+  // The nucleus of a peaked distribution is a few tokens: start small.
+  for (size_t head = std::min(c->size(), kFirstHead);; head = std::min(c->size(), head * 8)) {
+    if (head < c->size()) {
+      std::nth_element(c->begin(), c->begin() + head, c->end(), CandidateOrder());
+    }
+    std::sort(c->begin(), c->begin() + head, CandidateOrder());
+    double before = 0.0;
+    size_t keep = 0;
+    while (keep < head && before < target) {
+      before += std::exp(static_cast<double>((*c)[keep].logit) - m);
+      ++keep;
+    }
+    // The cut lies inside the sorted head unless the whole head stayed below
+    // the target and more candidates remain.
+    if (keep < head || before >= target || head == c->size()) {
+      c->resize(std::max<size_t>(keep, 1));
+      return;
+    }
   }
-  c->resize(std::max<size_t>(keep, 1));
 }
 
 // Sample j's token: argmax of l' + noise on stream (stream + j * stride), or of
@@ -99,7 +120,7 @@ void FillSampledModeDetail(std::vector<Candidate>* kept, double logz, int32_t n,
     d->ranks.push_back(RankOf(logits, it->logit));
   }
   const size_t top = std::min<size_t>(static_cast<size_t>(n), kept->size());
-  std::partial_sort(kept->begin(), kept->begin() + top, kept->end(), CandidateBefore);
+  std::partial_sort(kept->begin(), kept->begin() + top, kept->end(), CandidateOrder());
   for (size_t i = 0; i < top; ++i) {
     d->top.push_back(TokenLogprob{(*kept)[i].id, static_cast<float>((*kept)[i].logit - logz)});
   }
@@ -119,7 +140,7 @@ void FillRawModeDetail(const float* raw, int64_t valid_vocab, int32_t n, RowSamp
   std::vector<Candidate> all(static_cast<size_t>(valid_vocab));
   for (int64_t i = 0; i < valid_vocab; ++i) all[i] = Candidate{raw[i], static_cast<int32_t>(i)};
   const size_t top = std::min<size_t>(static_cast<size_t>(n), all.size());
-  std::partial_sort(all.begin(), all.begin() + top, all.end(), CandidateBefore);
+  std::partial_sort(all.begin(), all.begin() + top, all.end(), CandidateOrder());
   for (size_t i = 0; i < top; ++i) {
     d->top.push_back(TokenLogprob{all[i].id, static_cast<float>(all[i].logit - logz)});
   }
@@ -137,10 +158,12 @@ KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowP
   if (controls.min_p > 0.0f) ApplyMinP(&c, controls.min_p);
   const bool ordered = controls.top_k > 0 || controls.top_p < 1.0f;
   if (controls.top_k > 0 && c.size() > static_cast<size_t>(controls.top_k)) {
-    std::nth_element(c.begin(), c.begin() + (controls.top_k - 1), c.end(), CandidateBefore);
+    std::nth_element(c.begin(), c.begin() + (controls.top_k - 1), c.end(), CandidateOrder());
     c.resize(static_cast<size_t>(controls.top_k));
   }
-  if (ordered) std::sort(c.begin(), c.end(), CandidateBefore);
+  // Canonical order first for sets the fused path can also produce (so both
+  // sum the top-p total identically); ApplyTopP sorts what it keeps.
+  if (controls.top_k > 0 || c.size() <= kSortWholeMax) std::sort(c.begin(), c.end(), CandidateOrder());
   if (controls.top_p < 1.0f) ApplyTopP(&c, controls.top_p);
   const double logz = LogSumExp(c);
 

@@ -7,9 +7,11 @@
 // order), or any superset of the row's top_k best by (l' desc, id asc) taken
 // from disjoint slices (the fused path). Both give the same kept set, because
 // min_p keeps a prefix of that order and the prefix's threshold depends only on
-// the maximum, which every superset of the top-k contains. Whenever top_k or
-// top_p is on, the kept set is sorted into that canonical order before any
-// float64 sum, so both paths compute bit-identical top-p cuts and logz.
+// the maximum, which every superset of the top-k contains. Whenever top_k is
+// on (or the set has at most 4096 tokens), the set is sorted into that
+// canonical order before any float64 sum, so both paths compute bit-identical
+// top-p cuts and logz. A larger set under top_p alone (materialized path only)
+// sorts just a growing head until the cut falls inside it.
 //
 // Numerics: min_p keeps i when exp(double(l'_i) - double(max l')) >= min_p;
 // top_p keeps sorted token j when the float64 mass before it is < top_p times
@@ -42,6 +44,12 @@ struct Candidate {
 inline bool CandidateBefore(const Candidate& a, const Candidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
+
+// The same order as a function object, which std algorithms inline (a
+// function pointer they would call).
+struct CandidateOrder {
+  bool operator()(const Candidate& a, const Candidate& b) const { return CandidateBefore(a, b); }
+};
 
 struct CandidateRowOutputs {
   int32_t* token_id = nullptr;  // sample 0

@@ -62,11 +62,11 @@ bool FusedServes(const RowControls& c) {
 void OfferToTopK(std::vector<Candidate>* heap, size_t k, Candidate x) {
   if (heap->size() < k) {
     heap->push_back(x);
-    std::push_heap(heap->begin(), heap->end(), CandidateBefore);
+    std::push_heap(heap->begin(), heap->end(), CandidateOrder());
   } else if (CandidateBefore(x, heap->front())) {
-    std::pop_heap(heap->begin(), heap->end(), CandidateBefore);
+    std::pop_heap(heap->begin(), heap->end(), CandidateOrder());
     heap->back() = x;
-    std::push_heap(heap->begin(), heap->end(), CandidateBefore);
+    std::push_heap(heap->begin(), heap->end(), CandidateOrder());
   }
 }
 

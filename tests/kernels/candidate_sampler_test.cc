@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace flashsampler::kernels {
@@ -93,6 +95,54 @@ TEST(SampleFromCandidates, TinyTopPKeepsTheBestTokenAndNeutralFiltersKeepAll) {
   ASSERT_EQ(Finish(c, RowParams{1.0f, 4, 0, 0}, neutral, &out), KernelStatus::kOk);
   EXPECT_EQ(out.detail.top.size(), 20u);
   EXPECT_EQ(out.detail.top[0].token_id, best);
+}
+
+// Top-p over a large set (the materialized path without top_k) sorts only a
+// growing head; its cut must be the one a full sort gives. Flat logits put
+// thousands of tokens in the nucleus (the head grows several times), peaked
+// ones a handful.
+TEST(SampleFromCandidates, TopPOverALargeSetCutsWhereAFullSortDoes) {
+  const std::pair<float, float> cases[] = {{0.5f, 0.3f}, {0.5f, 0.9f}, {0.5f, 0.999f}, {6.0f, 0.3f}, {6.0f, 0.9f}};
+  for (const auto& [stddev, top_p] : cases) {
+    {
+      SCOPED_TRACE(::testing::Message() << "stddev " << stddev << " top_p " << top_p);
+      std::mt19937 rng(static_cast<uint32_t>(stddev * 100 + top_p * 1000));
+      std::normal_distribution<float> normal(0.0f, stddev);
+      std::vector<Candidate> c;
+      for (int i = 0; i < 20000; ++i) c.push_back(Candidate{normal(rng), i});
+      // Reference cut: full canonical sort, float64 masses.
+      std::vector<Candidate> sorted = c;
+      std::sort(sorted.begin(), sorted.end(), CandidateOrder());
+      double total = 0;
+      for (const Candidate& x : sorted) total += std::exp(double{x.logit} - sorted[0].logit);
+      double before = 0, kept_mass = 0;
+      size_t keep = 0;
+      while (keep < sorted.size() && before < top_p * total) {
+        before += std::exp(double{sorted[keep].logit} - sorted[0].logit);
+        ++keep;
+      }
+      kept_mass = before;
+      std::vector<bool> kept(20000, false);
+      for (size_t i = 0; i < keep; ++i) kept[sorted[i].id] = true;
+      RowControls rc;
+      rc.top_p = top_p;
+      rc.num_samples = 64;
+      rc.top_logprobs = 20;
+      Out out;
+      ASSERT_EQ(Finish(c, RowParams{1.0f, 5, 0, 0}, rc, &out), KernelStatus::kOk);
+      // Flat inputs: one token more or less at the cut moves logz (~10) by
+      // >= 1e-5 here, against fp32 rounding of 5e-7. Peaked inputs: the
+      // nucleus fits the top-20 list, whose length then is the kept count.
+      const double want_logz = sorted[0].logit + std::log(kept_mass);
+      EXPECT_NEAR(out.logz, want_logz, 2e-6);
+      if (stddev > 1.0f) {
+        ASSERT_LE(keep, 20u);
+      }
+      for (int32_t t : out.detail.token_ids) EXPECT_TRUE(kept[t]) << t;
+      ASSERT_EQ(out.detail.top.size(), std::min<size_t>(20, keep));
+      for (size_t i = 0; i < out.detail.top.size(); ++i) EXPECT_EQ(out.detail.top[i].token_id, sorted[i].id);
+    }
+  }
 }
 
 }  // namespace
