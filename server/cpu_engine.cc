@@ -115,11 +115,16 @@ class CpuEngine final : public Engine {
                                                            batch.want_logprobs ? logprobs.data() : nullptr});
         for (int64_t i = 0; i < n; ++i) details[i].token_ids = {tokens[i]};
       } else {
-        controls.reserve(n);
-        for (int64_t r : *part) controls.push_back(batch.controls[r]);
-        const kernels::CpuControlledPath path = kernels::PlanCpuControlledPath(controls.data(), n);
+        // Every row controlled (the usual case): no copy of the controls.
+        const RowControls* row_controls = batch.controls.data();
+        if (n != rows) {
+          controls.reserve(n);
+          for (int64_t r : *part) controls.push_back(batch.controls[r]);
+          row_controls = controls.data();
+        }
+        const kernels::CpuControlledPath path = kernels::PlanCpuControlledPath(row_controls, n);
         status = controlled_.Sample(
-            hidden.data(), n, params.data(), controls.data(), path,
+            hidden.data(), n, params.data(), row_controls, path,
             kernels::CpuControlledOutputs{tokens.data(), batch.want_logz ? logz.data() : nullptr,
                                           batch.want_logprobs ? logprobs.data() : nullptr,
                                           details.data()});
@@ -138,9 +143,6 @@ class CpuEngine final : public Engine {
     return result;
   }
 
- public:
-
- private:
   LmHead head_;
   std::vector<float> widened_;
   ModelShape shape_;

@@ -125,6 +125,16 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     if (!c.ok()) return c.status();
     entry_controls[i] = *std::move(c);
   }
+  int64_t expanded = 0;
+  for (int i = 0; i < num_params; ++i) {
+    expanded += ControlElements(entry_controls[i]) * (num_params == 1 ? rows : 1);
+  }
+  if (expanded > kMaxExpandedControlElements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the sampling controls hold ", expanded, " token ids / bitmask words once the shared params "
+        "entry is applied to every row, over the limit of ", kMaxExpandedControlElements,
+        "; send one params entry per row"));
+  }
 
   ParsedSampleRequest parsed;
   SampleBatch& batch = parsed.batch;

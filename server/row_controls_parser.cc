@@ -48,6 +48,12 @@ bool AnyTokenAllowed(const RowControls& c, int64_t valid_vocab) {
 
 }  // namespace
 
+int64_t ControlElements(const RowControls& c) {
+  return static_cast<int64_t>(c.logit_bias.size() + c.banned_token_ids.size() +
+                              c.allowed_bitmask.size() + c.output_token_ids.size() +
+                              c.prompt_token_ids.size());
+}
+
 bool HasControls(const v1::SamplingParams& p) {
   return p.top_k() != 0 || p.has_top_p() || p.min_p() != 0.0f || !p.logit_bias().empty() ||
          !p.banned_token_ids().empty() || !p.allowed_token_bitmask().empty() ||

@@ -25,6 +25,15 @@
 
 namespace flashsampler {
 
+// Largest total of control elements (token ids, bias entries, bitmask words)
+// one request may carry once its shared entries are expanded to their rows:
+// a shared entry is copied into every row's RowControls, so this bounds that
+// copy (128 MiB). Past it the request is INVALID_ARGUMENT (send per-row entries).
+inline constexpr int64_t kMaxExpandedControlElements = int64_t{1} << 25;
+
+// The number of elements RowControls holds in its lists.
+int64_t ControlElements(const RowControls& c);
+
 // True when `p` sets any control (a field other than temperature, seed, offset).
 bool HasControls(const v1::SamplingParams& p);
 

@@ -268,6 +268,15 @@ TEST(RequestParser, ControlErrorsNameTheirEntry) {
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(RequestParser, SharedControlsTooLargeOnceExpandedAreRejected) {
+  // 8 rows sharing one entry of 2^22 + 1 banned ids: 8 * (2^22 + 1) > 2^25.
+  v1::SampleRequest r = ValidRequest(8);
+  r.mutable_params(0)->mutable_banned_token_ids()->Resize((1 << 22) + 1, 3);
+  ExpectInvalid(r, "send one params entry per row");
+  r.mutable_params(0)->mutable_banned_token_ids()->Resize(1 << 20, 3);  // 2^23 once expanded: fine
+  EXPECT_TRUE(Parse(r).ok());
+}
+
 TEST(RequestParser, ResponseRowsCarrySamplesAndTopLogprobs) {
   v1::SampleRequest r = ValidRequest(2);
   r.mutable_params(0)->set_top_logprobs(2);
