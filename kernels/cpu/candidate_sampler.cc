@@ -163,7 +163,9 @@ KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowP
   }
   // Canonical order first for sets the fused path can also produce (so both
   // sum the top-p total identically); ApplyTopP sorts what it keeps.
-  if (controls.top_k > 0 || c.size() <= kSortWholeMax) std::sort(c.begin(), c.end(), CandidateOrder());
+  if (controls.top_k > 0 || (ordered && c.size() <= kSortWholeMax)) {
+    std::sort(c.begin(), c.end(), CandidateOrder());
+  }
   if (controls.top_p < 1.0f) ApplyTopP(&c, controls.top_p);
   const double logz = LogSumExp(c);
 
