@@ -5,12 +5,18 @@
 //   flashsampler-cli --address=HOST:PORT sample [--rows=N] [--temperature=T] [--seed=S]
 //                    [--input=FILE] [--dtype=bf16|fp16|fp32] [--logz] [--logprobs]
 //                    [--stream] [--repeat=N]
+//                    [--top_k=K] [--top_p=P] [--min_p=P] [--top_logprobs=N]
+//                    [--num_samples=N] [--raw_logprobs] [--repetition_penalty=R]
+//                    [--presence_penalty=X] [--frequency_penalty=X]
 //   TLS / mTLS / token (every command): --tls_ca=CA.pem [--tls_cert=C.pem --tls_key=K.pem]
 //                    [--tls_server_name=NAME] [--auth_token_file=FILE]
 //
 // `sample` sends random unit-normal hidden states (seeded by --data_seed), or
 // the raw little-endian fp32 [rows, D] values of --input, and prints the
 // tokens, logz / logprobs when asked, the seeds used and the round-trip latency.
+// The sampling controls apply to every row (one shared SamplingParams entry);
+// with --top_logprobs or --num_samples > 1 each row's samples, their logprobs
+// and ranks and its top tokens are printed too.
 // Exit status: 0 on success, 1 when the server answered an error, 2 on usage errors.
 #include <algorithm>
 #include <chrono>
@@ -25,6 +31,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/channel_security_flags.h"
 #include "client/sampler_client.h"
@@ -42,6 +49,16 @@ ABSL_FLAG(bool, stream, false, "send the requests over one SampleStream");
 ABSL_FLAG(int32_t, repeat, 1, "send the request this many times and report latency");
 ABSL_FLAG(uint64_t, data_seed, 1, "seed of the random hidden states");
 ABSL_FLAG(double, timeout_s, 60, "per-call deadline in seconds");
+ABSL_FLAG(int32_t, top_k, 0, "keep the k most likely tokens (0 = off)");
+ABSL_FLAG(float, top_p, 1.0f, "nucleus sampling mass in (0, 1] (1 = off)");
+ABSL_FLAG(float, min_p, 0.0f, "keep tokens with p >= min_p * max p, in [0, 1) (0 = off)");
+ABSL_FLAG(int32_t, top_logprobs, 0, "return the N most likely tokens per row (0..20)");
+ABSL_FLAG(int32_t, num_samples, 1, "independent samples per row (1..64)");
+ABSL_FLAG(bool, raw_logprobs, false,
+          "top logprobs / ranks under the model's raw distribution instead of the sampled one");
+ABSL_FLAG(float, repetition_penalty, 1.0f, "vLLM repetition penalty (> 0, 1 = off)");
+ABSL_FLAG(float, presence_penalty, 0.0f, "vLLM presence penalty in [-2, 2]");
+ABSL_FLAG(float, frequency_penalty, 0.0f, "vLLM frequency penalty in [-2, 2]");
 
 namespace {
 
@@ -122,6 +139,19 @@ int RunSample(SamplerClient& client) {
     }
     params->set_seed(value);
   }
+  // Controls left at their neutral values are not sent, so a plain request
+  // stays plain; the server validates the others.
+  params->set_top_k(absl::GetFlag(FLAGS_top_k));
+  if (absl::GetFlag(FLAGS_top_p) != 1.0f) params->set_top_p(absl::GetFlag(FLAGS_top_p));
+  params->set_min_p(absl::GetFlag(FLAGS_min_p));
+  params->set_top_logprobs(absl::GetFlag(FLAGS_top_logprobs));
+  if (absl::GetFlag(FLAGS_num_samples) != 1) params->set_num_samples(absl::GetFlag(FLAGS_num_samples));
+  if (absl::GetFlag(FLAGS_raw_logprobs)) params->set_logprobs_mode(v1::LOGPROBS_MODE_RAW);
+  if (absl::GetFlag(FLAGS_repetition_penalty) != 1.0f) {
+    params->set_repetition_penalty(absl::GetFlag(FLAGS_repetition_penalty));
+  }
+  params->set_presence_penalty(absl::GetFlag(FLAGS_presence_penalty));
+  params->set_frequency_penalty(absl::GetFlag(FLAGS_frequency_penalty));
   request.set_return_logz(absl::GetFlag(FLAGS_logz));
   request.set_return_logprobs(absl::GetFlag(FLAGS_logprobs));
   request.set_request_id("flashsampler-cli");
@@ -155,6 +185,23 @@ int RunSample(SamplerClient& client) {
     std::printf("logprobs: [%s]\n", absl::StrJoin(last.logprobs(), ", ").c_str());
   }
   std::printf("seeds: [%s]\n", absl::StrJoin(last.seeds(), ", ").c_str());
+  for (int b = 0; b < last.rows_size(); ++b) {
+    const v1::RowOutput& row = last.rows(b);
+    std::printf("row %d: samples [%s]", b, absl::StrJoin(row.sample_token_ids(), ", ").c_str());
+    if (row.sample_logprobs_size() > 0) {
+      std::printf(" logprobs [%s] ranks [%s]", absl::StrJoin(row.sample_logprobs(), ", ").c_str(),
+                  absl::StrJoin(row.sample_ranks(), ", ").c_str());
+    }
+    if (row.top_logprobs_size() > 0) {
+      std::printf(" top [%s]",
+                  absl::StrJoin(row.top_logprobs(), ", ",
+                                [](std::string* out, const v1::TokenLogprob& t) {
+                                  absl::StrAppend(out, t.token_id(), ":", t.logprob());
+                                })
+                      .c_str());
+    }
+    std::printf("\n");
+  }
   std::sort(latencies_ms.begin(), latencies_ms.end());
   std::printf("latency: %.3f ms (median of %zu%s)\n", latencies_ms[latencies_ms.size() / 2],
               latencies_ms.size(), absl::GetFlag(FLAGS_stream) ? " stream, per request" : "");

@@ -1,10 +1,17 @@
-// The CPU Engine: widens the LM head to fp32 once and runs CpuTiledSampler.
+// The CPU Engine: widens the LM head to fp32 once and runs CpuTiledSampler for
+// plain rows and CpuControlledSampler (path chosen by PlanCpuControlledPath)
+// for rows with sampling controls. A batch without controls takes the plain
+// sampler exactly as before; a mixed batch is split into its plain rows and
+// its controlled rows (each row's token depends only on its own inputs, so the
+// split changes no result) and the results are scattered back.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/half_precision.h"
+#include "kernels/cpu/controlled_sampler.h"
 #include "kernels/cpu/tiled_sampler.h"
 #include "server/engine.h"
 
@@ -35,13 +42,26 @@ class CpuEngine final : public Engine {
         shape_(shape),
         sampler_(widened_.empty() ? static_cast<const float*>(head_.data()) : widened_.data(),
                  shape.vocab_size, shape.valid_vocab, shape.hidden_size,
-                 kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}) {}
+                 kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}),
+        controlled_(widened_.empty() ? static_cast<const float*>(head_.data()) : widened_.data(),
+                    shape.vocab_size, shape.valid_vocab, shape.hidden_size,
+                    kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}) {}
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
     if (batch.rows <= 0 || static_cast<int64_t>(batch.params.size()) != batch.rows ||
         static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size) {
       return absl::InvalidArgumentError("cpu engine: batch sizes are inconsistent");
     }
+    if (!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != batch.rows) {
+      return absl::InvalidArgumentError("cpu engine: controls must be empty or one per row");
+    }
+    hidden_.assign(batch.hidden.begin(), batch.hidden.end());
+    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
+                                                  static_cast<int64_t>(hidden_.size()));
+        !s.ok()) {
+      return s;
+    }
+    if (!batch.controls.empty()) return SampleWithControls(batch);
     SampleResult result;
     result.token_ids.resize(batch.rows);
     if (batch.want_logz) result.logz.resize(batch.rows);
@@ -49,12 +69,6 @@ class CpuEngine final : public Engine {
     kernels::CpuSampleOutputs out{result.token_ids.data(),
                                   batch.want_logz ? result.logz.data() : nullptr,
                                   batch.want_logprobs ? result.logprobs.data() : nullptr};
-    hidden_.assign(batch.hidden.begin(), batch.hidden.end());
-    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
-                                                  static_cast<int64_t>(hidden_.size()));
-        !s.ok()) {
-      return s;
-    }
     const kernels::KernelStatus status =
         sampler_.Sample(hidden_.data(), batch.rows, batch.params.data(), out);
     if (status != kernels::KernelStatus::kOk) return KernelStatusToStatus(status, "cpu sampler");
@@ -65,10 +79,75 @@ class CpuEngine final : public Engine {
   std::string backend_name() const override { return "cpu"; }
 
  private:
+  // hidden_ holds the rounded batch. Plain rows (HasAnyControl false) and
+  // controlled rows are gathered into two sub-batches.
+  absl::StatusOr<SampleResult> SampleWithControls(const SampleBatch& batch) {
+    const int64_t rows = batch.rows;
+    const int64_t d = shape_.hidden_size;
+    std::vector<int64_t> plain, controlled;
+    for (int64_t r = 0; r < rows; ++r) {
+      (HasAnyControl(batch.controls[r]) ? controlled : plain).push_back(r);
+    }
+    SampleResult result;
+    result.token_ids.resize(rows);
+    if (batch.want_logz) result.logz.resize(rows);
+    if (batch.want_logprobs) result.logprobs.resize(rows);
+    result.details.resize(rows);
+    for (const std::vector<int64_t>* part : {&plain, &controlled}) {
+      if (part->empty()) continue;
+      const int64_t n = static_cast<int64_t>(part->size());
+      std::vector<float> hidden(static_cast<size_t>(n * d));
+      std::vector<RowParams> params(n);
+      std::vector<RowControls> controls;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = (*part)[i];
+        std::copy_n(hidden_.data() + r * d, d, hidden.data() + i * d);
+        params[i] = batch.params[r];
+      }
+      std::vector<int32_t> tokens(n);
+      std::vector<float> logz(batch.want_logz ? n : 0), logprobs(batch.want_logprobs ? n : 0);
+      std::vector<RowSampleDetail> details(n);
+      kernels::KernelStatus status;
+      if (part == &plain) {
+        status = sampler_.Sample(hidden.data(), n, params.data(),
+                                 kernels::CpuSampleOutputs{tokens.data(),
+                                                           batch.want_logz ? logz.data() : nullptr,
+                                                           batch.want_logprobs ? logprobs.data() : nullptr});
+        for (int64_t i = 0; i < n; ++i) details[i].token_ids = {tokens[i]};
+      } else {
+        // Every row controlled (the usual case): no copy of the controls.
+        const RowControls* row_controls = batch.controls.data();
+        if (n != rows) {
+          controls.reserve(n);
+          for (int64_t r : *part) controls.push_back(batch.controls[r]);
+          row_controls = controls.data();
+        }
+        const kernels::CpuControlledPath path = kernels::PlanCpuControlledPath(row_controls, n);
+        status = controlled_.Sample(
+            hidden.data(), n, params.data(), row_controls, path,
+            kernels::CpuControlledOutputs{tokens.data(), batch.want_logz ? logz.data() : nullptr,
+                                          batch.want_logprobs ? logprobs.data() : nullptr,
+                                          details.data()});
+      }
+      if (status != kernels::KernelStatus::kOk) {
+        return KernelStatusToStatus(status, part == &plain ? "cpu sampler" : "cpu controlled sampler");
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = (*part)[i];
+        result.token_ids[r] = tokens[i];
+        if (batch.want_logz) result.logz[r] = logz[i];
+        if (batch.want_logprobs) result.logprobs[r] = logprobs[i];
+        result.details[r] = std::move(details[i]);
+      }
+    }
+    return result;
+  }
+
   LmHead head_;
   std::vector<float> widened_;
   ModelShape shape_;
   kernels::CpuTiledSampler sampler_;
+  kernels::CpuControlledSampler controlled_;
   std::vector<float> hidden_;  // the batch's hidden states rounded to W's dtype
 };
 

@@ -110,6 +110,13 @@ class CudaEngine final : public Engine {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda engine: batch of ", batch.rows, " rows is inconsistent or over ", max_rows_));
     }
+    // The fused / materialized CUDA kernels implement plain rows only so far;
+    // controls are refused rather than silently ignored.
+    if (const std::string control = FirstRowControlName(batch); !control.empty()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "the cuda backend does not implement the sampling control '", control,
+          "' yet; run the server with --backend=cpu to use it"));
+    }
     absl::StatusOr<SampleResult> result = Run(batch);
     if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
     return result;
@@ -174,6 +181,12 @@ class CudaEngine final : public Engine {
     if (batch.want_logprobs) {
       const auto* logprobs = static_cast<const float*>(host_logprobs_);
       result.logprobs.assign(logprobs, logprobs + rows);
+    }
+    // Controls that are all neutral reach here; details are [rows] whenever
+    // the batch carries controls.
+    if (!batch.controls.empty()) {
+      result.details.resize(rows);
+      for (int64_t r = 0; r < rows; ++r) result.details[r].token_ids = {tokens[r]};
     }
     return result;
   }

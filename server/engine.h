@@ -6,14 +6,20 @@
 // fp16 GEMM does) and accumulates in fp32, so all backends and all kernel
 // paths compute the same logits up to fp32 summation order, and a row's token
 // does not depend on which path its batch size selects. The
-// engine returns one token per row (plus logz / logprobs when asked) or an
-// error status; it never crashes the process on a bad batch.
+// engine returns one token per row (plus logz / logprobs when asked, and the
+// per-row details when the batch has controls) or an error status; it never
+// crashes the process on a bad batch. Rows with controls (RowControls,
+// semantics in kernels/common/row_controls.h) are served exactly by every
+// backend that accepts them; a backend that cannot serve a control returns
+// Unimplemented naming it.
 //
 // Thread safety: Sample() is NOT reentrant; the SampleExecutor is its only
 // caller and serialises calls. shape() and backend_name() are immutable;
 // healthy() may be called from any thread at any time.
 // Outcomes: OK with `rows` results; InvalidArgument for a batch that breaks the
-// engine's preconditions (a bug in the caller); Internal for a backend failure,
+// engine's preconditions (a bug in the caller); FailedPrecondition when a row
+// with controls has no token left with a finite logit; Unimplemented for a
+// control the backend does not serve; Internal for a backend failure,
 // after which healthy() turns false.
 #pragma once
 
@@ -24,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/common/kernel_status.h"
+#include "kernels/common/row_controls.h"
 #include "kernels/common/row_params.h"
 #include "server/lm_head.h"
 
@@ -40,6 +47,10 @@ struct SampleBatch {
   int64_t rows = 0;
   std::vector<float> hidden;       // [rows, hidden_size] fp32, finite
   std::vector<RowParams> params;   // [rows]
+  // [rows], or empty when no row has controls (then every row is plain). A
+  // default RowControls is a plain row, so a batcher joining batches with and
+  // without controls pads the latter with default entries.
+  std::vector<RowControls> controls;
   bool want_logz = false;
   bool want_logprobs = false;
 };
@@ -48,6 +59,8 @@ struct SampleResult {
   std::vector<int32_t> token_ids;  // [rows]
   std::vector<float> logz;         // [rows] when asked, else empty
   std::vector<float> logprobs;     // [rows] when asked, else empty
+  // [rows] exactly when the batch's `controls` is non-empty, else empty.
+  std::vector<RowSampleDetail> details;
 };
 
 class Engine {
@@ -100,6 +113,10 @@ absl::Status KernelStatusToStatus(kernels::KernelStatus status, const std::strin
 // resolved (0 = the whole vocabulary). InvalidArgument when it is outside
 // [1, vocab_size].
 absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab);
+
+// The name of the first control used by a row of `batch` (e.g. "top_k"), or
+// "" when every row is plain. For backends that serve plain rows only.
+std::string FirstRowControlName(const SampleBatch& batch);
 
 // True when this build has the CUDA backend and a CUDA device is usable.
 bool CudaBackendAvailable();

@@ -120,8 +120,12 @@ int main(int argc, char** argv) {
     builder.RegisterService(&service);
   }
   // The largest valid request: B x D fp32 values, up to B params entries of
-  // ~32 bytes each, and 1 MiB for the rest of the message.
-  const int64_t max_message = config->max_batch_rows * (hidden * 4 + 32) + (1 << 20);
+  // ~32 bytes each plus their sampling controls (an allowed-token bitmask of
+  // ceil(V / 32) words and 64 KiB of token lists per row), and 1 MiB for the
+  // rest of the message.
+  const int64_t control_bytes = (head->vocab_size() + 31) / 32 * 4 + (64 << 10);
+  const int64_t max_message =
+      config->max_batch_rows * (hidden * 4 + 32 + control_bytes) + (1 << 20);
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT_MAX)));
   server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -1,5 +1,6 @@
 #include "server/request_parser.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/half_precision.h"
+#include "server/row_controls_parser.h"
 
 namespace flashsampler {
 
@@ -111,8 +113,27 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     return absl::InvalidArgumentError(absl::StrCat(
         "params must have 1 entry (shared by all rows) or B = ", rows, " entries, got ", num_params));
   }
+  bool any_controls = false;
+  std::vector<RowControls> entry_controls(num_params);
   for (int i = 0; i < num_params; ++i) {
     if (absl::Status s = CheckTemperature(request.params(i).temperature(), i); !s.ok()) return s;
+    if (!HasControls(request.params(i))) continue;
+    any_controls = true;
+    // Rows sharing an entry are spaced `rows` streams apart per extra sample.
+    const uint32_t stride = num_params == 1 ? static_cast<uint32_t>(rows) : 1u;
+    absl::StatusOr<RowControls> c = ParseRowControls(request.params(i), i, shape, stride);
+    if (!c.ok()) return c.status();
+    entry_controls[i] = *std::move(c);
+  }
+  int64_t expanded = 0;
+  for (int i = 0; i < num_params; ++i) {
+    expanded += ControlElements(entry_controls[i]) * (num_params == 1 ? rows : 1);
+  }
+  if (expanded > kMaxExpandedControlElements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the sampling controls hold ", expanded, " token ids / bitmask words once the shared params "
+        "entry is applied to every row, over the limit of ", kMaxExpandedControlElements,
+        "; send one params entry per row"));
   }
 
   ParsedSampleRequest parsed;
@@ -142,6 +163,10 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     row.stream = shared ? static_cast<uint32_t>(r) : 0u;
     parsed.seeds[r] = row.seed;
   }
+  if (any_controls) {
+    batch.controls.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) batch.controls[r] = entry_controls[num_params == 1 ? 0 : r];
+  }
   return parsed;
 }
 
@@ -153,6 +178,22 @@ void FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& r
   response->mutable_logprobs()->Add(result.logprobs.begin(), result.logprobs.end());
   response->mutable_seeds()->Add(parsed.seeds.begin(), parsed.seeds.end());
   response->set_request_id(parsed.request_id);
+  const std::vector<RowControls>& controls = parsed.batch.controls;
+  const bool want_rows = std::any_of(controls.begin(), controls.end(), [](const RowControls& c) {
+    return c.top_logprobs > 0 || c.num_samples > 1;
+  });
+  if (!want_rows || result.details.size() != controls.size()) return;
+  for (const RowSampleDetail& d : result.details) {
+    v1::RowOutput* row = response->add_rows();
+    row->mutable_sample_token_ids()->Add(d.token_ids.begin(), d.token_ids.end());
+    row->mutable_sample_logprobs()->Add(d.logprobs.begin(), d.logprobs.end());
+    row->mutable_sample_ranks()->Add(d.ranks.begin(), d.ranks.end());
+    for (const TokenLogprob& t : d.top) {
+      v1::TokenLogprob* out = row->add_top_logprobs();
+      out->set_token_id(t.token_id);
+      out->set_logprob(t.logprob);
+    }
+  }
 }
 
 }  // namespace flashsampler

@@ -4,7 +4,9 @@
 // Every field is checked once, here: dtype, shape [B, D] against the model's D,
 // 1 <= B <= max_batch_rows, the byte length against the shape, NaN/Inf in the
 // hidden states, the params count (1 or B), each temperature (0, or finite and
-// >= kMinTemperature).
+// >= kMinTemperature), and the sampling controls of each entry
+// (server/row_controls_parser.h; FAILED_PRECONDITION for an entry that allows
+// no token). batch.controls stays empty unless some entry sets a control.
 // Rows that share one params entry get noise streams 0..B-1; rows with their
 // own entry get stream 0. Absent seeds are drawn from `draw_seed` (one per
 // params entry) and reported per row.

@@ -12,6 +12,7 @@ enum class KernelStatus : int {
   kOutOfMemory = 2,      // scratch or device memory could not be allocated
   kDeviceError = 3,      // the device (CUDA, NCCL) reported an error
   kInternal = 4,         // a broken invariant inside the kernel library
+  kFailedPrecondition = 5,  // a row with controls has no token with a finite logit left
 };
 
 inline const char* KernelStatusName(KernelStatus s) {
@@ -21,6 +22,7 @@ inline const char* KernelStatusName(KernelStatus s) {
     case KernelStatus::kOutOfMemory: return "out of memory";
     case KernelStatus::kDeviceError: return "device error";
     case KernelStatus::kInternal: return "internal error";
+    case KernelStatus::kFailedPrecondition: return "no token left to sample";
   }
   return "unknown";
 }

@@ -46,6 +46,7 @@
 #include "kernels/common/sample_summary.h"
 #include "kernels/cpu/gumbel_bucket_bound.h"
 #include "kernels/cpu/philox_batch.h"
+#include "kernels/cpu/sampler_arguments.h"
 #include "kernels/cpu/worker_pool.h"
 
 namespace flashsampler::kernels {
@@ -54,12 +55,6 @@ namespace {
 // Rows per sgemm: bounds the per-worker logits buffer to
 // kMaxRowsPerGemm * tile_rows floats whatever the batch size.
 constexpr int64_t kMaxRowsPerGemm = 128;
-constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
-
-// 0 (greedy), or positive with a finite reciprocal (1/T overflows below ~3e-39).
-bool ValidTemperature(float t) {
-  return t == 0.0f || (t > 0.0f && std::isfinite(t) && std::isfinite(1.0f / t));
-}
 
 // max of x[0, n), NaN elements ignored. Eight independent running maxima (in
 // place of one serial chain) keep the latency of maxss off the critical path.
@@ -180,15 +175,8 @@ struct CpuTiledSampler::Impl {
         valid_vocab(vv),
         hidden(d),
         tile_rows(std::min(config.tile_rows, vv)),
-        config_ok(w != nullptr && v > 0 && v <= kMaxInt32 && vv > 0 && vv <= v && d > 0 &&
-                  d <= kMaxInt32 && config.tile_rows > 0 && config.num_threads >= 0),
-        pool(ResolveThreads(config.num_threads)) {}
-
-  static int ResolveThreads(int requested) {
-    if (requested > 0) return requested;
-    const unsigned hw = std::thread::hardware_concurrency();
-    return hw > 0 ? static_cast<int>(hw) : 1;
-  }
+        config_ok(ValidSamplerShape(w, v, vv, d, config)),
+        pool(ResolveSamplerThreads(config.num_threads)) {}
 
   KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
                       CpuSampleOutputs outputs);
@@ -223,10 +211,7 @@ void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidde
   const int64_t n = std::min(tile_rows, valid_vocab - token0);
   float* buf = logits[worker].data();
   // buf[r * n + j] = h_{row0 + r} . w_{token0 + j}
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-              static_cast<int>(n), static_cast<int>(hidden), 1.0f,
-              hidden_states + row0 * hidden, static_cast<int>(hidden), weight + token0 * hidden,
-              static_cast<int>(hidden), 0.0f, buf, static_cast<int>(n));
+  TileLogits(hidden_states + row0 * hidden, rows, weight, token0, n, hidden, buf);
   float* best = row_best[worker].data();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = row0 + r;
@@ -251,11 +236,9 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
     return KernelStatus::kInvalidArgument;
   }
   for (int64_t b = 0; b < batch; ++b) {
-    if (!ValidTemperature(params[b].temperature)) return KernelStatus::kInvalidArgument;
+    if (!ValidSamplerTemperature(params[b].temperature)) return KernelStatus::kInvalidArgument;
   }
-  for (int64_t i = 0; i < batch * hidden; ++i) {
-    if (!std::isfinite(hidden_states[i])) return KernelStatus::kInvalidArgument;
-  }
+  if (!AllFinite(hidden_states, batch * hidden)) return KernelStatus::kInvalidArgument;
 
   const int workers = pool.num_threads();
   num_tiles = (valid_vocab + tile_rows - 1) / tile_rows;

@@ -269,6 +269,100 @@ TEST_F(ServerE2E, EveryBadInputIsInvalidArgumentAndTheServerStaysUp) {
   EXPECT_TRUE(server_->running());
 }
 
+// Sampling controls through the real server and client: top_k = 1 is greedy,
+// bans and the bitmask hold, multiple samples and top logprobs come back in
+// `rows` and replay with their seed, bad controls are INVALID_ARGUMENT and an
+// all-masked row is FAILED_PRECONDITION, after which the server still serves.
+TEST_F(ServerE2E, SamplingControlsEndToEnd) {
+  v1::SampleRequest greedy = Request(4, 31);
+  greedy.mutable_params(0)->set_temperature(0.0f);
+  absl::StatusOr<v1::SampleResponse> want = client_->Sample(greedy);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  v1::SampleRequest top1 = Request(4, 31);
+  top1.mutable_params(0)->set_top_k(1);
+  top1.mutable_params(0)->set_temperature(1.5f);
+  absl::StatusOr<v1::SampleResponse> got = client_->Sample(top1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->token_ids(), ::testing::ElementsAreArray(want->token_ids()));
+  EXPECT_EQ(got->rows_size(), 0);  // no per-row outputs were asked for
+
+  // Banning each row's greedy token moves greedy elsewhere (per-row entries).
+  v1::SampleRequest banned = Request(4, 31);
+  banned.clear_params();
+  for (int b = 0; b < 4; ++b) {
+    v1::SamplingParams* p = banned.add_params();
+    p->set_temperature(0.0f);
+    p->add_banned_token_ids(want->token_ids(b));
+  }
+  got = client_->Sample(banned);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int b = 0; b < 4; ++b) EXPECT_NE(got->token_ids(b), want->token_ids(b));
+
+  // A bitmask allowing tokens 7 and 40 only (63 words = ceil(2000 / 32)).
+  std::string mask(63 * 4, '\0');
+  mask[0] = static_cast<char>(1 << 7);
+  mask[4 + 1] = static_cast<char>(1 << 0);  // token 40 = word 1, bit 8
+  v1::SampleRequest masked = Request(8, 5);
+  masked.mutable_params(0)->set_allowed_token_bitmask(mask);
+  masked.mutable_params(0)->set_temperature(5.0f);
+  got = client_->Sample(masked);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int32_t t : got->token_ids()) EXPECT_TRUE(t == 7 || t == 40) << t;
+
+  // Samples and top logprobs, replayed with the same seed.
+  v1::SampleRequest rich = Request(3, 8);
+  v1::SamplingParams* p = rich.mutable_params(0);
+  p->set_seed(77);
+  p->set_top_k(5);
+  p->set_top_p(0.9f);
+  p->set_top_logprobs(3);
+  p->set_num_samples(4);
+  rich.set_return_logprobs(true);
+  absl::StatusOr<v1::SampleResponse> first = client_->Sample(rich);
+  absl::StatusOr<v1::SampleResponse> again = client_->Sample(rich);
+  ASSERT_TRUE(first.ok() && again.ok()) << first.status();
+  ASSERT_EQ(first->rows_size(), 3);
+  for (int b = 0; b < 3; ++b) {
+    const v1::RowOutput& row = first->rows(b);
+    ASSERT_EQ(row.sample_token_ids_size(), 4);
+    EXPECT_EQ(row.sample_token_ids(0), first->token_ids(b));
+    EXPECT_EQ(row.sample_logprobs(0), first->logprobs(b));
+    EXPECT_EQ(row.sample_ranks_size(), 4);
+    ASSERT_GE(row.top_logprobs_size(), 1);
+    EXPECT_LE(row.top_logprobs_size(), 3);
+    for (int i = 1; i < row.top_logprobs_size(); ++i) {
+      EXPECT_GE(row.top_logprobs(i - 1).logprob(), row.top_logprobs(i).logprob());
+    }
+    EXPECT_THAT(again->rows(b).sample_token_ids(), ::testing::ElementsAreArray(row.sample_token_ids()));
+  }
+
+  // Bad controls.
+  auto with = [](auto set) {
+    v1::SampleRequest r = Request(2, 1);
+    set(r.mutable_params(0));
+    return r;
+  };
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_top_p(0.0f); }), "top_p");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_top_p(1.5f); }), "top_p");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_min_p(1.0f); }), "min_p");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_top_k(-3); }), "top_k");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_num_samples(0); }), "num_samples");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_top_logprobs(21); }), "top_logprobs");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->add_banned_token_ids(2000); }), "banned_token_ids");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_allowed_token_bitmask(std::string(12, '\xff')); }),
+                "allowed_token_bitmask");
+  ExpectInvalid(with([](v1::SamplingParams* q) { q->set_presence_penalty(3.0f); }), "presence_penalty");
+
+  // Every sampleable token masked: FAILED_PRECONDITION for this request only.
+  absl::StatusOr<v1::SampleResponse> none =
+      client_->Sample(with([](v1::SamplingParams* q) { q->set_allowed_token_bitmask(std::string(63 * 4, '\0')); }));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition) << none.status();
+  EXPECT_TRUE(client_->Sample(Request(2, 1)).ok());
+  EXPECT_TRUE(server_->running());
+}
+
 // Runs flashsampler-cli and returns (exit status, stdout).
 std::pair<int, std::string> RunCli(const std::string& args) {
   const std::string command = testing::CliBinary() + " " + args + " 2>&1";
@@ -303,6 +397,16 @@ TEST_F(ServerE2E, CliSampleInfoHealth) {
   auto [stream_rc, stream] = RunCli(address + " sample --rows=2 --stream --repeat=4");
   EXPECT_EQ(stream_rc, 0) << stream;
   EXPECT_THAT(stream, HasSubstr("token_ids: ["));
+
+  auto [controls_rc, controls] =
+      RunCli(address + " sample --rows=2 --seed=3 --top_k=4 --top_p=0.9 --min_p=0.01 --top_logprobs=2");
+  EXPECT_EQ(controls_rc, 0) << controls;
+  EXPECT_THAT(controls, HasSubstr("row 1: samples ["));
+  EXPECT_THAT(controls, HasSubstr(" top ["));
+
+  auto [bad_top_p_rc, bad_top_p] = RunCli(address + " sample --top_p=0");
+  EXPECT_EQ(bad_top_p_rc, 1) << bad_top_p;
+  EXPECT_THAT(bad_top_p, HasSubstr("top_p"));
 
   auto [bad_rc, bad] = RunCli(address + " sample --temperature=-1");
   EXPECT_EQ(bad_rc, 1) << bad;

@@ -148,5 +148,85 @@ TEST(CpuEngine, InconsistentBatchIsAnErrorNotACrash) {
   EXPECT_EQ((*engine)->Sample(batch).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A batch mixing plain rows and rows with controls: the plain rows get exactly
+// the tokens (and logz) of a batch without controls, the controlled rows those
+// of the same rows sampled on their own, whatever path the planner picks.
+TEST(CpuEngine, MixedBatchSplitsPlainAndControlledRows) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  SampleBatch plain = RandomBatch(8, 0.8f, 13);
+  plain.want_logz = plain.want_logprobs = true;
+  absl::StatusOr<SampleResult> plain_result = (*engine)->Sample(plain);
+  ASSERT_TRUE(plain_result.ok());
+  EXPECT_TRUE(plain_result->details.empty());
+
+  for (int32_t top_k : {5, 0}) {  // fused path, then materialized (top_p only)
+    SampleBatch mixed = plain;
+    mixed.controls.resize(8);
+    for (int r : {1, 4, 6}) {
+      mixed.controls[r].top_k = top_k;
+      mixed.controls[r].top_p = 0.8f;
+      mixed.controls[r].top_logprobs = 3;
+      mixed.controls[r].num_samples = 2;
+    }
+    absl::StatusOr<SampleResult> result = (*engine)->Sample(mixed);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->details.size(), 8u);
+    for (int r = 0; r < 8; ++r) {
+      SCOPED_TRACE(r);
+      EXPECT_EQ(result->details[r].token_ids.front(), result->token_ids[r]);
+      if (r == 1 || r == 4 || r == 6) {
+        EXPECT_EQ(result->details[r].token_ids.size(), 2u);
+        EXPECT_EQ(result->details[r].top.size(), 3u);
+        // The same row alone in a batch gives the same outputs.
+        SampleBatch alone;
+        alone.rows = 1;
+        alone.hidden.assign(mixed.hidden.begin() + r * kHidden, mixed.hidden.begin() + (r + 1) * kHidden);
+        alone.params = {mixed.params[r]};
+        alone.controls = {mixed.controls[r]};
+        alone.want_logz = true;
+        absl::StatusOr<SampleResult> one = (*engine)->Sample(alone);
+        ASSERT_TRUE(one.ok());
+        EXPECT_EQ(one->token_ids[0], result->token_ids[r]);
+        EXPECT_EQ(one->details[0].token_ids, result->details[r].token_ids);
+        EXPECT_EQ(one->logz[0], result->logz[r]);
+      } else {
+        EXPECT_EQ(result->token_ids[r], plain_result->token_ids[r]);
+        EXPECT_EQ(result->logz[r], plain_result->logz[r]);
+        EXPECT_EQ(result->logprobs[r], plain_result->logprobs[r]);
+        EXPECT_EQ(result->details[r].token_ids.size(), 1u);
+      }
+    }
+  }
+}
+
+TEST(CpuEngine, RowWithNoFiniteLogitIsFailedPrecondition) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  SampleBatch batch = RandomBatch(2, 1.0f, 3);
+  batch.controls.resize(2);
+  batch.controls[1].allowed_bitmask.assign((kVocab + 31) / 32, 0u);
+  const absl::StatusOr<SampleResult> result = (*engine)->Sample(batch);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  // The engine keeps serving.
+  batch.controls.clear();
+  EXPECT_TRUE((*engine)->Sample(batch).ok());
+  batch.controls.resize(1);  // neither empty nor one per row
+  EXPECT_EQ((*engine)->Sample(batch).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FirstRowControlName, NamesTheFirstControlUsed) {
+  SampleBatch batch = RandomBatch(2, 1.0f, 3);
+  EXPECT_EQ(FirstRowControlName(batch), "");
+  batch.controls.resize(2);
+  EXPECT_EQ(FirstRowControlName(batch), "");
+  batch.controls[1].top_p = 0.9f;
+  EXPECT_EQ(FirstRowControlName(batch), "top_p");
+  batch.controls[0].banned_token_ids = {3};
+  EXPECT_EQ(FirstRowControlName(batch), "banned_token_ids");
+}
+
 }  // namespace
 }  // namespace flashsampler

@@ -213,7 +213,7 @@ TEST(RequestParser, ResponseCarriesEverything) {
   r.set_request_id("req-7");
   absl::StatusOr<ParsedSampleRequest> p = Parse(r);
   ASSERT_TRUE(p.ok());
-  SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}};
+  SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}, {}};
   v1::SampleResponse response;
   FillSampleResponse(*p, result, &response);
   EXPECT_THAT(response.token_ids(), ::testing::ElementsAre(3, 9));
@@ -221,6 +221,88 @@ TEST(RequestParser, ResponseCarriesEverything) {
   EXPECT_THAT(response.logprobs(), ::testing::ElementsAre(-0.1f, -0.2f));
   EXPECT_THAT(response.seeds(), ::testing::ElementsAre(1000u, 1000u));
   EXPECT_EQ(response.request_id(), "req-7");
+}
+
+TEST(RequestParser, PlainRequestsCarryNoControls) {
+  absl::StatusOr<ParsedSampleRequest> p = Parse(ValidRequest(3));
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->batch.controls.empty());
+}
+
+TEST(RequestParser, SharedControlsSpaceExtraSamplesByTheRowCount) {
+  v1::SampleRequest r = ValidRequest(3);
+  r.mutable_params(0)->set_top_k(5);
+  r.mutable_params(0)->set_num_samples(2);
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->batch.controls.size(), 3u);
+  for (const RowControls& c : p->batch.controls) {
+    EXPECT_EQ(c.top_k, 5);
+    EXPECT_EQ(c.num_samples, 2);
+    EXPECT_EQ(c.sample_stream_stride, 3u);  // sample j of row b: stream b + 3 j
+  }
+}
+
+TEST(RequestParser, PerRowControlsLeaveOtherRowsPlain) {
+  v1::SampleRequest r = ValidRequest(2);
+  r.add_params()->set_min_p(0.5f);
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->batch.controls.size(), 2u);
+  EXPECT_FALSE(HasAnyControl(p->batch.controls[0]));
+  EXPECT_EQ(p->batch.controls[1].min_p, 0.5f);
+  EXPECT_EQ(p->batch.controls[1].sample_stream_stride, 1u);
+}
+
+TEST(RequestParser, ControlErrorsNameTheirEntry) {
+  v1::SampleRequest r = ValidRequest(2);
+  r.add_params()->set_top_p(0.0f);
+  ExpectInvalid(r, "params[1].top_p must lie in (0, 1]");
+  r = ValidRequest(1);
+  r.mutable_params(0)->add_banned_token_ids(100);
+  ExpectInvalid(r, "params[0].banned_token_ids[0] = 100");
+  r = ValidRequest(1);
+  r.mutable_params(0)->set_allowed_token_bitmask(std::string(16, '\0'));
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(RequestParser, SharedControlsTooLargeOnceExpandedAreRejected) {
+  // 8 rows sharing one entry of 2^22 + 1 banned ids: 8 * (2^22 + 1) > 2^25.
+  v1::SampleRequest r = ValidRequest(8);
+  r.mutable_params(0)->mutable_banned_token_ids()->Resize((1 << 22) + 1, 3);
+  ExpectInvalid(r, "send one params entry per row");
+  r.mutable_params(0)->mutable_banned_token_ids()->Resize(1 << 20, 3);  // 2^23 once expanded: fine
+  EXPECT_TRUE(Parse(r).ok());
+}
+
+TEST(RequestParser, ResponseRowsCarrySamplesAndTopLogprobs) {
+  v1::SampleRequest r = ValidRequest(2);
+  r.mutable_params(0)->set_top_logprobs(2);
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  SampleResult result;
+  result.token_ids = {4, 8};
+  result.details.resize(2);
+  result.details[0] = RowSampleDetail{{4}, {-0.5f}, {2}, {{8, -0.25f}, {4, -0.5f}}};
+  result.details[1] = RowSampleDetail{{8}, {-0.25f}, {1}, {{8, -0.25f}, {4, -0.5f}}};
+  v1::SampleResponse response;
+  FillSampleResponse(*p, result, &response);
+  ASSERT_EQ(response.rows_size(), 2);
+  EXPECT_THAT(response.rows(0).sample_token_ids(), ::testing::ElementsAre(4));
+  EXPECT_THAT(response.rows(0).sample_logprobs(), ::testing::ElementsAre(-0.5f));
+  EXPECT_THAT(response.rows(0).sample_ranks(), ::testing::ElementsAre(2));
+  ASSERT_EQ(response.rows(0).top_logprobs_size(), 2);
+  EXPECT_EQ(response.rows(0).top_logprobs(0).token_id(), 8);
+  EXPECT_EQ(response.rows(0).top_logprobs(0).logprob(), -0.25f);
+  // Controls that need no rows (a filter only) leave `rows` empty.
+  r.mutable_params(0)->set_top_logprobs(0);
+  r.mutable_params(0)->set_top_k(3);
+  p = Parse(r);
+  ASSERT_TRUE(p.ok());
+  FillSampleResponse(*p, result, &response);
+  EXPECT_EQ(response.rows_size(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+// What the CPU samplers (CpuTiledSampler, CpuControlledSampler) share below
+// their algorithms: the argument checks of their contracts, the thread count
+// they resolve, and the one sgemm that computes a tile of logits, so that both
+// samplers produce the same logits from the same call.
+//
+// Thread safety: pure functions (TileLogits writes only `out`).
+#pragma once
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <thread>
+
+#include "kernels/cpu/tiled_sampler.h"
+
+namespace flashsampler::kernels {
+
+inline constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// 0 (greedy), or positive with a finite reciprocal (1/T overflows below ~3e-39).
+inline bool ValidSamplerTemperature(float t) {
+  return t == 0.0f || (t > 0.0f && std::isfinite(t) && std::isfinite(1.0f / t));
+}
+
+// W's sizes fit the int BLAS interface and the configuration is usable.
+inline bool ValidSamplerShape(const float* weight, int64_t vocab, int64_t valid_vocab,
+                              int64_t hidden, const CpuSamplerConfig& config) {
+  return weight != nullptr && vocab > 0 && vocab <= kMaxInt32 && valid_vocab > 0 &&
+         valid_vocab <= vocab && hidden > 0 && hidden <= kMaxInt32 && config.tile_rows > 0 &&
+         config.num_threads >= 0;
+}
+
+// config.num_threads, or every hardware thread for 0.
+inline int ResolveSamplerThreads(int requested) {
+  if (requested > 0) return requested;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+inline bool AllFinite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+// out[r * n + j] = h_r . w_{token0 + j} for r < rows, j < n: one
+// single-threaded sgemm of the [rows, hidden] block `h` against W's rows
+// [token0, token0 + n).
+inline void TileLogits(const float* h, int64_t rows, const float* weight, int64_t token0,
+                       int64_t n, int64_t hidden, float* out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
+              static_cast<int>(hidden), 1.0f, h, static_cast<int>(hidden), weight + token0 * hidden,
+              static_cast<int>(hidden), 0.0f, out, static_cast<int>(n));
+}
+
+}  // namespace flashsampler::kernels
