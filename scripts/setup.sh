@@ -8,6 +8,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librandom123-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev
+  prometheus-cpp-dev
 )
 
 missing=()

@@ -9,9 +9,9 @@
 // engine returns one token per row (plus logz / logprobs when asked) or an
 // error status; it never crashes the process on a bad batch.
 //
-// Thread safety: Sample() is NOT reentrant; the SampleExecutor is its only
+// Thread safety: Sample() is NOT reentrant; the DynamicBatcher is its only
 // caller and serialises calls. shape() and backend_name() are immutable;
-// healthy() may be called from any thread at any time.
+// healthy() and DeviceMemory() may be called from any thread at any time.
 // Outcomes: OK with `rows` results; InvalidArgument for a batch that breaks the
 // engine's preconditions (a bug in the caller); Internal for a backend failure,
 // after which healthy() turns false.
@@ -50,6 +50,13 @@ struct SampleResult {
   std::vector<float> logprobs;     // [rows] when asked, else empty
 };
 
+// Memory of one device the engine uses (for the metrics endpoint).
+struct DeviceMemoryInfo {
+  int device = 0;           // the CUDA ordinal
+  int64_t used_bytes = 0;   // by every process on the device
+  int64_t total_bytes = 0;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -58,6 +65,9 @@ class Engine {
   virtual std::string backend_name() const = 0;
   // False once the backend hit an unrecoverable error (e.g. a device fault).
   virtual bool healthy() const { return true; }
+  // The devices this engine holds W on; empty for the CPU backend, or when
+  // the device cannot be queried.
+  virtual std::vector<DeviceMemoryInfo> DeviceMemory() const { return {}; }
 };
 
 struct CpuEngineOptions {

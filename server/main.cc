@@ -4,7 +4,7 @@
 // listen with health NOT_SERVING -> build the engine on a loader thread
 // (widening / uploading weights) -> SERVING. SIGTERM or SIGINT: health goes
 // NOT_SERVING, the server stops accepting, in-flight RPCs get
-// --grace_period_s to finish (then are cancelled), the executor drains, exit 0.
+// --grace_period_s to finish (then are cancelled), the batcher drains, exit 0.
 // SIGINT/SIGTERM are blocked in every thread and taken by sigwait in main, so
 // no handler runs in signal context.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -23,12 +23,14 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
 #include "server/engine.h"
 #include "server/lm_head.h"
-#include "server/sample_executor.h"
+#include "server/dynamic_batcher.h"
+#include "server/metrics.h"
 #include "server/sampler_service.h"
 #include "server/server_config.h"
 
@@ -79,13 +81,33 @@ int main(int argc, char** argv) {
                static_cast<long long>(head->vocab_size()), static_cast<long long>(hidden),
                flashsampler::WeightDTypeName(head->dtype()));
 
+  // Metrics: always recorded, served over HTTP only with --metrics_address.
+  // Its line comes before the gRPC "listening on" line (tests read both).
+  flashsampler::ServerMetrics metrics(config->max_batch_rows);
+  if (!config->metrics_address.empty()) {
+    absl::StatusOr<int> metrics_port = metrics.Serve(config->metrics_address);
+    if (!metrics_port.ok()) {
+      std::fprintf(stderr, "flashsampler-server: %s\n", metrics_port.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("flashsampler-server metrics on %s:%d/metrics\n",
+                config->metrics_address.substr(0, config->metrics_address.rfind(':')).c_str(),
+                *metrics_port);
+  }
+
   std::unique_ptr<grpc::Server> server;
-  flashsampler::SampleExecutor executor([&server] {
+  flashsampler::BatcherOptions batching{config->max_batch_rows,
+                                        absl::Microseconds(config->max_queue_delay_us),
+                                        config->max_queue_rows};
+  flashsampler::DynamicBatcher batcher(batching, &metrics, [&server] {
     std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
     SetHealth(server.get(), false);
   });
-  flashsampler::RequestLimits limits{config->max_batch_rows};
-  flashsampler::SamplerService service(&executor, limits);
+  metrics.SetDeviceMemorySource([&batcher] { return batcher.DeviceMemory(); });
+  // Scrapes may come until `metrics` goes: unhook the batcher before it is destroyed.
+  absl::Cleanup unhook_batcher = [&metrics] { metrics.SetDeviceMemorySource(nullptr); };
+  flashsampler::RequestLimits limits{config->max_request_rows};  // per request; launches are split
+  flashsampler::SamplerService service(&batcher, limits, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -95,7 +117,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   // The largest valid request: B x D fp32 values, up to B params entries of
   // ~32 bytes each, and 1 MiB for the rest of the message.
-  const int64_t max_message = config->max_batch_rows * (hidden * 4 + 32) + (1 << 20);
+  const int64_t max_message = config->max_request_rows * (hidden * 4 + 32) + (1 << 20);
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT_MAX)));
   server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -111,7 +133,7 @@ int main(int argc, char** argv) {
   std::thread loader([&] {
     flashsampler::EngineOptions options;
     options.valid_vocab = config->valid_vocab;
-    options.max_batch_rows = config->max_batch_rows;
+    options.max_batch_rows = config->max_batch_rows;  // the batcher never launches more
     options.cuda.device = config->cuda_device;
     options.cuda.fused_max_rows = config->cuda_fused_max_rows;
     options.cpu.num_threads = config->threads;
@@ -126,7 +148,8 @@ int main(int argc, char** argv) {
       return;
     }
     const std::string backend = (*engine)->backend_name();
-    executor.SetEngine(*std::move(engine));
+    metrics.SetModelInfo((*engine)->shape(), backend, /*shards=*/1);
+    batcher.SetEngine(*std::move(engine));
     SetHealth(server.get(), true);
     std::fprintf(stderr, "flashsampler-server: serving on the %s backend\n", backend.c_str());
   });
@@ -151,7 +174,7 @@ int main(int argc, char** argv) {
   // Only now: a weight upload in progress cannot be interrupted, but it must
   // not delay closing the listener and draining the calls above.
   loader.join();
-  executor.Stop();
+  batcher.Stop();
   std::fprintf(stderr, "flashsampler-server: stopped\n");
   return load_failed ? 1 : 0;
 }

@@ -1,15 +1,18 @@
 // SamplerService: the flashsampler.v1.Sampler gRPC service (callback API).
 //
 // Each RPC is validated on the gRPC thread (ParseSampleRequest), handed to the
-// SampleExecutor, and finished from the executor's callback, so no gRPC thread
-// blocks on compute. SampleStream handles one request at a time per stream,
+// DynamicBatcher with the call's deadline and cancellation, and finished from
+// the batcher's callback, so no gRPC thread blocks on compute. SampleStream handles one request at a time per stream,
 // which keeps responses in request order; an invalid request ends the stream
 // with its status. Errors are mapped to gRPC codes once, by ToGrpcStatus.
 // On shutdown, BeginDrain closes open streams (UNAVAILABLE) as soon as they are
 // idle, so the drain waits only for real work.
 //
+// Every finished request (unary call or stream message) is counted in
+// ServerMetrics by method and status code.
+//
 // Thread safety: gRPC calls the methods concurrently; the service holds
-// immutable configuration, the executor, a mutex-guarded seed generator and a
+// immutable configuration, the batcher, the metrics, a mutex-guarded seed generator and a
 // mutex-guarded registry of open streams.
 #pragma once
 
@@ -21,7 +24,8 @@
 #include "absl/synchronization/mutex.h"
 #include "flashsampler/v1/sampler.grpc.pb.h"
 #include "server/request_parser.h"
-#include "server/sample_executor.h"
+#include "server/dynamic_batcher.h"
+#include "server/metrics.h"
 
 namespace flashsampler {
 
@@ -29,7 +33,8 @@ class SampleStreamReactor;
 
 class SamplerService final : public v1::Sampler::CallbackService {
  public:
-  SamplerService(SampleExecutor* executor, RequestLimits limits);
+  // `metrics` may be null (nothing is recorded).
+  SamplerService(DynamicBatcher* batcher, RequestLimits limits, ServerMetrics* metrics);
 
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
@@ -51,17 +56,19 @@ class SamplerService final : public v1::Sampler::CallbackService {
   void UnregisterStream(SampleStreamReactor* stream);
 
   // Validates `request` and, when valid and the model is loaded, queues it;
-  // `done` gets the status, and `parsed` is filled for the response.
-  // Exposed for the stream reactor.
-  void StartSample(grpc::CallbackServerContext* context, const v1::SampleRequest& request,
+  // `done` gets the status, and `parsed` is filled for the response. `method`
+  // labels the request in the metrics. Exposed for the stream reactor.
+  void StartSample(RpcMethod method, grpc::CallbackServerContext* context,
+                   const v1::SampleRequest& request,
                    ParsedSampleRequest* parsed, v1::SampleResponse* response,
                    std::function<void(grpc::Status)> done);
 
  private:
   uint64_t DrawSeed();
 
-  SampleExecutor* const executor_;
+  DynamicBatcher* const batcher_;
   const RequestLimits limits_;
+  ServerMetrics* const metrics_;
   absl::Mutex seed_mu_;
   absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
   absl::Mutex streams_mu_;
