@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -26,6 +27,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/status/statusor.h"
 #include "server/engine.h"
 #include "server/lm_head.h"
@@ -168,7 +171,17 @@ int main(int argc, char** argv) {
   }).detach();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config->grace_period_s * 1000));
-  service.BeginDrain();         // idle streams close now, busy ones after their answer
+  // New requests get UNAVAILABLE from here; idle streams close now, busy ones
+  // after their answer.
+  service.BeginDrain();
+  // Accepted requests finish, then a lame-duck pause in which callers still
+  // get a clear UNAVAILABLE, and only then the listener closes: a call that
+  // reaches gRPC in the instant of Shutdown is cancelled by gRPC itself
+  // (CANCELLED, never processed), which the pause makes unlikely for clients
+  // that stop or back off on UNAVAILABLE.
+  const absl::Time drain_deadline = absl::FromChrono(deadline);
+  service.WaitUntilIdle(drain_deadline);
+  absl::SleepFor(std::min(absl::Milliseconds(config->lame_duck_ms), drain_deadline - absl::Now()));
   server->Shutdown(deadline);  // stops accepting; waits for in-flight RPCs
   server->Wait();
   // Only now: a weight upload in progress cannot be interrupted, but it must

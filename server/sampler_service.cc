@@ -141,6 +141,10 @@ void SamplerService::UnregisterStream(SampleStreamReactor* stream) {
 }
 
 void SamplerService::BeginDrain() {
+  {
+    absl::MutexLock lock(&inflight_mu_);
+    refusing_ = true;
+  }
   std::vector<SampleStreamReactor*> idle;
   {
     absl::MutexLock lock(&streams_mu_);
@@ -151,6 +155,12 @@ void SamplerService::BeginDrain() {
   }
   // Outside the lock: Finish may run OnDone, which unregisters.
   for (SampleStreamReactor* stream : idle) stream->FinishDrained();
+}
+
+bool SamplerService::WaitUntilIdle(absl::Time deadline) {
+  absl::MutexLock lock(&inflight_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inflight_mu_) { return inflight_ == 0; };
+  return inflight_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
 SamplerService::SamplerService(DynamicBatcher* batcher, RequestLimits limits,
@@ -173,6 +183,23 @@ void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* 
       done(std::move(status));
     };
   }
+  bool refused;
+  {
+    absl::MutexLock lock(&inflight_mu_);
+    refused = refusing_;
+    if (!refused) ++inflight_;
+  }
+  if (refused) {
+    done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "server is shutting down; the request was not processed"));
+    return;
+  }
+  // From here the request is accepted: it is answered, and counted out, once.
+  done = [this, done = std::move(done)](grpc::Status status) {
+    done(std::move(status));
+    absl::MutexLock lock(&inflight_mu_);
+    --inflight_;
+  };
   if (!batcher_->ready()) {
     done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving"));
     return;

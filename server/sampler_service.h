@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "flashsampler/v1/sampler.grpc.pb.h"
 #include "server/request_parser.h"
 #include "server/dynamic_batcher.h"
@@ -45,10 +46,15 @@ class SamplerService final : public v1::Sampler::CallbackService {
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
 
-  // Shutdown, first step: idle streams are finished now with UNAVAILABLE, busy
-  // ones right after their current response, and new streams are refused, so
-  // Server::Shutdown only waits for real work. Unary calls are unaffected.
+  // Shutdown, first step: new Sample requests (unary or stream messages) are
+  // refused with UNAVAILABLE, idle streams are finished now with UNAVAILABLE,
+  // busy ones right after their current response, and new streams are
+  // refused, so Server::Shutdown only waits for real work. Requests already
+  // accepted are answered normally.
   void BeginDrain();
+  // Waits until no accepted Sample request is unanswered, or `deadline`;
+  // true when idle.
+  bool WaitUntilIdle(absl::Time deadline);
 
   // The stream reactors' registry (for BeginDrain). RegisterStream returns
   // false once draining has begun.
@@ -71,6 +77,9 @@ class SamplerService final : public v1::Sampler::CallbackService {
   ServerMetrics* const metrics_;
   absl::Mutex seed_mu_;
   absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
+  absl::Mutex inflight_mu_;
+  int64_t inflight_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // accepted, unanswered requests
+  bool refusing_ ABSL_GUARDED_BY(inflight_mu_) = false;  // BeginDrain was called
   absl::Mutex streams_mu_;
   absl::flat_hash_set<SampleStreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool draining_ ABSL_GUARDED_BY(streams_mu_) = false;

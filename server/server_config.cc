@@ -39,6 +39,9 @@ ABSL_FLAG(int64_t, cuda_fused_max_rows, 2,
           "cuBLAS-materialized path");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
+ABSL_FLAG(int64_t, lame_duck_ms, 250,
+          "On SIGTERM/SIGINT, once in-flight requests are answered: milliseconds during which new "
+          "ones are still refused with UNAVAILABLE before the listener closes (within the grace period)");
 ABSL_FLAG(int64_t, demo_vocab, 32000, "Vocabulary size of the demo LM head (no --weights)");
 ABSL_FLAG(int64_t, demo_hidden, 1024, "Hidden size of the demo LM head (no --weights)");
 ABSL_FLAG(uint64_t, demo_seed, 0, "Seed of the demo LM head (no --weights)");
@@ -60,6 +63,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.max_queue_rows = absl::GetFlag(FLAGS_max_queue_rows);
   c.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
+  c.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   c.cuda_fused_max_rows = absl::GetFlag(FLAGS_cuda_fused_max_rows);
   c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
@@ -92,6 +96,9 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   if (c.cuda_fused_max_rows < 0) return absl::InvalidArgumentError("--cuda_fused_max_rows must be >= 0");
   if (!(c.grace_period_s >= 0 && c.grace_period_s <= 3600)) {
     return absl::InvalidArgumentError("--grace_period_s must be in [0, 3600]");
+  }
+  if (c.lame_duck_ms < 0 || c.lame_duck_ms > 600000) {
+    return absl::InvalidArgumentError("--lame_duck_ms must be in [0, 600000]");
   }
   if (c.weights.empty() && (c.demo_vocab < 1 || c.demo_hidden < 1 ||
                             c.demo_vocab > (int64_t{1} << 24) || c.demo_hidden > (1 << 16))) {

@@ -29,6 +29,7 @@ struct ServerConfig {
   int cuda_device = 0;             // CUDA backend: device ordinal
   int64_t cuda_fused_max_rows = 2; // CUDA backend: fused kernel up to this batch
   double grace_period_s = 10;
+  int64_t lame_duck_ms = 250;       // SIGTERM: refuse with UNAVAILABLE this long before closing
   int64_t demo_vocab = 32000;
   int64_t demo_hidden = 1024;
   uint64_t demo_seed = 0;

@@ -42,13 +42,21 @@ absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
     _exit(127);
   }
   close(out[1]);
-  // The first stdout line names the port. fdopen takes ownership of out[0].
+  // The "listening on" line names the port; a "metrics on" line may come first.
+  // fdopen takes ownership of out[0].
   FILE* stream = fdopen(out[0], "r");
   char line[512] = {0};
-  const bool got_line = fgets(line, sizeof line, stream) != nullptr;
-  fclose(stream);
   const char* marker = "listening on ";
-  const char* at = got_line ? std::strstr(line, marker) : nullptr;
+  const char* metrics_marker = "metrics on ";
+  const char* at = nullptr;
+  while (at == nullptr && fgets(line, sizeof line, stream) != nullptr) {
+    if (const char* m = std::strstr(line, metrics_marker); m != nullptr) {
+      metrics_address_ = std::string(m + std::strlen(metrics_marker));
+      metrics_address_ = metrics_address_.substr(0, metrics_address_.find('/'));
+    }
+    at = std::strstr(line, marker);
+  }
+  fclose(stream);
   if (at == nullptr) return absl::InternalError(absl::StrCat("server printed no address: ", line));
   address_ = std::string(at + std::strlen(marker));
   while (!address_.empty() && (address_.back() == '\n' || address_.back() == '\r')) address_.pop_back();
