@@ -4,6 +4,8 @@
 //     unbatched runs, and the batch-size histogram shows coalescing;
 //   - a burst beyond the queue is refused with RESOURCE_EXHAUSTED only, the
 //     metrics count it, and the server recovers;
+//   - a request whose deadline passes while queued is answered
+//     DEADLINE_EXCEEDED and never launched;
 //   - SIGTERM under load: every call gets its answer or UNAVAILABLE, exit 0.
 #include <signal.h>
 
@@ -247,6 +249,41 @@ TEST(ServingE2E, BurstBeyondTheQueueIsRefusedWithResourceExhaustedAndTheServerRe
   EXPECT_EQ(SeriesValue(metrics, "flashsampler_batch_rows_bucket{le=\"8\"}"),
             SeriesValue(metrics, "flashsampler_batch_rows_count"));
   client.reset();  // an idle connection would hold gRPC's shutdown for seconds
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(60));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
+TEST(ServingE2E, ARequestWhoseDeadlinePassesInTheQueueIsNeverComputed) {
+  // The request (deadline 50 ms) is queued behind >= 256 blocker rows on the
+  // default demo head (65 MFLOP a row), launched 8 at a time on one thread:
+  // far more than 50 ms of compute on any CPU.
+  ServerProcess server({"--backend=cpu", "--threads=1", "--max_request_rows=128", "--max_batch_rows=8",
+                        "--max_queue_delay_us=0", "--metrics_address=127.0.0.1:0"});
+  ASSERT_TRUE(server.Start().ok());
+  auto client = std::make_unique<SamplerClient>(server.address());
+  const v1::SampleRequest blocker = DemoRequest(128, 1024, 5);
+  constexpr int kBlockers = 3;
+  std::vector<absl::StatusOr<v1::SampleResponse>> blocked(kBlockers, absl::UnknownError(""));
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kBlockers; ++i) {
+    callers.emplace_back([&, i] { blocked[i] = client->Sample(blocker, absl::Seconds(120)); });
+  }
+  // Wait until (nearly) all blocker rows are queued: the queue is then long.
+  while (SeriesValue(Scrape(server), "flashsampler_queue_rows") < (kBlockers - 1) * 128) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  absl::StatusOr<v1::SampleResponse> late = client->Sample(DemoRequest(1, 1024, 6), absl::Milliseconds(50));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  for (std::thread& t : callers) t.join();
+  for (const auto& b : blocked) ASSERT_TRUE(b.ok()) << b.status();
+  // Every launched row belongs to a blocker: the expired row was dropped, and
+  // the server answered it DEADLINE_EXCEEDED.
+  const std::string metrics = Scrape(server);
+  EXPECT_EQ(SeriesValue(metrics, "flashsampler_batch_rows_sum"), kBlockers * 128);
+  EXPECT_EQ(SeriesValue(metrics, "flashsampler_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"Sample\"}"), 1);
+  EXPECT_EQ(SeriesValue(metrics, "flashsampler_requests_total{code=\"OK\",method=\"Sample\"}"), kBlockers);
+  client.reset();
   absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(60));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
