@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev
   python3 python3-venv
   libssl-dev openssl
+  prometheus-cpp-dev
 )
 
 missing=()

@@ -125,6 +125,17 @@ class CudaEngine final : public Engine {
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "cuda"; }
   bool healthy() const override { return healthy_; }
+  // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
+  // calling thread's current device, so this is safe next to a running Sample.
+  std::vector<DeviceMemoryInfo> DeviceMemory() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaSetDevice(options_.device) != cudaSuccess ||
+        cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      return {};
+    }
+    return {DeviceMemoryInfo{options_.device, static_cast<int64_t>(total_bytes - free_bytes),
+                             static_cast<int64_t>(total_bytes)}};
+  }
 
  private:
   absl::StatusOr<SampleResult> Run(const SampleBatch& batch) {

@@ -13,9 +13,9 @@
 // backend that accepts them; a backend that cannot serve a control returns
 // Unimplemented naming it.
 //
-// Thread safety: Sample() is NOT reentrant; the SampleExecutor is its only
+// Thread safety: Sample() is NOT reentrant; the DynamicBatcher is its only
 // caller and serialises calls. shape() and backend_name() are immutable;
-// healthy() may be called from any thread at any time.
+// healthy() and DeviceMemory() may be called from any thread at any time.
 // Outcomes: OK with `rows` results; InvalidArgument for a batch that breaks the
 // engine's preconditions (a bug in the caller); FailedPrecondition when a row
 // with controls has no token left with a finite logit; Unimplemented for a
@@ -63,6 +63,13 @@ struct SampleResult {
   std::vector<RowSampleDetail> details;
 };
 
+// Memory of one device the engine uses (for the metrics endpoint).
+struct DeviceMemoryInfo {
+  int device = 0;           // the CUDA ordinal
+  int64_t used_bytes = 0;   // by every process on the device
+  int64_t total_bytes = 0;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -71,6 +78,9 @@ class Engine {
   virtual std::string backend_name() const = 0;
   // False once the backend hit an unrecoverable error (e.g. a device fault).
   virtual bool healthy() const { return true; }
+  // The devices this engine holds W on; empty for the CPU backend, or when
+  // the device cannot be queried.
+  virtual std::vector<DeviceMemoryInfo> DeviceMemory() const { return {}; }
 };
 
 struct CpuEngineOptions {

@@ -4,7 +4,7 @@
 // listen with health NOT_SERVING -> build the engine on a loader thread
 // (widening / uploading weights) -> SERVING. SIGTERM or SIGINT: health goes
 // NOT_SERVING, the server stops accepting, in-flight RPCs get
-// --grace_period_s to finish (then are cancelled), the executor drains, exit 0.
+// --grace_period_s to finish (then are cancelled), the batcher drains, exit 0.
 // SIGINT/SIGTERM are blocked in every thread and taken by sigwait in main, so
 // no handler runs in signal context. With --health_address a second, plaintext
 // server answers health only; both report the same status, and it stops last
@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -25,15 +26,19 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/status/statusor.h"
 #include "server/authenticated_sampler_service.h"
 #include "server/bearer_token_auth.h"
 #include "server/engine.h"
 #include "server/health_only_server.h"
 #include "server/lm_head.h"
-#include "server/sample_executor.h"
+#include "server/dynamic_batcher.h"
+#include "server/metrics.h"
 #include "server/sampler_service.h"
 #include "server/security_config.h"
 #include "server/server_config.h"
@@ -93,14 +98,34 @@ int main(int argc, char** argv) {
                static_cast<long long>(head->vocab_size()), static_cast<long long>(hidden),
                flashsampler::WeightDTypeName(head->dtype()));
 
+  // Metrics: always recorded, served over HTTP only with --metrics_address.
+  // Its line comes before the gRPC "listening on" line (tests read both).
+  flashsampler::ServerMetrics metrics(config->max_batch_rows);
+  if (!config->metrics_address.empty()) {
+    absl::StatusOr<int> metrics_port = metrics.Serve(config->metrics_address);
+    if (!metrics_port.ok()) {
+      std::fprintf(stderr, "flashsampler-server: %s\n", metrics_port.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("flashsampler-server metrics on %s:%d/metrics\n",
+                config->metrics_address.substr(0, config->metrics_address.rfind(':')).c_str(),
+                *metrics_port);
+  }
+
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<flashsampler::HealthOnlyServer> health_server;
-  flashsampler::SampleExecutor executor([&server, &health_server] {
+  flashsampler::BatcherOptions batching{config->max_batch_rows,
+                                        absl::Microseconds(config->max_queue_delay_us),
+                                        config->max_queue_rows};
+  flashsampler::DynamicBatcher batcher(batching, &metrics, [&server, &health_server] {
     std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
     SetHealth(server.get(), health_server.get(), false);
   });
-  flashsampler::RequestLimits limits{config->max_batch_rows};
-  flashsampler::SamplerService service(&executor, limits);
+  metrics.SetDeviceMemorySource([&batcher] { return batcher.DeviceMemory(); });
+  // Scrapes may come until `metrics` goes: unhook the batcher before it is destroyed.
+  absl::Cleanup unhook_batcher = [&metrics] { metrics.SetDeviceMemorySource(nullptr); };
+  flashsampler::RequestLimits limits{config->max_request_rows};  // per request; launches are split
+  flashsampler::SamplerService service(&batcher, limits, &metrics);
   std::unique_ptr<flashsampler::BearerTokenAuth> token_auth;
   std::unique_ptr<flashsampler::AuthenticatedSamplerService> authenticated_service;
   if (security->auth_token.has_value()) {
@@ -125,7 +150,7 @@ int main(int argc, char** argv) {
   // rest of the message.
   const int64_t control_bytes = (head->vocab_size() + 31) / 32 * 4 + (64 << 10);
   const int64_t max_message =
-      config->max_batch_rows * (hidden * 4 + 32 + control_bytes) + (1 << 20);
+      config->max_request_rows * (hidden * 4 + 32 + control_bytes) + (1 << 20);
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT_MAX)));
   server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -159,7 +184,7 @@ int main(int argc, char** argv) {
   std::thread loader([&] {
     flashsampler::EngineOptions options;
     options.valid_vocab = config->valid_vocab;
-    options.max_batch_rows = config->max_batch_rows;
+    options.max_batch_rows = config->max_batch_rows;  // the batcher never launches more
     options.cuda.device = config->cuda_device;
     options.cuda.fused_max_rows = config->cuda_fused_max_rows;
     options.cpu.num_threads = config->threads;
@@ -174,7 +199,8 @@ int main(int argc, char** argv) {
       return;
     }
     const std::string backend = (*engine)->backend_name();
-    executor.SetEngine(*std::move(engine));
+    metrics.SetModelInfo((*engine)->shape(), backend, /*shards=*/1);
+    batcher.SetEngine(*std::move(engine));
     SetHealth(server.get(), health_server.get(), true);
     std::fprintf(stderr, "flashsampler-server: serving on the %s backend\n", backend.c_str());
   });
@@ -193,13 +219,23 @@ int main(int argc, char** argv) {
   }).detach();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config->grace_period_s * 1000));
-  service.BeginDrain();         // idle streams close now, busy ones after their answer
+  // New requests get UNAVAILABLE from here; idle streams close now, busy ones
+  // after their answer.
+  service.BeginDrain();
+  // Accepted requests finish, then a lame-duck pause in which callers still
+  // get a clear UNAVAILABLE, and only then the listener closes: a call that
+  // reaches gRPC in the instant of Shutdown is cancelled by gRPC itself
+  // (CANCELLED, never processed), which the pause makes unlikely for clients
+  // that stop or back off on UNAVAILABLE.
+  const absl::Time drain_deadline = absl::FromChrono(deadline);
+  service.WaitUntilIdle(drain_deadline);
+  absl::SleepFor(std::min(absl::Milliseconds(config->lame_duck_ms), drain_deadline - absl::Now()));
   server->Shutdown(deadline);  // stops accepting; waits for in-flight RPCs
   server->Wait();
   // Only now: a weight upload in progress cannot be interrupted, but it must
   // not delay closing the listener and draining the calls above.
   loader.join();
-  executor.Stop();
+  batcher.Stop();
   if (health_server != nullptr) health_server->Shutdown();
   std::fprintf(stderr, "flashsampler-server: stopped\n");
   return load_failed ? 1 : 0;

@@ -1,10 +1,12 @@
 #include "server/sampler_service.h"
 
+#include <chrono>
 #include <memory>
 #include <vector>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "server/status_mapping.h"
 
 namespace flashsampler {
@@ -25,7 +27,7 @@ v1::DType ToWireDType(WeightDType d) {
 // write, read again. State changes happen under mu_, and exactly one path sets
 // finished_ and calls Finish. OnDone deletes the reactor; gRPC calls it only
 // after Finish and after every started read/write completed, and Finish is
-// never called while a sample is in flight, so the executor callback always
+// never called while a sample is in flight, so the batcher callback always
 // finds the reactor alive.
 //
 // Draining (SIGTERM): an idle stream (a read pending, nothing in flight) is
@@ -60,7 +62,7 @@ class SampleStreamReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    service_->StartSample(context_, request_, &parsed_, &response_, [this](grpc::Status status) {
+    service_->StartSample(RpcMethod::kSampleStream, context_, request_, &parsed_, &response_, [this](grpc::Status status) {
       if (!status.ok()) {
         MarkFinished();
         Finish(status);
@@ -139,6 +141,10 @@ void SamplerService::UnregisterStream(SampleStreamReactor* stream) {
 }
 
 void SamplerService::BeginDrain() {
+  {
+    absl::MutexLock lock(&inflight_mu_);
+    refusing_ = true;
+  }
   std::vector<SampleStreamReactor*> idle;
   {
     absl::MutexLock lock(&streams_mu_);
@@ -151,47 +157,84 @@ void SamplerService::BeginDrain() {
   for (SampleStreamReactor* stream : idle) stream->FinishDrained();
 }
 
-SamplerService::SamplerService(SampleExecutor* executor, RequestLimits limits)
-    : executor_(executor), limits_(limits) {}
+bool SamplerService::WaitUntilIdle(absl::Time deadline) {
+  absl::MutexLock lock(&inflight_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inflight_mu_) { return inflight_ == 0; };
+  return inflight_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+SamplerService::SamplerService(DynamicBatcher* batcher, RequestLimits limits,
+                               ServerMetrics* metrics)
+    : batcher_(batcher), limits_(limits), metrics_(metrics) {}
 
 uint64_t SamplerService::DrawSeed() {
   absl::MutexLock lock(&seed_mu_);
   return absl::Uniform<uint64_t>(seed_gen_);
 }
 
-void SamplerService::StartSample(grpc::CallbackServerContext* context,
+void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* context,
                                  const v1::SampleRequest& request, ParsedSampleRequest* parsed,
                                  v1::SampleResponse* response,
                                  std::function<void(grpc::Status)> done) {
-  if (!executor_->ready()) {
+  if (metrics_ != nullptr) {
+    metrics_->RequestStarted();
+    done = [this, method, parsed, start = absl::Now(), done = std::move(done)](grpc::Status status) {
+      metrics_->RequestFinished(method, status.error_code(), parsed->batch.rows, absl::Now() - start);
+      done(std::move(status));
+    };
+  }
+  bool refused;
+  {
+    absl::MutexLock lock(&inflight_mu_);
+    refused = refusing_;
+    if (!refused) ++inflight_;
+  }
+  if (refused) {
+    done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "server is shutting down; the request was not processed"));
+    return;
+  }
+  // From here the request is accepted: it is answered, and counted out, once.
+  done = [this, done = std::move(done)](grpc::Status status) {
+    done(std::move(status));
+    absl::MutexLock lock(&inflight_mu_);
+    --inflight_;
+  };
+  if (!batcher_->ready()) {
     done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving"));
     return;
   }
   absl::StatusOr<ParsedSampleRequest> p =
-      ParseSampleRequest(request, executor_->shape(), limits_, [this] { return DrawSeed(); });
+      ParseSampleRequest(request, batcher_->shape(), limits_, [this] { return DrawSeed(); });
   if (!p.ok()) {
     done(ToGrpcStatus(p.status()));
     return;
   }
   *parsed = *std::move(p);
-  executor_->Submit(&parsed->batch, [parsed, response, done = std::move(done)](
-                                        absl::StatusOr<SampleResult> result) {
-    if (!result.ok()) {
-      done(ToGrpcStatus(result.status()));
-      return;
-    }
-    FillSampleResponse(*parsed, *result, response);
-    done(grpc::Status::OK);
-  }, [context] { return context->IsCancelled(); });
+  const std::chrono::system_clock::time_point deadline = context->deadline();
+  batcher_->Submit(
+      &parsed->batch,
+      [parsed, response, done = std::move(done)](absl::StatusOr<SampleResult> result) {
+        if (!result.ok()) {
+          done(ToGrpcStatus(result.status()));
+          return;
+        }
+        FillSampleResponse(*parsed, *result, response);
+        done(grpc::Status::OK);
+      },
+      // gRPC reports "no deadline" as the largest time_point.
+      deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
+                                                               : absl::FromChrono(deadline),
+      [context] { return context->IsCancelled(); });
 }
 
 grpc::ServerUnaryReactor* SamplerService::Sample(grpc::CallbackServerContext* context,
                                                  const v1::SampleRequest* request,
                                                  v1::SampleResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // The parsed batch must outlive the executor job; the callback owns it.
+  // The parsed batch must outlive the batcher job; the callback owns it.
   auto parsed = std::make_shared<ParsedSampleRequest>();
-  StartSample(context, *request, parsed.get(), response,
+  StartSample(RpcMethod::kSample, context, *request, parsed.get(), response,
               [reactor, parsed](grpc::Status status) { reactor->Finish(std::move(status)); });
   return reactor;
 }
@@ -205,18 +248,26 @@ grpc::ServerUnaryReactor* SamplerService::GetModelInfo(grpc::CallbackServerConte
                                                        const v1::GetModelInfoRequest* /*request*/,
                                                        v1::ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!executor_->ready()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving"));
+  const absl::Time start = absl::Now();
+  if (metrics_ != nullptr) metrics_->RequestStarted();
+  auto finish = [&](grpc::Status status) {
+    if (metrics_ != nullptr) {
+      metrics_->RequestFinished(RpcMethod::kGetModelInfo, status.error_code(), 0, absl::Now() - start);
+    }
+    reactor->Finish(std::move(status));
+  };
+  if (!batcher_->ready()) {
+    finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving"));
     return reactor;
   }
-  const ModelShape shape = executor_->shape();
+  const ModelShape shape = batcher_->shape();
   response->set_vocab_size(shape.vocab_size);
   response->set_hidden_size(shape.hidden_size);
   response->set_weight_dtype(ToWireDType(shape.weight_dtype));
   response->set_valid_vocab_size(shape.valid_vocab);
-  response->set_backend(executor_->backend_name());
+  response->set_backend(batcher_->backend_name());
   response->set_max_batch_rows(limits_.max_batch_rows);
-  reactor->Finish(grpc::Status::OK);
+  finish(grpc::Status::OK);
   return reactor;
 }
 

@@ -1,15 +1,18 @@
 // SamplerService: the flashsampler.v1.Sampler gRPC service (callback API).
 //
 // Each RPC is validated on the gRPC thread (ParseSampleRequest), handed to the
-// SampleExecutor, and finished from the executor's callback, so no gRPC thread
-// blocks on compute. SampleStream handles one request at a time per stream,
+// DynamicBatcher with the call's deadline and cancellation, and finished from
+// the batcher's callback, so no gRPC thread blocks on compute. SampleStream handles one request at a time per stream,
 // which keeps responses in request order; an invalid request ends the stream
 // with its status. Errors are mapped to gRPC codes once, by ToGrpcStatus.
 // On shutdown, BeginDrain closes open streams (UNAVAILABLE) as soon as they are
 // idle, so the drain waits only for real work.
 //
+// Every finished request (unary call or stream message) is counted in
+// ServerMetrics by method and status code.
+//
 // Thread safety: gRPC calls the methods concurrently; the service holds
-// immutable configuration, the executor, a mutex-guarded seed generator and a
+// immutable configuration, the batcher, the metrics, a mutex-guarded seed generator and a
 // mutex-guarded registry of open streams.
 #pragma once
 
@@ -19,9 +22,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "flashsampler/v1/sampler.grpc.pb.h"
 #include "server/request_parser.h"
-#include "server/sample_executor.h"
+#include "server/dynamic_batcher.h"
+#include "server/metrics.h"
 
 namespace flashsampler {
 
@@ -29,7 +34,8 @@ class SampleStreamReactor;
 
 class SamplerService final : public v1::Sampler::CallbackService {
  public:
-  SamplerService(SampleExecutor* executor, RequestLimits limits);
+  // `metrics` may be null (nothing is recorded).
+  SamplerService(DynamicBatcher* batcher, RequestLimits limits, ServerMetrics* metrics);
 
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
@@ -40,10 +46,15 @@ class SamplerService final : public v1::Sampler::CallbackService {
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
 
-  // Shutdown, first step: idle streams are finished now with UNAVAILABLE, busy
-  // ones right after their current response, and new streams are refused, so
-  // Server::Shutdown only waits for real work. Unary calls are unaffected.
+  // Shutdown, first step: new Sample requests (unary or stream messages) are
+  // refused with UNAVAILABLE, idle streams are finished now with UNAVAILABLE,
+  // busy ones right after their current response, and new streams are
+  // refused, so Server::Shutdown only waits for real work. Requests already
+  // accepted are answered normally.
   void BeginDrain();
+  // Waits until no accepted Sample request is unanswered, or `deadline`;
+  // true when idle.
+  bool WaitUntilIdle(absl::Time deadline);
 
   // The stream reactors' registry (for BeginDrain). RegisterStream returns
   // false once draining has begun.
@@ -51,19 +62,24 @@ class SamplerService final : public v1::Sampler::CallbackService {
   void UnregisterStream(SampleStreamReactor* stream);
 
   // Validates `request` and, when valid and the model is loaded, queues it;
-  // `done` gets the status, and `parsed` is filled for the response.
-  // Exposed for the stream reactor.
-  void StartSample(grpc::CallbackServerContext* context, const v1::SampleRequest& request,
+  // `done` gets the status, and `parsed` is filled for the response. `method`
+  // labels the request in the metrics. Exposed for the stream reactor.
+  void StartSample(RpcMethod method, grpc::CallbackServerContext* context,
+                   const v1::SampleRequest& request,
                    ParsedSampleRequest* parsed, v1::SampleResponse* response,
                    std::function<void(grpc::Status)> done);
 
  private:
   uint64_t DrawSeed();
 
-  SampleExecutor* const executor_;
+  DynamicBatcher* const batcher_;
   const RequestLimits limits_;
+  ServerMetrics* const metrics_;
   absl::Mutex seed_mu_;
   absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
+  absl::Mutex inflight_mu_;
+  int64_t inflight_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // accepted, unanswered requests
+  bool refusing_ ABSL_GUARDED_BY(inflight_mu_) = false;  // BeginDrain was called
   absl::Mutex streams_mu_;
   absl::flat_hash_set<SampleStreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool draining_ ABSL_GUARDED_BY(streams_mu_) = false;

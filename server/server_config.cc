@@ -19,14 +19,29 @@ ABSL_FLAG(int64_t, valid_vocab, 0,
           "Sample only token ids below N; rows >= N are padding (0: the whole vocabulary)");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend worker threads (0: all hardware threads)");
 ABSL_FLAG(int64_t, tile_rows, 1024, "CPU backend vocabulary tile, in tokens");
-ABSL_FLAG(int64_t, max_batch_rows, 1024,
+ABSL_FLAG(int64_t, max_request_rows, 1024,
           "Largest B one request may carry; the gRPC message size limit follows from it");
+// The dynamic batcher.
+ABSL_FLAG(int64_t, max_batch_rows, 256,
+          "Rows per engine launch: concurrent requests are coalesced up to this many rows; "
+          "a larger request is split over several launches");
+ABSL_FLAG(int64_t, max_queue_delay_us, 100,
+          "How long the oldest queued request may wait for others to fill a launch, in "
+          "microseconds (0: launch whatever is queued as soon as the engine is free)");
+ABSL_FLAG(int64_t, max_queue_rows, 4096,
+          "Admission bound: rows that may wait for a launch; a request that does not fit is "
+          "refused with RESOURCE_EXHAUSTED. Must be >= --max_request_rows");
+ABSL_FLAG(std::string, metrics_address, "",
+          "HOST:PORT serving Prometheus metrics at /metrics (port 0: a free port); empty: off");
 ABSL_FLAG(int32_t, cuda_device, 0, "CUDA backend: the device ordinal to use");
 ABSL_FLAG(int64_t, cuda_fused_max_rows, 2,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
           "cuBLAS-materialized path");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
+ABSL_FLAG(int64_t, lame_duck_ms, 250,
+          "On SIGTERM/SIGINT, once in-flight requests are answered: milliseconds during which new "
+          "ones are still refused with UNAVAILABLE before the listener closes (within the grace period)");
 ABSL_FLAG(int64_t, demo_vocab, 32000, "Vocabulary size of the demo LM head (no --weights)");
 ABSL_FLAG(int64_t, demo_hidden, 1024, "Hidden size of the demo LM head (no --weights)");
 ABSL_FLAG(uint64_t, demo_seed, 0, "Seed of the demo LM head (no --weights)");
@@ -42,8 +57,13 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.valid_vocab = absl::GetFlag(FLAGS_valid_vocab);
   c.threads = absl::GetFlag(FLAGS_threads);
   c.tile_rows = absl::GetFlag(FLAGS_tile_rows);
+  c.max_request_rows = absl::GetFlag(FLAGS_max_request_rows);
   c.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
+  c.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  c.max_queue_rows = absl::GetFlag(FLAGS_max_queue_rows);
+  c.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
+  c.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   c.cuda_fused_max_rows = absl::GetFlag(FLAGS_cuda_fused_max_rows);
   c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
@@ -58,13 +78,27 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   if (c.valid_vocab < 0) return absl::InvalidArgumentError("--valid_vocab must be >= 0");
   if (c.threads < 0 || c.threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
   if (c.tile_rows < 1) return absl::InvalidArgumentError("--tile_rows must be >= 1");
+  if (c.max_request_rows < 1 || c.max_request_rows > (1 << 20)) {
+    return absl::InvalidArgumentError("--max_request_rows must be in [1, 1048576]");
+  }
   if (c.max_batch_rows < 1 || c.max_batch_rows > (1 << 20)) {
     return absl::InvalidArgumentError("--max_batch_rows must be in [1, 1048576]");
+  }
+  if (c.max_queue_delay_us < 0 || c.max_queue_delay_us > 1000000) {
+    return absl::InvalidArgumentError("--max_queue_delay_us must be in [0, 1000000]");
+  }
+  if (c.max_queue_rows < c.max_request_rows || c.max_queue_rows > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        "--max_queue_rows must be >= --max_request_rows (else a request could never be "
+        "admitted) and <= 16777216");
   }
   if (c.cuda_device < 0) return absl::InvalidArgumentError("--cuda_device must be >= 0");
   if (c.cuda_fused_max_rows < 0) return absl::InvalidArgumentError("--cuda_fused_max_rows must be >= 0");
   if (!(c.grace_period_s >= 0 && c.grace_period_s <= 3600)) {
     return absl::InvalidArgumentError("--grace_period_s must be in [0, 3600]");
+  }
+  if (c.lame_duck_ms < 0 || c.lame_duck_ms > 600000) {
+    return absl::InvalidArgumentError("--lame_duck_ms must be in [0, 600000]");
   }
   if (c.weights.empty() && (c.demo_vocab < 1 || c.demo_hidden < 1 ||
                             c.demo_vocab > (int64_t{1} << 24) || c.demo_hidden > (1 << 16))) {

@@ -20,10 +20,16 @@ struct ServerConfig {
   int64_t valid_vocab = 0;   // 0 = whole vocabulary
   int threads = 0;           // CPU backend threads; 0 = all
   int64_t tile_rows = 1024;  // CPU backend vocabulary tile
-  int64_t max_batch_rows = 1024;
+  int64_t max_request_rows = 1024;  // largest B one request may carry
+  // Dynamic batcher (server/dynamic_batcher.h).
+  int64_t max_batch_rows = 256;     // rows per engine launch
+  int64_t max_queue_delay_us = 100;
+  int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
+  std::string metrics_address;      // HOST:PORT of /metrics; empty = off
   int cuda_device = 0;             // CUDA backend: device ordinal
   int64_t cuda_fused_max_rows = 2; // CUDA backend: fused kernel up to this batch
   double grace_period_s = 10;
+  int64_t lame_duck_ms = 250;       // SIGTERM: refuse with UNAVAILABLE this long before closing
   int64_t demo_vocab = 32000;
   int64_t demo_hidden = 1024;
   uint64_t demo_seed = 0;

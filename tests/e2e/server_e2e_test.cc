@@ -53,7 +53,7 @@ class ServerE2E : public ::testing::Test {
     // The CPU backend explicitly: this suite tests the service, and on a GPU
     // machine `auto` would pick CUDA (covered by the gpu-labelled tests).
     server_ = new ServerProcess({"--backend=cpu", "--demo_vocab=2000", "--demo_hidden=64", "--valid_vocab=1990",
-                                 "--max_batch_rows=64", "--threads=2", "--tile_rows=256"});
+                                 "--max_request_rows=64", "--threads=2", "--tile_rows=256"});
     const absl::Status started = server_->Start();
     ASSERT_TRUE(started.ok()) << started;
     client_ = new SamplerClient(server_->address());
@@ -421,7 +421,7 @@ TEST(ServerLifecycle, SigtermDrainsInFlightRequestsAndExitsZero) {
   // The CPU backend with two threads keeps each batch busy for a while on any
   // machine (on a GPU the four batches would be done before the signal).
   ServerProcess server({"--backend=cpu", "--demo_vocab=32000", "--demo_hidden=1024",
-                        "--max_batch_rows=1024", "--threads=2", "--grace_period_s=120"});
+                        "--max_request_rows=1024", "--threads=2", "--grace_period_s=120"});
   ASSERT_TRUE(server.Start().ok());
   SamplerClient client(server.address());
   v1::SampleRequest request;

@@ -57,24 +57,28 @@ absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
     _exit(127);
   }
   close(out[1]);
-  // The first stdout line names the port, the second the health-only port
-  // when there is one. fdopen takes ownership of out[0].
+  // stdout: an optional "metrics on HOST:PORT/metrics" line, then "server
+  // listening on HOST:PORT", then "health listening on HOST:PORT" when there is
+  // a health-only port. fdopen takes ownership of out[0].
   const bool health_port = std::any_of(flags_.begin(), flags_.end(), [](const std::string& f) {
     return f.rfind("--health_address=", 0) == 0;
   });
   FILE* stream = fdopen(out[0], "r");
   char line[512] = {0};
-  char health_line[512] = {0};
-  const bool got_line = fgets(line, sizeof line, stream) != nullptr &&
-                        (!health_port || fgets(health_line, sizeof health_line, stream) != nullptr);
-  fclose(stream);
-  address_ = got_line ? AddressAfter(line, "server listening on ") : "";
-  if (address_.empty()) return absl::InternalError(absl::StrCat("server printed no address: ", line));
-  if (health_port) {
-    health_address_ = AddressAfter(health_line, "health listening on ");
-    if (health_address_.empty()) {
-      return absl::InternalError(absl::StrCat("server printed no health address: ", health_line));
+  while ((address_.empty() || (health_port && health_address_.empty())) &&
+         fgets(line, sizeof line, stream) != nullptr) {
+    if (std::string metrics = AddressAfter(line, "metrics on "); !metrics.empty()) {
+      metrics_address_ = metrics.substr(0, metrics.find('/'));
+    } else if (std::string health = AddressAfter(line, "health listening on "); !health.empty()) {
+      health_address_ = health;
+    } else if (std::string main = AddressAfter(line, "server listening on "); !main.empty()) {
+      address_ = main;
     }
+  }
+  fclose(stream);
+  if (address_.empty()) return absl::InternalError(absl::StrCat("server printed no address: ", line));
+  if (health_port && health_address_.empty()) {
+    return absl::InternalError(absl::StrCat("server printed no health address: ", line));
   }
 
   SamplerClient client(health_port ? health_address_ : address_,

@@ -2,11 +2,12 @@
 // port for end-to-end tests, and stops it with a signal.
 //
 // Start() forks and execs the binary with --address=127.0.0.1:0, reads the
-// "listening on HOST:PORT" line from its stdout (and the "health listening on"
-// line when a --health_address flag is given) and waits (bounded) until
-// health answers SERVING: on the plaintext health port when there is one,
-// else on the main port with `security` (TLS, client certificate, token).
-// Not thread-safe; one test thread drives it.
+// "listening on HOST:PORT" line from its stdout (and, before it, the "metrics
+// on HOST:PORT/metrics" line when --metrics_address is given, and the "health
+// listening on" line when a --health_address flag is given) and waits
+// (bounded) until health answers SERVING: on the plaintext health port when
+// there is one, else on the main port with `security` (TLS, client
+// certificate, token). Not thread-safe; one test thread drives it.
 #pragma once
 
 #include <sys/types.h>
@@ -28,6 +29,8 @@ class ServerProcess {
   absl::Status Start(absl::Duration ready_timeout = absl::Seconds(60));
   const std::string& address() const { return address_; }
   const std::string& health_address() const { return health_address_; }  // empty: none
+  // HOST:PORT of /metrics; empty when the server was started without it.
+  const std::string& metrics_address() const { return metrics_address_; }
   bool running();
 
   // Sends `signal_number` and waits up to `timeout` for exit. Returns the exit
@@ -44,6 +47,7 @@ class ServerProcess {
   std::string health_address_;
   pid_t pid_ = -1;
   std::string address_;
+  std::string metrics_address_;
 };
 
 // Path of a binary built next to the tests (set by CMake).

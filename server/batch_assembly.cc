@@ -1,0 +1,57 @@
+#include "server/batch_assembly.h"
+
+#include <algorithm>
+
+namespace flashsampler {
+
+SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size) {
+  SampleBatch launch;
+  bool any_controls = false;
+  for (const RowSlice& s : slices) {
+    launch.rows += s.rows;
+    any_controls = any_controls || !s.batch->controls.empty();
+  }
+  // Rows of a request without controls are plain rows: default RowControls.
+  if (any_controls) launch.controls.reserve(static_cast<size_t>(launch.rows));
+  launch.hidden.reserve(static_cast<size_t>(launch.rows * hidden_size));
+  launch.params.reserve(static_cast<size_t>(launch.rows));
+  for (const RowSlice& s : slices) {
+    const SampleBatch& b = *s.batch;
+    launch.hidden.insert(launch.hidden.end(), b.hidden.begin() + s.first_row * hidden_size,
+                         b.hidden.begin() + (s.first_row + s.rows) * hidden_size);
+    launch.params.insert(launch.params.end(), b.params.begin() + s.first_row,
+                         b.params.begin() + s.first_row + s.rows);
+    if (any_controls && b.controls.empty()) {
+      launch.controls.resize(launch.controls.size() + static_cast<size_t>(s.rows));
+    } else if (any_controls) {
+      launch.controls.insert(launch.controls.end(), b.controls.begin() + s.first_row,
+                             b.controls.begin() + s.first_row + s.rows);
+    }
+    launch.want_logz = launch.want_logz || b.want_logz;
+    launch.want_logprobs = launch.want_logprobs || b.want_logprobs;
+  }
+  return launch;
+}
+
+SampleResult ResultFor(const SampleBatch& request) {
+  SampleResult r;
+  r.token_ids.resize(static_cast<size_t>(request.rows));
+  if (request.want_logz) r.logz.resize(static_cast<size_t>(request.rows));
+  if (request.want_logprobs) r.logprobs.resize(static_cast<size_t>(request.rows));
+  if (!request.controls.empty()) r.details.resize(static_cast<size_t>(request.rows));
+  return r;
+}
+
+void ScatterSlice(const SampleResult& launch, int64_t launch_row, const RowSlice& slice,
+                  SampleResult* out) {
+  const auto copy_rows = [&](const auto& from, auto& to) {
+    std::copy(from.begin() + launch_row, from.begin() + launch_row + slice.rows,
+              to.begin() + slice.first_row);
+  };
+  copy_rows(launch.token_ids, out->token_ids);
+  if (slice.batch->want_logz) copy_rows(launch.logz, out->logz);
+  if (slice.batch->want_logprobs) copy_rows(launch.logprobs, out->logprobs);
+  if (!slice.batch->controls.empty()) copy_rows(launch.details, out->details);
+}
+
+}  // namespace flashsampler

@@ -1,0 +1,246 @@
+#include "server/dynamic_batcher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/metrics.h"
+
+namespace flashsampler {
+
+// One request in the batcher. `next_row` rows have been handed to launches;
+// the request stays in the queue until next_row == rows. Only the worker
+// touches next_row .. result after Submit, so they need no lock of their own.
+struct DynamicBatcher::Job {
+  const SampleBatch* batch = nullptr;
+  Done done;
+  absl::Time deadline;
+  std::function<bool()> cancelled;
+  absl::Time enqueued;
+  int64_t next_row = 0;
+  int64_t rows_done = 0;
+  SampleResult result;
+};
+
+// The rows of one Engine::Sample call: slices[i] comes from jobs[i].
+struct DynamicBatcher::Launch {
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<RowSlice> slices;
+};
+
+DynamicBatcher::DynamicBatcher(BatcherOptions options, ServerMetrics* metrics,
+                               std::function<void()> on_engine_failure)
+    : options_(options),
+      metrics_(metrics),
+      on_engine_failure_(std::move(on_engine_failure)),
+      worker_([this] { WorkerLoop(); }) {}
+
+DynamicBatcher::~DynamicBatcher() { Stop(); }
+
+void DynamicBatcher::SetEngine(std::unique_ptr<Engine> engine) {
+  absl::MutexLock lock(&mu_);
+  engine_ = std::move(engine);
+}
+
+bool DynamicBatcher::ready() const {
+  absl::MutexLock lock(&mu_);
+  return engine_ != nullptr && engine_->healthy();
+}
+
+ModelShape DynamicBatcher::shape() const {
+  absl::MutexLock lock(&mu_);
+  return engine_ ? engine_->shape() : ModelShape{};
+}
+
+std::string DynamicBatcher::backend_name() const {
+  absl::MutexLock lock(&mu_);
+  return engine_ ? engine_->backend_name() : std::string();
+}
+
+std::vector<DeviceMemoryInfo> DynamicBatcher::DeviceMemory() const {
+  Engine* engine;
+  {
+    absl::MutexLock lock(&mu_);
+    engine = engine_.get();
+  }
+  // The engine, once set, lives as long as the batcher; DeviceMemory is
+  // callable from any thread, so the queue lock is not held while it runs.
+  return engine ? engine->DeviceMemory() : std::vector<DeviceMemoryInfo>{};
+}
+
+int64_t DynamicBatcher::queued_rows() const {
+  absl::MutexLock lock(&mu_);
+  return queued_rows_;
+}
+
+void DynamicBatcher::PublishQueueRows() {
+  if (metrics_ != nullptr) metrics_->SetQueueRows(queued_rows_);
+}
+
+void DynamicBatcher::Submit(const SampleBatch* batch, Done done, absl::Time deadline,
+                            std::function<bool()> cancelled) {
+  absl::Status refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      refusal = absl::UnavailableError("server is shutting down");
+    } else if (engine_ == nullptr) {
+      refusal = absl::UnavailableError("model weights are still loading");
+    } else if (!engine_->healthy()) {
+      refusal = absl::UnavailableError("the sampling backend failed and is not serving");
+    } else if (queued_rows_ + batch->rows > options_.max_queue_rows) {
+      refusal = absl::ResourceExhaustedError(absl::StrCat(
+          "server overloaded: ", queued_rows_, " rows queued, this request needs ", batch->rows,
+          " more and the queue holds ", options_.max_queue_rows, "; retry with backoff"));
+    } else {
+      auto job = std::make_shared<Job>();
+      job->batch = batch;
+      job->done = std::move(done);
+      job->deadline = deadline;
+      job->cancelled = std::move(cancelled);
+      job->enqueued = absl::Now();
+      queue_.push_back(std::move(job));
+      queued_rows_ += batch->rows;
+      PublishQueueRows();
+      return;
+    }
+  }
+  done(refusal);
+}
+
+void DynamicBatcher::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+bool DynamicBatcher::NextLaunch(Launch* launch,
+                                std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused) {
+  absl::MutexLock lock(&mu_);
+  auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() || stopping_;
+  };
+  mu_.Await(absl::Condition(&has_work));
+  if (queue_.empty()) return false;  // stopping and drained
+  // Let the batch fill: until it is full, the oldest request has waited
+  // max_queue_delay, or Stop() asks to drain now.
+  auto full_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queued_rows_ >= options_.max_batch_rows || stopping_;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&full_or_stopping),
+                        queue_.front()->enqueued + options_.max_queue_delay);
+
+  // Requests that must not run: answered without compute, rows released. No
+  // job has rows in flight here (one worker, one launch at a time), so even a
+  // partly launched request can be dropped.
+  const absl::Time now = absl::Now();
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    Job& job = **it;
+    absl::Status status;
+    if (job.deadline <= now) {
+      status = absl::DeadlineExceededError("the deadline passed while the request was queued");
+    } else if (job.cancelled && job.cancelled()) {
+      status = absl::CancelledError("the call was cancelled before its batch ran");
+    } else {
+      ++it;
+      continue;
+    }
+    queued_rows_ -= job.batch->rows - job.next_row;
+    refused->emplace_back(std::move(*it), std::move(status));
+    it = queue_.erase(it);
+  }
+
+  // Requests with sampling controls and plain ones never share a launch: a
+  // backend that cannot serve controls (CUDA today: UNIMPLEMENTED), or a
+  // controlled row the engine rejects, must fail only the requests that asked
+  // for controls, and plain rows keep their fast path. Arrival order is kept:
+  // the launch ends at the first request of the other kind.
+  const bool launch_has_controls = !queue_.empty() && !queue_.front()->batch->controls.empty();
+  int64_t capacity = options_.max_batch_rows;
+  while (capacity > 0 && !queue_.empty()) {
+    std::shared_ptr<Job>& job = queue_.front();
+    if (job->batch->controls.empty() == launch_has_controls) break;
+    const int64_t take = std::min(capacity, job->batch->rows - job->next_row);
+    launch->slices.push_back(RowSlice{job->batch, job->next_row, take});
+    launch->jobs.push_back(job);
+    job->next_row += take;
+    queued_rows_ -= take;
+    capacity -= take;
+    if (job->next_row == job->batch->rows) queue_.pop_front();
+  }
+  PublishQueueRows();
+  return true;
+}
+
+void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
+  const absl::Time start = absl::Now();
+  for (size_t i = 0; i < launch.jobs.size(); ++i) {
+    Job& job = *launch.jobs[i];
+    if (launch.slices[i].first_row != 0) continue;  // a later part of a split request
+    job.result = ResultFor(*job.batch);
+    if (metrics_ != nullptr) metrics_->RecordQueueWait(absl::ToDoubleSeconds(start - job.enqueued));
+  }
+  // A launch of one whole request runs on the request's own batch: no copy.
+  const bool whole_request =
+      launch.slices.size() == 1 && launch.slices[0].rows == launch.slices[0].batch->rows;
+  SampleBatch concatenated;
+  if (!whole_request) {
+    concatenated = ConcatenateSlices(launch.slices, engine->shape().hidden_size);
+  }
+  const SampleBatch& batch = whole_request ? *launch.slices[0].batch : concatenated;
+  // The engine is only touched by this thread; the lock is not held while
+  // computing, so Submit never waits for a launch to finish.
+  absl::StatusOr<SampleResult> result = engine->Sample(batch);
+  if (metrics_ != nullptr) {
+    metrics_->RecordLaunch(batch.rows, absl::ToDoubleSeconds(absl::Now() - start));
+  }
+
+  if (!result.ok()) {
+    const bool failed = !engine->healthy();
+    {
+      // A split request whose other rows are still queued is answered now:
+      // drop its remainder (it can only be at the queue's front).
+      absl::MutexLock lock(&mu_);
+      const std::shared_ptr<Job>& last = launch.jobs.back();
+      if (!queue_.empty() && queue_.front() == last) {
+        queued_rows_ -= last->batch->rows - last->next_row;
+        queue_.pop_front();
+        PublishQueueRows();
+      }
+    }
+    for (const std::shared_ptr<Job>& job : launch.jobs) job->done(result.status());
+    if (failed && on_engine_failure_) on_engine_failure_();
+    return;
+  }
+  int64_t launch_row = 0;
+  for (size_t i = 0; i < launch.jobs.size(); ++i) {
+    Job& job = *launch.jobs[i];
+    const RowSlice& slice = launch.slices[i];
+    ScatterSlice(*result, launch_row, slice, &job.result);
+    launch_row += slice.rows;
+    job.rows_done += slice.rows;
+    if (job.rows_done == job.batch->rows) job.done(std::move(job.result));
+  }
+}
+
+void DynamicBatcher::WorkerLoop() {
+  for (;;) {
+    Launch launch;
+    std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> refused;
+    const bool more = NextLaunch(&launch, &refused);
+    for (auto& [job, status] : refused) job->done(std::move(status));
+    if (!more) return;
+    if (launch.jobs.empty()) continue;  // everything queued was refused
+    Engine* engine;
+    {
+      absl::MutexLock lock(&mu_);
+      engine = engine_.get();  // jobs are only queued once an engine is set
+    }
+    RunLaunch(engine, launch);
+  }
+}
+
+}  // namespace flashsampler

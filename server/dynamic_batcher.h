@@ -1,0 +1,113 @@
+// DynamicBatcher: the single owner of the Engine, and the dynamic batcher in
+// front of it. gRPC callback threads must not block on compute, so they hand
+// validated requests to Submit; one worker thread coalesces the rows of all
+// queued requests (unary calls and stream messages alike) into one
+// Engine::Sample launch of at most max_batch_rows rows, runs it, and scatters
+// the rows back to their requests (server/batch_assembly.h).
+//
+// Batch formation: the worker waits until max_batch_rows rows are queued, or
+// the oldest queued request has waited max_queue_delay, or Stop() was called;
+// with max_queue_delay = 0 it launches whatever is queued the moment the
+// engine is free. Requests are served in arrival order; one larger than
+// max_batch_rows is split over consecutive launches and answered once all of
+// its rows are done. Just before a launch is formed, queued requests whose
+// deadline has passed or whose caller has cancelled are answered without
+// compute, which also frees their queue rows.
+//
+// Admission: at most max_queue_rows rows wait in the queue (rows already
+// handed to a launch do not count); a request that does not fit is refused at
+// once with ResourceExhausted.
+//
+// Thread safety: every public method may be called from any thread. `done`
+// runs on the worker thread, or inline in Submit when the request is refused.
+// Outcomes delivered to `done`, exactly once per Submit: the request's result
+// (only the outputs it asked for); Unavailable when no engine is loaded yet,
+// the engine is unhealthy or the batcher is stopping; ResourceExhausted when
+// the queue is full; DeadlineExceeded when the deadline passed before the
+// request ran; Cancelled when the caller went away before it ran; the engine's
+// error (Internal, or InvalidArgument) for every request of a failed launch.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/batch_assembly.h"
+#include "server/engine.h"
+
+namespace flashsampler {
+
+class ServerMetrics;
+
+struct BatcherOptions {
+  int64_t max_batch_rows = 256;   // rows per Engine::Sample launch
+  absl::Duration max_queue_delay = absl::Microseconds(100);
+  int64_t max_queue_rows = 4096;  // admission bound, rows waiting for a launch
+};
+
+class DynamicBatcher {
+ public:
+  using Done = std::function<void(absl::StatusOr<SampleResult>)>;
+
+  // `metrics` (may be null) receives queue, launch and queue-depth figures.
+  // `on_engine_failure` runs on the worker thread after an engine error that
+  // left the engine unhealthy (the server flips health to NOT_SERVING).
+  DynamicBatcher(BatcherOptions options, ServerMetrics* metrics = nullptr,
+                 std::function<void()> on_engine_failure = nullptr);
+  ~DynamicBatcher();  // Stop()s
+
+  DynamicBatcher(const DynamicBatcher&) = delete;
+  DynamicBatcher& operator=(const DynamicBatcher&) = delete;
+
+  // Installs the engine once it is loaded; before that Submit answers Unavailable.
+  void SetEngine(std::unique_ptr<Engine> engine);
+  bool ready() const;
+  // The engine's shape, backend and device memory; empty until an engine is set.
+  ModelShape shape() const;
+  std::string backend_name() const;
+  std::vector<DeviceMemoryInfo> DeviceMemory() const;
+  const BatcherOptions& options() const { return options_; }
+
+  // `batch` (validated, 1 <= rows) must stay alive until `done` has been
+  // called. `deadline`: the caller's deadline; `cancelled`, when set, is polled
+  // before the request is launched (it must be cheap and thread-safe).
+  void Submit(const SampleBatch* batch, Done done, absl::Time deadline = absl::InfiniteFuture(),
+              std::function<bool()> cancelled = nullptr);
+
+  // Rows waiting for a launch right now.
+  int64_t queued_rows() const;
+
+  // Refuses new work, runs what is queued (without waiting for the delay),
+  // joins the worker. Idempotent.
+  void Stop();
+
+ private:
+  struct Job;
+  struct Launch;
+  void WorkerLoop();
+  // Waits for work and forms the next launch; false when stopping and drained.
+  // Requests answered without compute are moved to `refused`.
+  bool NextLaunch(Launch* launch, std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused);
+  void RunLaunch(Engine* engine, Launch& launch);
+  void PublishQueueRows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const BatcherOptions options_;
+  ServerMetrics* const metrics_;
+  const std::function<void()> on_engine_failure_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;
+};
+
+}  // namespace flashsampler

@@ -1,0 +1,133 @@
+// Batch assembly: slices of several requests concatenate in order (hidden
+// rows and params), flags are OR-ed, and scatter hands every request exactly
+// its rows and only the outputs it asked for, also for a request split over
+// two launches.
+#include "server/batch_assembly.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashsampler {
+namespace {
+
+using ::testing::ElementsAre;
+constexpr int64_t kHidden = 2;
+
+// Row r of request `tag` has hidden values {tag*100 + r, -(tag*100 + r)} and seed tag*100 + r.
+SampleBatch Request(int tag, int64_t rows, bool logz, bool logprobs) {
+  SampleBatch b;
+  b.rows = rows;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float v = static_cast<float>(tag * 100 + r);
+    b.hidden.push_back(v);
+    b.hidden.push_back(-v);
+    RowParams p{};
+    p.temperature = 0.5f;
+    p.seed = static_cast<uint64_t>(tag * 100 + r);
+    b.params.push_back(p);
+  }
+  b.want_logz = logz;
+  b.want_logprobs = logprobs;
+  return b;
+}
+
+// The launch result a fake engine would give: token = seed, logz = seed + 0.5,
+// logprob = -seed.
+SampleResult FakeLaunch(const SampleBatch& launch) {
+  SampleResult r;
+  for (const RowParams& p : launch.params) {
+    r.token_ids.push_back(static_cast<int32_t>(p.seed));
+    if (launch.want_logz) r.logz.push_back(static_cast<float>(p.seed) + 0.5f);
+    if (launch.want_logprobs) r.logprobs.push_back(-static_cast<float>(p.seed));
+  }
+  return r;
+}
+
+TEST(BatchAssembly, ConcatenatesSlicesInOrderAndOrsTheFlags) {
+  const SampleBatch a = Request(1, 3, false, false);
+  const SampleBatch b = Request(2, 2, true, false);
+  const SampleBatch launch = ConcatenateSlices({{&a, 1, 2}, {&b, 0, 2}}, kHidden);
+  EXPECT_EQ(launch.rows, 4);
+  EXPECT_THAT(launch.hidden, ElementsAre(101, -101, 102, -102, 200, -200, 201, -201));
+  ASSERT_EQ(launch.params.size(), 4u);
+  EXPECT_EQ(launch.params[0].seed, 101u);
+  EXPECT_EQ(launch.params[3].seed, 201u);
+  EXPECT_TRUE(launch.want_logz);
+  EXPECT_FALSE(launch.want_logprobs);
+}
+
+TEST(BatchAssembly, ScatterGivesEachRequestItsRowsAndOnlyWhatItAskedFor) {
+  const SampleBatch plain = Request(1, 2, false, false);
+  const SampleBatch with_logz = Request(2, 1, true, false);
+  const SampleBatch with_both = Request(3, 2, true, true);
+  const std::vector<RowSlice> slices = {{&plain, 0, 2}, {&with_logz, 0, 1}, {&with_both, 0, 2}};
+  const SampleBatch launch = ConcatenateSlices(slices, kHidden);
+  ASSERT_TRUE(launch.want_logz && launch.want_logprobs);
+  const SampleResult result = FakeLaunch(launch);
+
+  SampleResult r1 = ResultFor(plain), r2 = ResultFor(with_logz), r3 = ResultFor(with_both);
+  ScatterSlice(result, 0, slices[0], &r1);
+  ScatterSlice(result, 2, slices[1], &r2);
+  ScatterSlice(result, 3, slices[2], &r3);
+  EXPECT_THAT(r1.token_ids, ElementsAre(100, 101));
+  EXPECT_TRUE(r1.logz.empty());
+  EXPECT_TRUE(r1.logprobs.empty());
+  EXPECT_THAT(r2.token_ids, ElementsAre(200));
+  EXPECT_THAT(r2.logz, ElementsAre(200.5f));
+  EXPECT_TRUE(r2.logprobs.empty());
+  EXPECT_THAT(r3.token_ids, ElementsAre(300, 301));
+  EXPECT_THAT(r3.logz, ElementsAre(300.5f, 301.5f));
+  EXPECT_THAT(r3.logprobs, ElementsAre(-300.0f, -301.0f));
+}
+
+TEST(BatchAssembly, ARequestSplitOverTwoLaunchesIsReassembled) {
+  const SampleBatch big = Request(4, 5, false, true);
+  const SampleBatch other = Request(5, 1, false, false);
+  SampleResult out = ResultFor(big);
+  // Launch 1: rows 0..2 of `big`. Launch 2: `other`, then rows 3..4 of `big`.
+  const std::vector<RowSlice> first = {{&big, 0, 3}};
+  const std::vector<RowSlice> second = {{&other, 0, 1}, {&big, 3, 2}};
+  ScatterSlice(FakeLaunch(ConcatenateSlices(first, kHidden)), 0, first[0], &out);
+  const SampleBatch launch2 = ConcatenateSlices(second, kHidden);
+  EXPECT_FALSE(launch2.want_logz);
+  EXPECT_TRUE(launch2.want_logprobs);
+  ScatterSlice(FakeLaunch(launch2), 1, second[1], &out);
+  EXPECT_THAT(out.token_ids, ElementsAre(400, 401, 402, 403, 404));
+  EXPECT_THAT(out.logprobs, ElementsAre(-400.0f, -401.0f, -402.0f, -403.0f, -404.0f));
+  EXPECT_TRUE(out.logz.empty());
+}
+
+TEST(BatchAssembly, ControlsArePaddedForPlainRowsAndDetailsGoBackOnlyWhereAsked) {
+  SampleBatch controlled = Request(6, 2, false, false);
+  controlled.controls.resize(2);
+  controlled.controls[0].top_k = 5;
+  controlled.controls[1].top_k = 7;
+  const SampleBatch plain = Request(7, 1, false, false);
+  const std::vector<RowSlice> slices = {{&plain, 0, 1}, {&controlled, 1, 1}};
+  const SampleBatch launch = ConcatenateSlices(slices, kHidden);
+  ASSERT_EQ(launch.controls.size(), 2u);
+  EXPECT_EQ(launch.controls[0].top_k, 0);  // the plain row: default controls
+  EXPECT_EQ(launch.controls[1].top_k, 7);  // row 1 of `controlled`
+
+  SampleResult result = FakeLaunch(launch);
+  result.details.resize(2);
+  result.details[0].token_ids = {700};
+  result.details[1].token_ids = {601, 602};
+  SampleResult r_plain = ResultFor(plain), r_controlled = ResultFor(controlled);
+  EXPECT_TRUE(r_plain.details.empty());
+  ASSERT_EQ(r_controlled.details.size(), 2u);
+  ScatterSlice(result, 0, slices[0], &r_plain);
+  ScatterSlice(result, 1, slices[1], &r_controlled);
+  EXPECT_TRUE(r_plain.details.empty());
+  EXPECT_THAT(r_controlled.token_ids, ElementsAre(0, 601));
+  EXPECT_THAT(r_controlled.details[1].token_ids, ElementsAre(601, 602));
+  EXPECT_TRUE(r_controlled.details[0].token_ids.empty());  // filled by another launch
+
+  // Launches of plain requests only carry no controls at all.
+  EXPECT_TRUE(ConcatenateSlices({{&plain, 0, 1}}, kHidden).controls.empty());
+}
+
+}  // namespace
+}  // namespace flashsampler

@@ -1,0 +1,390 @@
+// DynamicBatcher: coalescing under concurrency, splitting of oversize
+// requests, tokens identical to unbatched runs on the real CPU engine,
+// admission (queue full -> RESOURCE_EXHAUSTED), deadlines and cancellation
+// answered without compute, engine failures, ordered drain on Stop.
+//
+// The fake engine can hold its first launch until the test releases it, so
+// "requests queue up while the engine is busy" is arranged, not hoped for:
+// no test depends on timing.
+#include "server/dynamic_batcher.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/lm_head.h"
+#include "server/safetensors_writer.h"
+#include "tests/common/scoped_temp_dir.h"
+
+namespace flashsampler {
+namespace {
+
+using ::testing::ElementsAre;
+
+// Token of each row = its params' seed (so scatter errors show), logz = seed
+// + 0.5 when asked. Records the rows of every launch; when `hold_first` is
+// set, the first launch waits for Release().
+class FakeEngine final : public Engine {
+ public:
+  explicit FakeEngine(bool hold_first = false, bool fail = false)
+      : hold_first_(hold_first), fail_(fail) {
+    shape_.vocab_size = shape_.valid_vocab = 10;
+    shape_.hidden_size = 2;
+  }
+  absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
+    bool hold;
+    {
+      absl::MutexLock lock(&mu_);
+      launches_.push_back(batch.rows);
+      hold = hold_first_ && launches_.size() == 1;
+    }
+    if (hold) {
+      first_started_.Notify();
+      release_.WaitForNotification();
+    }
+    if (fail_) {
+      healthy_ = false;
+      return absl::InternalError("device lost");
+    }
+    SampleResult r;
+    for (const RowParams& p : batch.params) {
+      r.token_ids.push_back(static_cast<int32_t>(p.seed));
+      if (batch.want_logz) r.logz.push_back(static_cast<float>(p.seed) + 0.5f);
+      if (batch.want_logprobs) r.logprobs.push_back(-1.0f);
+    }
+    // With controls, every row gets a detail (the Engine contract).
+    for (size_t row = 0; row < batch.controls.size(); ++row) {
+      r.details.push_back(RowSampleDetail{{r.token_ids[row]}, {}, {}, {}});
+    }
+    return r;
+  }
+  const ModelShape& shape() const override { return shape_; }
+  std::string backend_name() const override { return "fake"; }
+  bool healthy() const override { return healthy_; }
+
+  void WaitForFirstLaunch() { first_started_.WaitForNotification(); }
+  void Release() { release_.Notify(); }
+  std::vector<int64_t> launches() const {
+    absl::MutexLock lock(&mu_);
+    return launches_;
+  }
+
+ private:
+  const bool hold_first_;
+  const bool fail_;
+  std::atomic<bool> healthy_{true};
+  ModelShape shape_;
+  absl::Notification first_started_, release_;
+  mutable absl::Mutex mu_;
+  std::vector<int64_t> launches_ ABSL_GUARDED_BY(mu_);
+};
+
+// Rows with seeds first_seed, first_seed + 1, ...
+SampleBatch Batch(int64_t rows, uint64_t first_seed = 0, bool want_logz = false) {
+  SampleBatch b;
+  b.rows = rows;
+  b.hidden.assign(rows * 2, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) b.params.push_back(RowParams{1.0f, first_seed + r, 0, 0});
+  b.want_logz = want_logz;
+  return b;
+}
+
+// Collects one Submit's outcome.
+struct Outcome {
+  absl::Notification done;
+  absl::StatusOr<SampleResult> result = absl::UnknownError("not answered");
+  DynamicBatcher::Done Callback() {
+    return [this](absl::StatusOr<SampleResult> r) {
+      result = std::move(r);
+      done.Notify();
+    };
+  }
+  absl::StatusCode code() {
+    done.WaitForNotification();
+    return result.status().code();
+  }
+};
+
+BatcherOptions Options(int64_t max_batch_rows, absl::Duration delay, int64_t max_queue_rows = 1 << 16) {
+  return BatcherOptions{max_batch_rows, delay, max_queue_rows};
+}
+
+// Holds the engine in a first 1-row launch, so that later submissions queue.
+FakeEngine* StartHeld(DynamicBatcher& batcher, Outcome* first, SampleBatch* first_batch) {
+  auto engine = std::make_unique<FakeEngine>(/*hold_first=*/true);
+  FakeEngine* raw = engine.get();
+  batcher.SetEngine(std::move(engine));
+  batcher.Submit(first_batch, first->Callback());
+  raw->WaitForFirstLaunch();
+  return raw;
+}
+
+TEST(DynamicBatcher, UnavailableUntilAnEngineIsSet) {
+  DynamicBatcher batcher(Options(8, absl::ZeroDuration()));
+  EXPECT_FALSE(batcher.ready());
+  SampleBatch b = Batch(1);
+  Outcome o;
+  batcher.Submit(&b, o.Callback());
+  EXPECT_EQ(o.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(DynamicBatcher, CoalescesRequestsFromConcurrentCallersIntoOneLaunch) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  // While the engine is busy, 16 callers on their own threads submit 1..3 rows.
+  constexpr int kCallers = 16;
+  std::vector<SampleBatch> batches;
+  for (int i = 0; i < kCallers; ++i) batches.push_back(Batch(1 + i % 3, 100 * i, i % 2 == 0));
+  std::vector<Outcome> outcomes(kCallers);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] { batcher.Submit(&batches[i], outcomes[i].Callback()); });
+  }
+  for (std::thread& t : callers) t.join();
+  int64_t queued = 0;
+  for (const SampleBatch& b : batches) queued += b.rows;
+  EXPECT_EQ(batcher.queued_rows(), queued);
+  engine->Release();
+  for (int i = 0; i < kCallers; ++i) {
+    ASSERT_EQ(outcomes[i].code(), absl::StatusCode::kOk) << i;
+    const SampleResult& r = *outcomes[i].result;
+    ASSERT_EQ(static_cast<int64_t>(r.token_ids.size()), batches[i].rows);
+    for (int64_t row = 0; row < batches[i].rows; ++row) {
+      EXPECT_EQ(r.token_ids[row], 100 * i + row) << "caller " << i << " got another's row";
+    }
+    // Only the callers that asked for logz get it, although the launch computed it.
+    EXPECT_EQ(r.logz.size(), batches[i].want_logz ? r.token_ids.size() : 0u) << i;
+  }
+  ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(engine->launches(), ElementsAre(1, queued)) << "the queued requests were not coalesced";
+}
+
+TEST(DynamicBatcher, WaitsForAFullBatchWithinTheQueueDelay) {
+  // A delay far longer than the test: the only way to launch is a full batch.
+  DynamicBatcher batcher(Options(4, absl::Hours(1)));
+  auto engine = std::make_unique<FakeEngine>();
+  FakeEngine* raw = engine.get();
+  batcher.SetEngine(std::move(engine));
+  std::vector<SampleBatch> batches = {Batch(1, 0), Batch(2, 10), Batch(1, 20)};
+  std::vector<Outcome> outcomes(3);
+  for (int i = 0; i < 3; ++i) batcher.Submit(&batches[i], outcomes[i].Callback());
+  for (Outcome& o : outcomes) ASSERT_EQ(o.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(raw->launches(), ElementsAre(4));
+  EXPECT_THAT(outcomes[1].result->token_ids, ElementsAre(10, 11));
+}
+
+TEST(DynamicBatcher, SplitsARequestLargerThanTheBatchLimit) {
+  DynamicBatcher batcher(Options(4, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  SampleBatch big = Batch(10, 0, /*want_logz=*/true);
+  SampleBatch small = Batch(1, 50);
+  Outcome big_outcome, small_outcome;
+  batcher.Submit(&big, big_outcome.Callback());
+  batcher.Submit(&small, small_outcome.Callback());
+  engine->Release();
+  ASSERT_EQ(big_outcome.code(), absl::StatusCode::kOk);
+  ASSERT_EQ(small_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(big_outcome.result->token_ids, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+  EXPECT_EQ(big_outcome.result->logz.size(), 10u);
+  EXPECT_FLOAT_EQ(big_outcome.result->logz[9], 9.5f);
+  EXPECT_THAT(small_outcome.result->token_ids, ElementsAre(50));
+  // 10 rows over launches of 4; the small request rides in the last one.
+  EXPECT_THAT(engine->launches(), ElementsAre(1, 4, 4, 3));
+}
+
+TEST(DynamicBatcher, RequestsWithControlsNeverShareALaunchWithPlainOnes) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  SampleBatch plain_a = Batch(1, 0), controlled_a = Batch(2, 10), controlled_b = Batch(1, 20),
+              plain_b = Batch(3, 30);
+  controlled_a.controls.resize(2);
+  controlled_a.controls[0].top_k = 3;
+  controlled_b.controls.resize(1);
+  controlled_b.controls[0].top_k = 4;
+  std::vector<Outcome> outcomes(4);
+  batcher.Submit(&plain_a, outcomes[0].Callback());
+  batcher.Submit(&controlled_a, outcomes[1].Callback());
+  batcher.Submit(&controlled_b, outcomes[2].Callback());
+  batcher.Submit(&plain_b, outcomes[3].Callback());
+  engine->Release();
+  for (Outcome& o : outcomes) ASSERT_EQ(o.code(), absl::StatusCode::kOk);
+  ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
+  // In arrival order: the plain row, both controlled requests together, then plain again.
+  EXPECT_THAT(engine->launches(), ElementsAre(1, 1, 3, 3));
+  EXPECT_THAT(outcomes[1].result->token_ids, ElementsAre(10, 11));
+  ASSERT_EQ(outcomes[2].result->details.size(), 1u);
+  EXPECT_THAT(outcomes[2].result->details[0].token_ids, ElementsAre(20));
+  EXPECT_TRUE(outcomes[3].result->details.empty());
+}
+
+TEST(DynamicBatcher, RefusesAtOnceWhenTheQueueIsFullAndRecovers) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration(), /*max_queue_rows=*/4));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);  // not queued: launched
+  SampleBatch three = Batch(3, 0), one = Batch(1, 10), another = Batch(1, 20);
+  Outcome o3, o1, refused;
+  batcher.Submit(&three, o3.Callback());
+  batcher.Submit(&one, o1.Callback());   // 4 rows queued: full
+  batcher.Submit(&another, refused.Callback());
+  ASSERT_TRUE(refused.done.HasBeenNotified()) << "a full queue must answer at once";
+  EXPECT_EQ(refused.result.status().code(), absl::StatusCode::kResourceExhausted);
+  engine->Release();
+  EXPECT_EQ(o3.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(o1.code(), absl::StatusCode::kOk);
+  // Room again: the same request is now admitted and answered.
+  Outcome retry;
+  batcher.Submit(&another, retry.Callback());
+  ASSERT_EQ(retry.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(retry.result->token_ids, ElementsAre(20));
+}
+
+TEST(DynamicBatcher, ExpiredDeadlineIsAnsweredWithoutCompute) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  SampleBatch expiring = Batch(5, 0), patient = Batch(2, 10);
+  Outcome expired, answered;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(1);
+  batcher.Submit(&expiring, expired.Callback(), deadline);
+  batcher.Submit(&patient, answered.Callback(), absl::Now() + absl::Hours(1));
+  while (absl::Now() <= deadline) absl::SleepFor(absl::Milliseconds(1));
+  engine->Release();
+  EXPECT_EQ(expired.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(answered.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(engine->launches(), ElementsAre(1, 2)) << "the expired rows were computed";
+}
+
+TEST(DynamicBatcher, CancelledRequestsAreDroppedFromTheQueue) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration(), /*max_queue_rows=*/8));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  std::atomic<bool> gone{false};
+  SampleBatch cancelled = Batch(6, 0), kept = Batch(2, 10);
+  Outcome dropped, answered;
+  batcher.Submit(&cancelled, dropped.Callback(), absl::InfiniteFuture(), [&] { return gone.load(); });
+  batcher.Submit(&kept, answered.Callback());
+  gone = true;  // the caller goes away while its request waits
+  engine->Release();
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(answered.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(engine->launches(), ElementsAre(1, 2));
+  EXPECT_EQ(batcher.queued_rows(), 0) << "a dropped request must free its queue rows";
+}
+
+TEST(DynamicBatcher, EngineFailureAnswersTheWholeLaunchAndStopsServing) {
+  absl::Notification failure_seen;
+  DynamicBatcher batcher(Options(3, absl::ZeroDuration()), nullptr, [&] { failure_seen.Notify(); });
+  batcher.SetEngine(std::make_unique<FakeEngine>(false, /*fail=*/true));
+  SampleBatch b = Batch(7);  // split over three launches; the first one fails
+  Outcome o;
+  batcher.Submit(&b, o.Callback());
+  EXPECT_EQ(o.code(), absl::StatusCode::kInternal);
+  failure_seen.WaitForNotification();
+  EXPECT_FALSE(batcher.ready());
+  EXPECT_EQ(batcher.queued_rows(), 0) << "the failed request's other rows must leave the queue";
+  Outcome later;
+  batcher.Submit(&b, later.Callback());
+  EXPECT_EQ(later.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(DynamicBatcher, StopRunsEverythingQueuedInOrderThenRefuses) {
+  DynamicBatcher batcher(Options(2, absl::Hours(1)));  // Stop must not wait for the delay
+  auto engine = std::make_unique<FakeEngine>();
+  batcher.SetEngine(std::move(engine));
+  constexpr int kJobs = 25;
+  std::vector<SampleBatch> batches;
+  for (int i = 0; i < kJobs; ++i) batches.push_back(Batch(1 + i % 3, 100 * i));
+  std::vector<Outcome> outcomes(kJobs);
+  for (int i = 0; i < kJobs; ++i) batcher.Submit(&batches[i], outcomes[i].Callback());
+  batcher.Stop();
+  for (int i = 0; i < kJobs; ++i) {
+    ASSERT_TRUE(outcomes[i].done.HasBeenNotified()) << i;
+    ASSERT_EQ(outcomes[i].code(), absl::StatusCode::kOk) << i;
+    EXPECT_EQ(outcomes[i].result->token_ids[0], 100 * i);
+  }
+  Outcome late;
+  batcher.Submit(&batches[0], late.Callback());
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable);
+}
+
+// The real CPU engine: every request of a coalesced (and split) run gets the
+// tokens, logz and logprobs it gets when run alone. The LM head and hidden
+// states hold small integers, so every logit is exact in fp32 whatever the
+// BLAS blocking for the batch size (see README-dev "Batch invariance"); what
+// is tested is that coalescing, splitting and scattering never mix rows or
+// params up.
+TEST(DynamicBatcher, TokensEqualUnbatchedRunsOnTheCpuEngine) {
+  constexpr int64_t kVocab = 3000, kHidden = 16;
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<float> w(kVocab * kHidden);
+  for (float& x : w) x = static_cast<float>(small(gen));
+  testing::ScopedTempDir dir("batcher");
+  const std::string path = dir.Path("head.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"lm_head.weight", "F32", {kVocab, kHidden}, w.data(),
+                                       w.size() * sizeof(float)}})
+                  .ok());
+  auto make_engine = [&] {
+    absl::StatusOr<LmHead> head = LmHead::Load(path, "");
+    EXPECT_TRUE(head.ok()) << head.status();
+    absl::StatusOr<std::unique_ptr<Engine>> e = MakeCpuEngine(*std::move(head), 2990, {2, 256});
+    EXPECT_TRUE(e.ok()) << e.status();
+    return *std::move(e);
+  };
+  constexpr int kRequests = 24;
+  std::vector<SampleBatch> requests(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    SampleBatch& b = requests[i];
+    b.rows = 1 + (i * 7) % 11;
+    for (int64_t k = 0; k < b.rows * kHidden; ++k) b.hidden.push_back(static_cast<float>(small(gen)));
+    for (int64_t r = 0; r < b.rows; ++r) {
+      b.params.push_back(RowParams{i % 5 == 0 ? 0.0f : 0.7f, 1000u + i, static_cast<uint64_t>(i % 3),
+                                   static_cast<uint32_t>(r)});
+    }
+    b.want_logz = i % 2 == 0;
+    b.want_logprobs = i % 3 == 0;
+  }
+  std::unique_ptr<Engine> alone = make_engine();
+  std::vector<SampleResult> expected;
+  for (const SampleBatch& b : requests) {
+    absl::StatusOr<SampleResult> r = alone->Sample(b);
+    ASSERT_TRUE(r.ok()) << r.status();
+    expected.push_back(*r);
+  }
+  // Launches of exactly 16 rows (the delay never runs out; Stop() launches
+  // the remainder), so requests are coalesced and those crossing a multiple
+  // of 16 rows are split.
+  DynamicBatcher batcher(Options(16, absl::Hours(1)));
+  batcher.SetEngine(make_engine());
+  std::vector<Outcome> outcomes(kRequests);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kRequests; ++i) {
+    callers.emplace_back([&, i] { batcher.Submit(&requests[i], outcomes[i].Callback()); });
+  }
+  for (std::thread& t : callers) t.join();
+  batcher.Stop();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_EQ(outcomes[i].code(), absl::StatusCode::kOk) << i;
+    const SampleResult& got = *outcomes[i].result;
+    EXPECT_EQ(got.token_ids, expected[i].token_ids) << "request " << i;
+    EXPECT_EQ(got.logz, expected[i].logz) << "request " << i;
+    EXPECT_EQ(got.logprobs, expected[i].logprobs) << "request " << i;
+  }
+}
+
+}  // namespace
+}  // namespace flashsampler
