@@ -77,6 +77,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flashsampler-server: %s\n", config.status().ToString().c_str());
     return 2;
   }
+  // Metrics: always recorded, served over HTTP only with --metrics_address.
+  // Its line comes before the gRPC "listening on" line (tests read both).
+  flashsampler::ServerMetrics metrics(config->max_batch_rows);
+  if (!config->metrics_address.empty()) {
+    absl::StatusOr<int> metrics_port = metrics.Serve(config->metrics_address);
+    if (!metrics_port.ok()) {
+      std::fprintf(stderr, "flashsampler-server: %s\n", metrics_port.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("flashsampler-server metrics on %s:%d/metrics\n",
+                config->metrics_address.substr(0, config->metrics_address.rfind(':')).c_str(),
+                *metrics_port);
+  }
+
   absl::StatusOr<flashsampler::SecurityConfig> security =
       flashsampler::LoadSecurityConfig(flashsampler::SecurityOptionsFromFlags());
   if (!security.ok()) {
@@ -97,20 +111,6 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "flashsampler-server: LM head %s [%lld, %lld] %s\n", head->source().c_str(),
                static_cast<long long>(head->vocab_size()), static_cast<long long>(hidden),
                flashsampler::WeightDTypeName(head->dtype()));
-
-  // Metrics: always recorded, served over HTTP only with --metrics_address.
-  // Its line comes before the gRPC "listening on" line (tests read both).
-  flashsampler::ServerMetrics metrics(config->max_batch_rows);
-  if (!config->metrics_address.empty()) {
-    absl::StatusOr<int> metrics_port = metrics.Serve(config->metrics_address);
-    if (!metrics_port.ok()) {
-      std::fprintf(stderr, "flashsampler-server: %s\n", metrics_port.status().ToString().c_str());
-      return 1;
-    }
-    std::printf("flashsampler-server metrics on %s:%d/metrics\n",
-                config->metrics_address.substr(0, config->metrics_address.rfind(':')).c_str(),
-                *metrics_port);
-  }
 
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<flashsampler::HealthOnlyServer> health_server;

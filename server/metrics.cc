@@ -2,7 +2,6 @@
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -17,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/metrics_http_server.h"
 
 namespace flashsampler {
 namespace {
@@ -143,7 +143,7 @@ struct ServerMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& model_info;
   std::array<prometheus::Counter*, kMethodNames.size()> rows_by_method{};
   std::array<prometheus::Histogram*, kMethodNames.size()> duration_by_method{};
-  std::unique_ptr<prometheus::Exposer> exposer;  // last: stops serving before the rest goes
+  std::unique_ptr<MetricsHttpServer> http;  // last: stops serving before the rest goes
 };
 
 ServerMetrics::ServerMetrics(int64_t max_batch_rows)
@@ -187,17 +187,11 @@ void ServerMetrics::SetDeviceMemorySource(std::function<std::vector<DeviceMemory
 }
 
 absl::StatusOr<int> ServerMetrics::Serve(const std::string& address) {
-  if (impl_->exposer != nullptr) return absl::FailedPreconditionError("metrics already served");
-  try {
-    impl_->exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
-  }
-  impl_->exposer->RegisterCollectable(impl_->registry);
-  impl_->exposer->RegisterCollectable(impl_->device_memory);
-  const std::vector<int> ports = impl_->exposer->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError(absl::StrCat("metrics endpoint on ", address, " has no port"));
-  return ports.front();
+  if (impl_->http != nullptr) return absl::FailedPreconditionError("metrics already served");
+  auto http = std::make_unique<MetricsHttpServer>([this] { return Scrape(); });
+  absl::StatusOr<int> port = http->Start(address);
+  if (port.ok()) impl_->http = std::move(http);
+  return port;
 }
 
 std::string ServerMetrics::Scrape() const {

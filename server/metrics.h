@@ -1,5 +1,6 @@
 // ServerMetrics: what the server tells operators, as Prometheus metrics
-// (prometheus-cpp), served on a separate HTTP address at /metrics.
+// (prometheus-cpp's metric types and text format), served on a separate HTTP
+// address at /metrics by MetricsHttpServer.
 //
 // Families (prefix flashsampler_, base units, bounded label values only):
 //   requests_total{method,code}          counter, one per finished RPC / stream message
