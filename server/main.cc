@@ -47,8 +47,11 @@ namespace {
 
 constexpr char kServiceName[] = "flashsampler.v1.Sampler";
 
-// The main server's health and, when there is one, the health-only port's.
-void SetHealth(grpc::Server* server, flashsampler::HealthOnlyServer* health_port, bool serving) {
+// The main server's health, the health-only port's when there is one, and
+// the flashsampler_serving gauge.
+void SetHealth(grpc::Server* server, flashsampler::HealthOnlyServer* health_port,
+               flashsampler::ServerMetrics* metrics, bool serving) {
+  metrics->SetServing(serving);
   if (health_port != nullptr) health_port->SetServing(serving);
   grpc::HealthCheckServiceInterface* health = server ? server->GetHealthCheckService() : nullptr;
   if (health == nullptr) return;
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
   // Metrics: always recorded, served over HTTP only with --metrics_address.
   // Its line comes before the gRPC "listening on" line (tests read both).
   flashsampler::ServerMetrics metrics(config->max_batch_rows);
+  metrics.SetQueueCapacityRows(config->max_queue_rows);
   if (!config->metrics_address.empty()) {
     absl::StatusOr<int> metrics_port = metrics.Serve(config->metrics_address);
     if (!metrics_port.ok()) {
@@ -117,9 +121,9 @@ int main(int argc, char** argv) {
   flashsampler::BatcherOptions batching{config->max_batch_rows,
                                         absl::Microseconds(config->max_queue_delay_us),
                                         config->max_queue_rows};
-  flashsampler::DynamicBatcher batcher(batching, &metrics, [&server, &health_server] {
+  flashsampler::DynamicBatcher batcher(batching, &metrics, [&server, &health_server, &metrics] {
     std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
-    SetHealth(server.get(), health_server.get(), false);
+    SetHealth(server.get(), health_server.get(), &metrics, false);
   });
   metrics.SetDeviceMemorySource([&batcher] { return batcher.DeviceMemory(); });
   // Scrapes may come until `metrics` goes: unhook the batcher before it is destroyed.
@@ -168,7 +172,7 @@ int main(int argc, char** argv) {
     health_server = *std::move(started);
     health_port = health_server->port();
   }
-  SetHealth(server.get(), health_server.get(), false);
+  SetHealth(server.get(), health_server.get(), &metrics, false);
   std::fprintf(stderr, "flashsampler-server: security: %s\n", security->Describe().c_str());
   const std::string host = config->address.substr(0, config->address.rfind(':'));
   // Both lines in one write: tests read them from a pipe.
@@ -201,7 +205,7 @@ int main(int argc, char** argv) {
     const std::string backend = (*engine)->backend_name();
     metrics.SetModelInfo((*engine)->shape(), backend, /*shards=*/1);
     batcher.SetEngine(*std::move(engine));
-    SetHealth(server.get(), health_server.get(), true);
+    SetHealth(server.get(), health_server.get(), &metrics, true);
     std::fprintf(stderr, "flashsampler-server: serving on the %s backend\n", backend.c_str());
   });
 
@@ -209,7 +213,7 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "flashsampler-server: %s, draining (grace %.1f s)\n",
                signal_number == SIGINT ? "SIGINT" : "SIGTERM", config->grace_period_s);
-  SetHealth(server.get(), health_server.get(), false);
+  SetHealth(server.get(), health_server.get(), &metrics, false);
   // A second SIGINT/SIGTERM during the drain ends the process at once.
   std::thread([&stop_signals] {
     int again = 0;

@@ -114,6 +114,16 @@ struct ServerMetrics::Impl {
                        .Help("Rows waiting in the batcher queue for a launch.")
                        .Register(*registry)
                        .Add({})),
+        queue_capacity_rows(prometheus::BuildGauge()
+                                .Name("flashsampler_queue_capacity_rows")
+                                .Help("Rows the batcher queue admits (--max_queue_rows); beyond it requests get RESOURCE_EXHAUSTED.")
+                                .Register(*registry)
+                                .Add({})),
+        serving(prometheus::BuildGauge()
+                    .Name("flashsampler_serving")
+                    .Help("1 while health reports SERVING (engine loaded and healthy, not draining), else 0.")
+                    .Register(*registry)
+                    .Add({})),
         inflight(prometheus::BuildGauge()
                      .Name("flashsampler_inflight_requests")
                      .Help("Requests received and not yet answered.")
@@ -139,6 +149,8 @@ struct ServerMetrics::Impl {
   prometheus::Histogram& compute_duration;
   prometheus::Histogram& batch_rows;
   prometheus::Gauge& queue_rows;
+  prometheus::Gauge& queue_capacity_rows;
+  prometheus::Gauge& serving;
   prometheus::Gauge& inflight;
   prometheus::Family<prometheus::Gauge>& model_info;
   std::array<prometheus::Counter*, kMethodNames.size()> rows_by_method{};
@@ -170,6 +182,12 @@ void ServerMetrics::RecordLaunch(int64_t rows, double compute_seconds) {
 }
 
 void ServerMetrics::SetQueueRows(int64_t rows) { impl_->queue_rows.Set(static_cast<double>(rows)); }
+
+void ServerMetrics::SetQueueCapacityRows(int64_t rows) {
+  impl_->queue_capacity_rows.Set(static_cast<double>(rows));
+}
+
+void ServerMetrics::SetServing(bool serving) { impl_->serving.Set(serving ? 1.0 : 0.0); }
 
 void ServerMetrics::SetModelInfo(const ModelShape& shape, const std::string& backend, int shards) {
   impl_->model_info

@@ -10,6 +10,8 @@
 //   compute_duration_seconds             histogram, one Engine::Sample launch
 //   batch_rows                           histogram, rows per launch (coalescing)
 //   queue_rows                           gauge, rows waiting for a launch
+//   queue_capacity_rows                  gauge, rows the queue admits (--max_queue_rows)
+//   serving                              gauge, 1 while health reports SERVING
 //   inflight_requests                    gauge, requests received and not yet answered
 //   device_memory_used_bytes{device}     gauge, read from the engine at scrape time
 //   device_memory_total_bytes{device}    gauge (CUDA engine; the CPU engine reports none)
@@ -56,6 +58,10 @@ class ServerMetrics {
   void RecordQueueWait(double seconds);
   void RecordLaunch(int64_t rows, double compute_seconds);
   void SetQueueRows(int64_t rows);
+  void SetQueueCapacityRows(int64_t rows);
+
+  // Mirrors the health status (main: loaded, device failure, drain).
+  void SetServing(bool serving);
 
   // The model, once the engine is loaded (`shards`: devices holding W).
   void SetModelInfo(const ModelShape& shape, const std::string& backend, int shards);

@@ -172,6 +172,7 @@ TEST(ServingE2E, ConcurrentClientsGetTheUnbatchedTokensAndLaunchesAreCoalesced) 
                 SeriesValue(after, "flashsampler_rows_total{method=\"SampleStream\"}"),
             2 * total_rows);
   EXPECT_EQ(SeriesValue(after, "flashsampler_queue_rows"), 0);
+  EXPECT_EQ(SeriesValue(after, "flashsampler_serving"), 1);
   EXPECT_EQ(SeriesValue(after, "flashsampler_inflight_requests"), 0);
   EXPECT_EQ(SeriesValue(after, "flashsampler_request_duration_seconds_count{method=\"Sample\"}"),
             kRequests + kRequests / 2);

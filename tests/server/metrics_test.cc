@@ -35,7 +35,11 @@ TEST(ServerMetrics, RecordsRequestsLaunchesAndModelInfo) {
   shape.weight_dtype = WeightDType::kBFloat16;
   metrics.SetModelInfo(shape, "cpu", 1);
 
+  metrics.SetQueueCapacityRows(4096);
+  metrics.SetServing(true);
   const std::string text = metrics.Scrape();
+  EXPECT_THAT(text, HasSubstr("flashsampler_queue_capacity_rows 4096"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_serving 1"));
   EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"OK\",method=\"Sample\"} 1"));
   EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"RESOURCE_EXHAUSTED\",method=\"Sample\"} 1"));
   EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"OK\",method=\"SampleStream\"} 1"));
