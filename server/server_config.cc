@@ -22,9 +22,10 @@ ABSL_FLAG(int64_t, tile_rows, 1024, "CPU backend vocabulary tile, in tokens");
 ABSL_FLAG(int64_t, max_batch_rows, 1024,
           "Largest B one request may carry; the gRPC message size limit follows from it");
 ABSL_FLAG(int32_t, cuda_device, 0, "CUDA backend: the device ordinal to use");
-ABSL_FLAG(int64_t, cuda_fused_max_rows, 2,
+ABSL_FLAG(int64_t, cuda_fused_max_rows, 128,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
-          "cuBLAS-materialized path");
+          "cuBLAS-materialized path (the default is the measured crossover on an H100, "
+          "BENCHMARKS.md)");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
 ABSL_FLAG(int64_t, demo_vocab, 32000, "Vocabulary size of the demo LM head (no --weights)");

@@ -22,7 +22,7 @@ struct ServerConfig {
   int64_t tile_rows = 1024;  // CPU backend vocabulary tile
   int64_t max_batch_rows = 1024;
   int cuda_device = 0;             // CUDA backend: device ordinal
-  int64_t cuda_fused_max_rows = 2; // CUDA backend: fused kernel up to this batch
+  int64_t cuda_fused_max_rows = 128; // CUDA backend: fused kernel up to this batch
   double grace_period_s = 10;
   int64_t demo_vocab = 32000;
   int64_t demo_hidden = 1024;
