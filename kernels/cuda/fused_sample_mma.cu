@@ -38,6 +38,9 @@
 //        ldmatrix.x4 (W: A operand, row-major; H: B operand, "col" = rows of H);
 //      - grid: one block per (tile, row chunk), chunks fastest, so the chunks
 //        of a tile (batches over 128 rows) run together and re-read its W from L2;
+//      - launched as a programmatic dependent of kernel 1: the first W steps
+//        are requested before griddepcontrol.wait, H after it; stage 2 is in
+//        turn launched as a dependent of this kernel;
 //      - epilogue: the dot tile goes to shared memory (reusing the ring), then
 //        one warp per row, 4 consecutive tokens per lane (one Philox block
 //        gives their 4 noise words), RowSampler::AddFour, a butterfly merge.
@@ -136,6 +139,17 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// Programmatic dependent launch (sm_90): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start while the
+// previous kernel in the stream runs; GridDependencyWait blocks until that
+// kernel has completed and its writes are visible (a no-op when the launch
+// had no such attribute). AllowDependentLaunch lets the next such kernel start.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -182,6 +196,7 @@ template <class T>
 __global__ void __launch_bounds__(256)
     ConvertHiddenKernel(const float* __restrict__ hidden, int64_t count,
                         unsigned short* __restrict__ hidden_rounded) {
+  AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (i >= count) return;
   const float4 a = __ldg(reinterpret_cast<const float4*>(hidden + i));
@@ -239,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   for (int q = 0; q < kHCopies; ++q) {
     if (copy_row + q * kRowStep < kRows && row0 + copy_row + q * kRowStep < batch) h_live |= 1u << q;
   }
-  auto issue_step = [&](int64_t step) {
+  auto issue_w = [&](int64_t step) {
     if (step < num_steps) {
       const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
       const int64_t k0 = step * Cfg::kKStep;
@@ -250,6 +265,13 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
         const unsigned short* src = live ? weight + (w_first + q * row_step_elems + k0) : weight;
         CpAsync16(stage + copy_dst + q * kRowStep * Cfg::kRowBytes, src, live);
       }
+    }
+  };
+  auto issue_h = [&](int64_t step) {
+    if (step < num_steps) {
+      const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
+      const int64_t k0 = step * Cfg::kKStep;
+      const bool k_live = k0 + copy_col * 8 < hidden_dim;
 #pragma unroll
       for (int q = 0; q < kHCopies; ++q) {
         if (kRows % kRowStep == 0 || copy_row + q * kRowStep < kRows) {
@@ -260,7 +282,6 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
         }
       }
     }
-    CpAsyncCommit();  // possibly empty: one group per step keeps the wait count right
   };
 
   float acc[kMi][kNi][4];
@@ -282,11 +303,23 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   const int b_chunk = (lane >> 3) & 1;
 
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue_step(s);
+  // Prologue: W of the first kStages - 1 steps needs nothing from the H
+  // conversion kernel, so it is requested before waiting for that kernel.
+  // Group 0 then holds W of all those steps and H of step 0, group s only H
+  // of step s: waiting for group s still covers everything step s reads.
+  for (int s = 0; s < kStages - 1; ++s) issue_w(s);
+  GridDependencyWait();  // Hr is written
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue_h(s);
+    CpAsyncCommit();
+  }
   for (int64_t step = 0; step < num_steps; ++step) {
     CpAsyncWait<kStages - 2>();  // this thread's copies of `step` have landed
     __syncthreads();             // everyone's have; everyone is done with step - 1
-    issue_step(step + kStages - 1);  // into the slot step - 1 used
+    issue_w(step + kStages - 1);  // into the slot step - 1 used
+    issue_h(step + kStages - 1);
+    CpAsyncCommit();  // possibly empty: one group per step keeps the wait count right
     const uint32_t w_tile = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
     const uint32_t h_tile = w_tile + Cfg::kWBytes;
 #pragma unroll
@@ -317,6 +350,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       }
     }
   }
+  AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
   CpAsyncWait<0>();  // only empty groups remain; the ring is reused below
   __syncthreads();
 
@@ -373,10 +407,21 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
-      static_cast<const unsigned short*>(a.weight), hidden_rounded, a.params, a.batch,
-      a.valid_vocab, a.hidden_dim, num_chunks, num_tiles, want_lse, tile_summaries);
-  return cudaGetLastError();
+  // Programmatic dependent launch: blocks may start while the H conversion
+  // still runs (they wait for it before reading Hr).
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<const unsigned short*>(a.weight),
+                            hidden_rounded, a.params, a.batch, a.valid_vocab, a.hidden_dim,
+                            num_chunks, num_tiles, want_lse, tile_summaries);
 }
 
 template <class T>

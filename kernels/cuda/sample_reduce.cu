@@ -23,6 +23,9 @@ __global__ void __launch_bounds__(kMergeThreads)
                              int32_t* __restrict__ token_ids, float* __restrict__ logz,
                              float* __restrict__ logprobs) {
   __shared__ SampleSummary warp_results[kMergeWarps];
+  // Launched as a programmatic dependent of stage 1: wait until its tile
+  // summaries are written (a no-op for an ordinary launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int64_t row = blockIdx.x;
@@ -56,9 +59,19 @@ cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_
                                      float* logprobs, cudaStream_t stream) {
   // One block per row. The callers bound batch by INT32_MAX, so the block
   // count fits a 1-D grid.
-  MergeTileSummariesKernel<<<static_cast<unsigned>(batch), kMergeThreads, 0, stream>>>(
-      tile_summaries, num_tiles, token_ids, logz, logprobs);
-  return cudaGetLastError();
+  // Programmatic dependent launch: the blocks are scheduled while stage 1's
+  // last blocks finish and wait in the kernel for its writes.
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(batch));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, num_tiles,
+                            token_ids, logz, logprobs);
 }
 
 KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment) {
