@@ -139,17 +139,6 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// Programmatic dependent launch (sm_90): a kernel launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization may start while the
-// previous kernel in the stream runs; GridDependencyWait blocks until that
-// kernel has completed and its writes are visible (a no-op when the launch
-// had no such attribute). AllowDependentLaunch lets the next such kernel start.
-__device__ __forceinline__ void GridDependencyWait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void AllowDependentLaunch() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -409,16 +398,9 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: blocks may start while the H conversion
   // still runs (they wait for it before reading Hr).
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = DependentLaunch(
+      dim3(static_cast<unsigned>(blocks)), dim3(kThreads), Cfg::kSmemBytes, stream, &attribute);
   return cudaLaunchKernelEx(&config, kernel, static_cast<const unsigned short*>(a.weight),
                             hidden_rounded, a.params, a.batch, a.valid_vocab, a.hidden_dim,
                             num_chunks, num_tiles, want_lse, tile_summaries);

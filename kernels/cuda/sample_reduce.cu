@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   __shared__ SampleSummary warp_results[kMergeWarps];
   // Launched as a programmatic dependent of stage 1: wait until its tile
   // summaries are written (a no-op for an ordinary launch).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  GridDependencyWait();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int64_t row = blockIdx.x;
@@ -61,15 +61,9 @@ cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_
   // count fits a 1-D grid.
   // Programmatic dependent launch: the blocks are scheduled while stage 1's
   // last blocks finish and wait in the kernel for its writes.
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(batch));
-  config.blockDim = dim3(kMergeThreads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      DependentLaunch(dim3(static_cast<unsigned>(batch)), dim3(kMergeThreads), 0, stream, &attribute);
   return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, num_tiles,
                             token_ids, logz, logprobs);
 }

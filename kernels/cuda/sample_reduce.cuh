@@ -148,6 +148,35 @@ struct RowSampler {
   }
 };
 
+// Programmatic dependent launch (sm_90). A kernel launched with
+// DependentLaunch's attribute may start while the previous kernel in the
+// stream still runs; GridDependencyWait blocks until that kernel has completed
+// and its writes are visible (a no-op after an ordinary launch), and
+// AllowDependentLaunch lets the next such kernel be scheduled early.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// A launch configuration with programmatic stream serialization allowed;
+// `attribute` must outlive the cudaLaunchKernelEx call.
+inline cudaLaunchConfig_t DependentLaunch(dim3 grid, dim3 block, size_t smem_bytes,
+                                          cudaStream_t stream, cudaLaunchAttribute* attribute) {
+  *attribute = cudaLaunchAttribute{};
+  attribute->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute->val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 // KernelStatus of a CUDA runtime result.
 inline KernelStatus StatusFromCuda(cudaError_t err) {
   return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
