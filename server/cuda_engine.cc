@@ -2,8 +2,8 @@
 //
 // Per batch: the fp32 hidden states and RowParams are copied into pinned
 // buffers, uploaded asynchronously, one sampler launch runs (the fused kernel up
-// to --cuda_fused_max_rows rows, the cuBLAS-materialized path above, until the
-// fused kernel has tensor cores), the results come back through pinned memory
+// to --cuda_fused_max_rows rows, the cuBLAS-materialized path above: whichever
+// measured faster for that batch size, BENCHMARKS.md), the results come back through pinned memory
 // and the stream is synchronised. Every CUDA call is checked: a failure marks
 // the engine unhealthy (health flips to NOT_SERVING) and the batch fails with
 // Internal; a sticky device error is not retried.
@@ -94,7 +94,7 @@ class CudaEngine final : public Engine {
     // Workspace for the largest batch either path may get.
     const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
     workspace_bytes_ = std::max(
-        kernels::FusedSampleWorkspaceBytes(fused_rows, shape_.valid_vocab),
+        kernels::FusedSampleWorkspaceBytes(fused_rows, shape_.valid_vocab, shape_.hidden_size),
         kernels::MaterializedSampleWorkspaceBytes(max_rows_, shape_.valid_vocab,
                                                   shape_.hidden_size, dtype));
     if (workspace_bytes_ == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");

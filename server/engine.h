@@ -91,8 +91,10 @@ struct CpuEngineOptions {
 struct CudaEngineOptions {
   int device = 0;
   // Batches of up to this many rows use the fused kernel; larger ones the
-  // cuBLAS-materialized path (faster there until the fused kernel uses tensor cores).
-  int64_t fused_max_rows = 2;
+  // cuBLAS-materialized path. Default from BENCHMARKS.md (H100, bf16): the
+  // fused kernel is faster at every measured B <= 128, the materialized path
+  // at B = 256 (its cuBLAS GEMM beats our mma.sync stage 1 there).
+  int64_t fused_max_rows = 128;
 };
 
 struct EngineOptions {

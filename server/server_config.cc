@@ -34,9 +34,10 @@ ABSL_FLAG(int64_t, max_queue_rows, 4096,
 ABSL_FLAG(std::string, metrics_address, "",
           "HOST:PORT serving Prometheus metrics at /metrics (port 0: a free port); empty: off");
 ABSL_FLAG(int32_t, cuda_device, 0, "CUDA backend: the device ordinal to use");
-ABSL_FLAG(int64_t, cuda_fused_max_rows, 2,
+ABSL_FLAG(int64_t, cuda_fused_max_rows, 128,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
-          "cuBLAS-materialized path");
+          "cuBLAS-materialized path (the default is the measured crossover on an H100, "
+          "BENCHMARKS.md)");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
 ABSL_FLAG(int64_t, lame_duck_ms, 250,

@@ -27,7 +27,7 @@ struct ServerConfig {
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off
   int cuda_device = 0;             // CUDA backend: device ordinal
-  int64_t cuda_fused_max_rows = 2; // CUDA backend: fused kernel up to this batch
+  int64_t cuda_fused_max_rows = 128; // CUDA backend: fused kernel up to this batch
   double grace_period_s = 10;
   int64_t lame_duck_ms = 250;       // SIGTERM: refuse with UNAVAILABLE this long before closing
   int64_t demo_vocab = 32000;

@@ -268,7 +268,7 @@ class ShapeBench {
     if (!tokens_.Allocate(max_batch_ * 4 * 2, "tokens") ||
         !logz_.Allocate(max_batch_ * 4 * 2, "logz") ||
         !logprobs_.Allocate(max_batch_ * 4 * 2, "logprobs") ||
-        !fused_ws_.Allocate(FusedSampleWorkspaceBytes(max_batch_, v), "fused workspace") ||
+        !fused_ws_.Allocate(FusedSampleWorkspaceBytes(max_batch_, v, d), "fused workspace") ||
         !mat_ws_.Allocate(
             MaterializedSampleWorkspaceBytes(max_batch_, v, d, CudaWeightDType::kBFloat16),
             "materialized workspace") ||

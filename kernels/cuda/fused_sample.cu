@@ -20,7 +20,7 @@
 //   - the per-lane summaries are merged across the warp (lanes of the same row)
 //     and then across the 8 warps, in a fixed order, into one SampleSummary per
 //     (row, tile) stored in the workspace at [row, tile].
-// Stage 2 (sample_reduce.cu): one warp per row merges its tiles in tile order.
+// Stage 2 (sample_reduce.cu): one block per row merges its tiles in a fixed order.
 //
 // Why the result does not depend on the batch: a dot product is summed by the
 // same lanes in the same order whatever R is (lane k always takes the same
@@ -57,6 +57,7 @@ using cuda_internal::RowSampler;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileVocab = 128;                          // tokens per block
+static_assert(kTileVocab == cuda_internal::kMmaTileVocab, "both stage-1 paths fill the same tiles");
 constexpr int kRowsPerWarp = kTileVocab / kWarps;        // 16 tokens per warp
 constexpr int kGroupRows = 4;                            // W rows a warp streams at once
 constexpr int kGroupsPerWarp = kRowsPerWarp / kGroupRows;
@@ -358,10 +359,21 @@ size_t CudaWeightDTypeBytes(CudaWeightDType dtype) {
   return 0;
 }
 
-size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab) {
-  if (batch < 1 || batch > kMaxInt32 || vocab < 1 || vocab > kMaxInt32) return 0;
-  return static_cast<size_t>(batch) * static_cast<size_t>(NumTiles(vocab)) *
-         sizeof(SampleSummary);
+// Workspace layout: [batch][num_tiles] SampleSummary, then (from a 256-byte
+// boundary) the tensor-core path's H rounded to 16 bits, [batch][hidden_dim].
+size_t TileSummaryBytes(int64_t batch, int64_t vocab) {
+  const size_t bytes = static_cast<size_t>(batch) * static_cast<size_t>(NumTiles(vocab)) *
+                       sizeof(SampleSummary);
+  return (bytes + 255) / 256 * 256;
+}
+
+size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_dim) {
+  if (batch < 1 || batch > kMaxInt32 || vocab < 1 || vocab > kMaxInt32 || hidden_dim < 1 ||
+      hidden_dim > kMaxInt32) {
+    return 0;
+  }
+  return TileSummaryBytes(batch, vocab) +
+         static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * sizeof(uint16_t);
 }
 
 KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream) {
@@ -369,7 +381,8 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 16); s != KernelStatus::kOk) return s;
   const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
   const int64_t num_tiles = NumTiles(args.valid_vocab);
-  if (args.workspace_bytes < FusedSampleWorkspaceBytes(args.batch, args.valid_vocab)) {
+  if (args.workspace_bytes <
+      FusedSampleWorkspaceBytes(args.batch, args.valid_vocab, args.hidden_dim)) {
     return KernelStatus::kInvalidArgument;
   }
 
@@ -379,9 +392,12 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
 
   // ---- Tensor-core stage 1 (fused_sample_mma.cu) for 16-bit weights and
   // batches of cuda_internal::kMmaMinBatch rows or more: W is read once per
-  // 64 rows instead of once per 8 rows.
+  // 256 rows instead of once per 8 rows.
   if (cuda_internal::MmaStage1Eligible(args)) {
-    err = cuda_internal::LaunchMmaStage1(args, num_tiles, want_lse, tile_summaries, stream);
+    auto* hidden_rounded = reinterpret_cast<unsigned short*>(
+        static_cast<unsigned char*>(args.workspace) + TileSummaryBytes(args.batch, args.valid_vocab));
+    err = cuda_internal::LaunchMmaStage1(args, num_tiles, want_lse, tile_summaries,
+                                         hidden_rounded, stream);
     if (err != cudaSuccess) return StatusFromCuda(err);
     err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
                                                   args.token_ids, args.logz, args.logprobs,
@@ -439,7 +455,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   }
   if (err != cudaSuccess) return StatusFromCuda(err);
 
-  // ---- Stage 2: one warp per row merges its num_tiles summaries in tile order.
+  // ---- Stage 2: one block per row merges its num_tiles summaries in a fixed order.
   err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
                                                 args.token_ids, args.logz, args.logprobs,
                                                 stream);

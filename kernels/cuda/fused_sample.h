@@ -26,12 +26,13 @@
 //
 // How (details next to the launch in fused_sample.cu). Two stage-1 kernels:
 // - tensor cores (fused_sample_mma.cu), for fp16 / bf16 weights, batch >= 3
-//   (kMmaMinBatch), hidden_dim % 16 == 0 and 16-byte aligned W and H: one block
-//   per (256 tokens, up to 32 rows) or, above 32 rows, per (128 tokens, up to
-//   64 rows) forms the dot products with mma.sync m16n8k16 (16-bit inputs,
-//   fp32 accumulation), so W crosses HBM once for batches up to 64 (larger
-//   batches re-read it per 64-row chunk, mostly from L2). The hidden values enter the tensor cores rounded to the weight
-//   dtype (round to nearest even). PRECONDITION for 16-bit weights: the hidden
+//   (kMmaMinBatch), hidden_dim % 16 == 0 and 16-byte aligned W and H: H is
+//   rounded to the weight dtype once (round to nearest even) into the
+//   workspace, then a GEMM-shaped kernel (blocks of 128 tokens x 8..128 rows,
+//   W and H tiles through a cp.async ring, mma.sync m16n8k16 with fp32
+//   accumulation) folds its accumulators into the tile summaries. W crosses
+//   HBM once for batches up to 128 (larger batches re-read it per 128-row
+//   chunk, mostly from L2). PRECONDITION for 16-bit weights: the hidden
 //   values must be exactly representable in the weight dtype (as the server
 //   provides them: it rounds H to the weight dtype) for the results to be those
 //   of the CUDA-core path and the CPU backend up to fp32 summation order;
@@ -44,8 +45,8 @@
 // (vocabulary tile, chunk of up to 8 rows) streams its tile of W once with
 // 16-byte loads, forms the dot products with the rows held in shared memory,
 // adds the noise and reduces the tile to one SampleSummary per row in the
-// workspace. Stage 2: one warp per row merges that row's tile summaries in tile
-// order (deterministic: identical outputs on every launch).
+// workspace. Stage 2: one block per row merges that row's tile summaries in a
+// fixed order (deterministic: identical outputs on every launch).
 //
 // Preconditions the launcher cannot check (device data): params are validated
 // (temperature == 0 or finite > 0; other values are treated like 0 for the
@@ -98,10 +99,12 @@ struct FusedSampleArgs {
   size_t workspace_bytes = 0;
 };
 
-// Device scratch a launch needs: one SampleSummary per (row, vocabulary tile).
-// Pass valid_vocab, or vocab for an upper bound that serves any valid_vocab.
+// Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),
+// then batch * hidden_dim 16-bit elements (H rounded for the tensor cores).
+// Pass valid_vocab, or vocab for an upper bound that serves any valid_vocab;
+// a workspace sized for (batch, vocab, hidden_dim) serves any smaller batch.
 // Returns 0 for sizes out of range.
-size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab);
+size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_dim);
 
 // Enqueues stage 1 and stage 2 on `stream` (see the top of this file).
 KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream);

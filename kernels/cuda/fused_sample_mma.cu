@@ -1,39 +1,49 @@
 // Tensor-core stage 1 of the fused sampler: the same per-(row, tile)
 // SampleSummary as the CUDA-core stage 1 in fused_sample.cu, with the dot
 // products formed by mma.sync.m16n8k16 (fp16 / bf16 inputs, fp32 accumulate).
+// Notes on the design, the floor and every measured version:
+// kernels/cuda/NOTES-fused.md.
 //
-// Two kernels share the scheme below and differ in how W reaches the tensor
-// cores (both measured on H100, BENCHMARKS-style bench, D = 4096 / 8192):
-//   - MmaStreamKernel (batch <= kStreamMaxBatch = 32, NB = 1, 2 or 4): W goes
-//     straight from global memory into registers, 256 tokens per block;
-//   - MmaRingKernel (batch > 32, NB = 8): the cp.async ring described next,
-//     128 tokens per block.
-// Ring kernel: block = 8 warps, one workspace tile of kMmaTileVocab = 128
-// tokens and one chunk of NR = 8 * NB rows. Warp w owns the 16 tokens
-// [16w, 16w + 16) of the tile as one m16 block (the A operand: W rows); the
-// rows are the n8 blocks of the B operand. K advances in steps of 64:
-//   - W: each thread copies its own 4 x 16 bytes of the step (cp.async, 16-byte,
-//     L2 only) into a private slot of a kStages-deep shared-memory ring, so
-//     kStages - 1 steps of W are in flight while the tensor cores work and no
-//     barrier is needed for W; every W element crosses HBM once per row chunk;
-//   - H: the chunk's fp32 rows of the step are loaded into registers one step
-//     ahead, rounded to the weight dtype (exact when they are representable:
-//     see fused_sample.h) and stored to a double-buffered shared array;
-//   - mma: the K order inside a step is permuted identically for A and B
-//     (thread (g, t) of the mma holds the 16 contiguous elements [16t, 16t + 16)
-//     of the step for its W rows g and g + 8 and for its H row g), which lets
-//     both operands come from 16-byte accesses; the dot product is the same sum
-//     in a different fp32 order than the CUDA-core path.
+// What it computes. logits^T [vocab, batch] = W [vocab, D] . Hr^T, where Hr is
+// H rounded to the weight dtype (round to nearest even; exact when H is
+// representable, the precondition of fused_sample.h), as a GEMM with
+// M = vocabulary, N = batch rows, K = hidden_dim, whose output tile never
+// leaves the chip: each accumulator (token, row) goes through RowSampler::Add
+// (l' = TransformLogit(dot, scale), plus the row's Gumbel noise for sampled
+// rows, folded with AddToken) and the block writes one SampleSummary per
+// (row, 128-token tile) to the workspace. Stage 2 (sample_reduce.cu) is shared
+// with the CUDA-core path.
 //
-// Epilogue: accumulator (token, row) -> RowSampler::Add (l' = TransformLogit(dot, scale), plus
-// the row's Gumbel noise for sampled rows, folded with AddToken); per row the 8
-// lanes holding a warp's 16 tokens are merged by a butterfly, and the 8 warps
-// in token order into the tile's SampleSummary in the workspace. Stage 2
-// (sample_reduce.cu) is shared with the CUDA-core path.
+// Why exact and batch-invariant. Every output element is the fp32 sum of its
+// k16 products in increasing k, whatever the block shape (no split-K), so a
+// row's logits do not depend on the batch it is in. Each tile's 128 tokens are
+// folded by the same tree for every block shape (lane k adds tokens 4k..4k+3
+// in order, then a butterfly over the 32 lanes): so logz rounds identically too.
 //
-// Batches over the largest chunk (32 rows streaming, 64 ring): one block per
-// (token block, row chunk), chunks fastest, so the later chunks of a token
-// block find its W rows in L2.
+// Two kernels:
+//   1. ConvertHiddenKernel: H (fp32) -> Hr (16-bit) in the workspace, once per
+//      launch (B * D * 6 bytes of traffic, a few microseconds), so the GEMM
+//      blocks stream 16-bit H tiles like W tiles instead of converting H again
+//      in every block.
+//   2. MmaTileKernel<T, Cfg>: block = 8 warps, block tile = 128 tokens (one
+//      workspace tile) x Cfg::kRows rows, K in steps of Cfg::kKStep (64 or 128):
+//      - W and H tiles of a step go global -> shared with 16-byte cp.async
+//        (L2 only), Cfg::kStages steps deep, so kStages - 1 steps of W are in
+//        flight while the tensor cores work; one __syncthreads per step;
+//      - shared tiles are rows of kKStep elements with the 16-byte chunks
+//        XOR-swizzled by (row & 7), so cp.async stores and ldmatrix reads are
+//        free of bank conflicts;
+//      - warps are laid out kWarpsM x kWarpsN over the block tile; each warp
+//        holds kMi m16 x kNi n8 accumulator blocks and loads its operands with
+//        ldmatrix.x4 (W: A operand, row-major; H: B operand, "col" = rows of H);
+//      - grid: one block per (tile, row chunk), chunks fastest, so the chunks
+//        of a tile (batches over 128 rows) run together and re-read its W from L2;
+//      - launched as a programmatic dependent of kernel 1: the first W steps
+//        are requested before griddepcontrol.wait, H after it; stage 2 is in
+//        turn launched as a dependent of this kernel;
+//      - epilogue: the dot tile goes to shared memory (reusing the ring), then
+//        one warp per row, 4 consecutive tokens per lane (one Philox block
+//        gives their 4 noise words), RowSampler::AddFour, a butterfly merge.
 #include "kernels/cuda/fused_sample_mma.cuh"
 
 #include <cuda_bf16.h>
@@ -50,38 +60,75 @@
 namespace flashsampler::kernels::cuda_internal {
 namespace {
 
-constexpr int kMmaWarps = 8;
-constexpr int kMmaThreads = kMmaWarps * 32;
-constexpr int kMmaTileVocab = 128;                       // workspace tile (as fused_sample.cu)
-static_assert(kMmaTileVocab == kMmaWarps * 16, "one m16 block of tokens per warp");
-constexpr int kKStep = 64;                               // K elements per pipeline step
-constexpr int kHStride = kKStep + 8;                     // padded smem H row (16-bit elements)
-constexpr int kStages = 4;                               // W steps in the cp.async ring
-constexpr int kWVecs = 4;                                // 16-byte W pieces per thread per step
-constexpr int kMaxNBlocks = 8;                           // up to 64 rows per block
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileTokens = kMmaTileVocab;  // 128: block tile M = one workspace tile
+constexpr int kDotStride = kTileTokens + 4;  // floats per row of the epilogue's dot tile
+static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a tile");
 
-// Streaming kernel (first below): kMBlocks m16 blocks of tokens per warp.
-constexpr int kMBlocks = 2;
-constexpr int kStreamBlockVocab = kMmaWarps * 16 * kMBlocks;  // 256 tokens per block
-constexpr int kTilesPerBlock = kStreamBlockVocab / kMmaTileVocab;
-constexpr int kSubBlocksPerTile = kMmaTileVocab / 16;
-static_assert(kStreamBlockVocab % kMmaTileVocab == 0, "a block holds whole tiles");
-constexpr int64_t kStreamMaxBatch = 32;  // larger batches take the ring kernel
+// ---- Block shapes --------------------------------------------------------------
+// kRows: batch rows per block (N). kWarpsM x kWarpsN = 8 warps. kStages: depth
+// of the cp.async ring. kMinBlocks: blocks per SM the registers are capped for
+// (the shared memory of kStages steps must allow it too: checked below).
+// kKStep: K elements per step; 128 (256-byte runs of every W row per step)
+// measured 3-5% faster than 64 (128-byte runs) for the W-bound shapes, which
+// DRAM serves better in longer runs. Two stages suffice there: 2-3 blocks per
+// SM each keep one 32 KB step in flight while computing the other (measured
+// equal or faster than 3-4 stages of 64; NOTES-fused.md, v3).
+template <int kRows_, int kWarpsM_, int kStages_, int kMinBlocks_, int kKStep_ = 64>
+struct MmaConfig {
+  static constexpr int kKStep = kKStep_;            // K elements per pipeline step
+  static constexpr int kRowBytes = kKStep * 2;      // one shared tile row
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kRows = kRows_;
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kWarpsN = kWarps / kWarpsM_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kWarpTokens = kTileTokens / kWarpsM;  // warp tile M
+  static constexpr int kWarpRows = kRows / kWarpsN;           // warp tile N
+  static constexpr int kMi = kWarpTokens / 16;
+  static constexpr int kNi = kWarpRows / 8;
+  static constexpr int kWBytes = kTileTokens * kRowBytes;  // W bytes of one step
+  static constexpr int kHBytes = kRows * kRowBytes;         // H bytes of one step
+  static constexpr int kStageBytes = kWBytes + kHBytes;
+  static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes;
+  static_assert(kWarpsM * kWarpsN == kWarps, "8 warps");
+  static_assert(kChunksPerRow >= 8 && kThreads % kChunksPerRow == 0 &&
+                    (kThreads / kChunksPerRow) % 8 == 0,
+                "a thread's copies share one chunk column and one swizzle phase");
+  static_assert(kMi >= 1 && kWarpTokens % 16 == 0, "whole m16 blocks per warp");
+  static_assert(kNi >= 1 && kWarpRows % 8 == 0, "whole n8 blocks per warp");
+  static_assert(kNi == 1 || kNi % 2 == 0, "H fragments load two n8 blocks at a time");
+  static_assert(kSmemBytes >= sizeof(float) * kDotStride * kRows,
+                "the epilogue's dot tile fits in the ring");
+  static_assert(kMinBlocks * (kSmemBytes + 1024) <= 227 * 1024 + 1024,
+                "kMinBlocks blocks fit in an SM's shared memory");
+};
+//                        rows  warpsM stages minBlocks  smem/block
+using Mma8 = MmaConfig<8, 8, 2, 3, 128>;     //  68 KB
+using Mma16 = MmaConfig<16, 8, 2, 3, 128>;   //  72 KB
+using Mma32 = MmaConfig<32, 8, 2, 2, 128>;   //  80 KB
+using Mma64 = MmaConfig<64, 4, 2, 2, 128>;   //  96 KB
+using Mma128 = MmaConfig<128, 2, 3, 2, 64>;  //  96 KB
+// Larger batches take 128-row chunks: two blocks per SM, so one block's
+// epilogue overlaps the other's main loop (a 256-row block would hold the SM
+// alone), and the chunks of a tile, numbered next to each other, share its W
+// through L2.
 
-// Ring kernel (second below). Dynamic shared memory: the W ring, then the two H buffers. The warp
-// summaries of the epilogue reuse the ring.
-constexpr size_t kWRingBytes = size_t{kStages} * kWVecs * kMmaThreads * 16;
-template <int NR>
-constexpr size_t MmaSmemBytes() {
-  return kWRingBytes + size_t{2} * NR * kHStride * sizeof(unsigned short);
+// Byte offset of 16-byte chunk `chunk` of tile row `row` in a shared tile of
+// kRowBytes-byte rows (a multiple of 128): the chunk's low 3 bits are
+// XOR-swizzled by the row's, so 8 consecutive rows' same chunk land in 8
+// different bank groups.
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
-static_assert(kWRingBytes >= sizeof(SampleSummary) * kMmaWarps * kMaxNBlocks * 8,
-              "the warp summaries fit in the W ring");
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+// ---- PTX wrappers -----------------------------------------------------------------
+__device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
                "r"(src_bytes)
                : "memory");
 }
@@ -92,19 +139,28 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void LdMatrixX2(uint32_t (&r)[2], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr));
+}
 
 struct Bf16Mma {
   __device__ static uint32_t Pack(float lo, float hi) {
     return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
            (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
   }
-  __device__ static void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                             uint32_t b0, uint32_t b1) {
+  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
 
@@ -113,367 +169,261 @@ struct Fp16Mma {
     return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(lo))) |
            (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
   }
-  __device__ static void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                             uint32_t b0, uint32_t b1) {
+  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
 
-// 32-bit word i (0..7) of 16 contiguous 16-bit elements held as two uint4.
-__device__ __forceinline__ uint32_t Word(const uint4& lo, const uint4& hi, int i) {
-  const uint4& v = i < 4 ? lo : hi;
-  switch (i & 3) {
-    case 0: return v.x;
-    case 1: return v.y;
-    case 2: return v.z;
-    default: return v.w;
-  }
+// ---- Kernel 1: H -> Hr ------------------------------------------------------------
+// 8 elements per thread: two float4 loads, one 16-byte store. count % 8 == 0
+// (hidden_dim % 16 == 0).
+template <class T>
+__global__ void __launch_bounds__(256)
+    ConvertHiddenKernel(const float* __restrict__ hidden, int64_t count,
+                        unsigned short* __restrict__ hidden_rounded) {
+  AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (i >= count) return;
+  const float4 a = __ldg(reinterpret_cast<const float4*>(hidden + i));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(hidden + i + 4));
+  *reinterpret_cast<uint4*>(hidden_rounded + i) =
+      make_uint4(T::Pack(a.x, a.y), T::Pack(a.z, a.w), T::Pack(b.x, b.y), T::Pack(b.z, b.w));
 }
 
-// ---- Streaming kernel (batches up to kStreamMaxBatch) -----------------------
-// W goes from global memory straight into registers (16-byte loads, one K
-// step at a time), each warp owns kMBlocks = 2 m16 blocks (32 tokens), so a
-// block covers kStreamBlockVocab = 256 tokens (two workspace tiles); H is
-// staged per step in static shared memory. Block b: row chunk
-// (b % num_chunks), rows [chunk * NR, chunk * NR + NR); token block
-// (b / num_chunks), tokens [vblock * 256, vblock * 256 + 256). Measured faster
-// than the ring kernel below for up to 32 rows, slower beyond.
-template <class T, int NB>
-__global__ void __launch_bounds__(kMmaThreads, 2)
-    MmaStreamKernel(const unsigned short* __restrict__ weight, const float* __restrict__ hidden,
+// ---- Kernel 2: the GEMM with the sampling epilogue ---------------------------------
+// Block b: row chunk (b % num_chunks), rows [chunk * kRows, chunk * kRows + kRows);
+// tile (b / num_chunks), tokens [tile * 128, tile * 128 + 128). Writes
+// tile_summaries[row * num_tiles + tile] for each of its rows < batch.
+template <class T, class Cfg>
+__global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
+    MmaTileKernel(const unsigned short* __restrict__ weight,
+                  const unsigned short* __restrict__ hidden_rounded,
                   const RowParams* __restrict__ params, int64_t batch, int64_t valid_vocab,
                   int64_t hidden_dim, int64_t num_chunks, int64_t num_tiles, bool want_lse,
                   SampleSummary* __restrict__ tile_summaries) {
-  constexpr int NR = NB * 8;
-  __shared__ __align__(16) unsigned short h_smem[2][NR * kHStride];
-  __shared__ SampleSummary sub_summaries[kMmaWarps * kMBlocks][NR];
-
-  const int64_t chunk = blockIdx.x % num_chunks;
-  const int64_t vblock = blockIdx.x / num_chunks;
-  const int64_t row0 = chunk * NR;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int g = lane >> 2;  // mma group: W rows g, g + 8; H row g
-  const int t = lane & 3;   // thread in group: K elements [16t, 16t + 16) of a step
-  const int64_t tok0 = vblock * kStreamBlockVocab + warp * 16 * kMBlocks;
-
-  const unsigned short* wrow[kMBlocks][2];
-  bool wlive[kMBlocks][2];
-#pragma unroll
-  for (int mb = 0; mb < kMBlocks; ++mb) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int64_t v = tok0 + mb * 16 + g + 8 * hh;
-      wlive[mb][hh] = v < valid_vocab;
-      wrow[mb][hh] = weight + (wlive[mb][hh] ? v : 0) * hidden_dim + 16 * t;
-    }
-  }
-
-  float acc[kMBlocks][NB][4];
-#pragma unroll
-  for (int mb = 0; mb < kMBlocks; ++mb) {
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[mb][nb][q] = 0.0f;
-    }
-  }
-
-  const int64_t num_steps = (hidden_dim + kKStep - 1) / kKStep;
-  for (int64_t step = 0; step < num_steps; ++step) {
-    const int64_t k0 = step * kKStep;
-    // W: this thread's 16 elements of its 2 x kMBlocks rows (hidden_dim % 16
-    // == 0, so a 16-element run is wholly inside or outside the row).
-    const bool k_live = k0 + 16 * t < hidden_dim;
-    uint4 w[kMBlocks][2][2];
-#pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        if (wlive[mb][hh] && k_live) {
-          const uint4* p = reinterpret_cast<const uint4*>(wrow[mb][hh] + k0);
-          w[mb][hh][0] = __ldcg(p);
-          w[mb][hh][1] = __ldcg(p + 1);
-        } else {
-          w[mb][hh][0] = make_uint4(0u, 0u, 0u, 0u);
-          w[mb][hh][1] = make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-    }
-    // H: the chunk's rows, K step [k0, k0 + 64), rounded to the weight dtype
-    // (zeros past the batch and past hidden_dim). Double-buffered: the buffer
-    // written here was last read two steps ago, before the previous barrier.
-    unsigned short* hb = h_smem[step & 1];
-    for (int i = threadIdx.x; i < NR * (kKStep / 4); i += kMmaThreads) {
-      const int r = i / (kKStep / 4);
-      const int c4 = i % (kKStep / 4);
-      const int64_t k = k0 + 4 * c4;
-      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (row0 + r < batch && k < hidden_dim) {
-        x = __ldg(reinterpret_cast<const float4*>(hidden + (row0 + r) * hidden_dim + k));
-      }
-      *reinterpret_cast<uint2*>(hb + r * kHStride + 4 * c4) =
-          make_uint2(T::Pack(x.x, x.y), T::Pack(x.z, x.w));
-    }
-    __syncthreads();
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const uint4* hp = reinterpret_cast<const uint4*>(hb + (nb * 8 + g) * kHStride + 16 * t);
-      const uint4 b_lo = hp[0];
-      const uint4 b_hi = hp[1];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t b0 = Word(b_lo, b_hi, 2 * j);
-        const uint32_t b1 = Word(b_lo, b_hi, 2 * j + 1);
-#pragma unroll
-        for (int mb = 0; mb < kMBlocks; ++mb) {
-          T::Mma(acc[mb][nb], Word(w[mb][0][0], w[mb][0][1], 2 * j),
-                 Word(w[mb][1][0], w[mb][1][1], 2 * j), Word(w[mb][0][0], w[mb][0][1], 2 * j + 1),
-                 Word(w[mb][1][0], w[mb][1][1], 2 * j + 1), b0, b1);
-        }
-      }
-    }
-  }
-
-  // Epilogue. acc[mb][nb][2 * hh + j] is (token tok0 + mb * 16 + g + 8 * hh,
-  // row row0 + nb * 8 + 2t + j).
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int rloc = nb * 8 + 2 * t + j;
-      const bool active = row0 + rloc < batch;
-      const RowSampler row = RowSampler::Load(params, row0 + rloc, active);
-#pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb) {
-        SampleSummary s = EmptySampleSummary();
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int64_t v = tok0 + mb * 16 + g + 8 * hh;
-          if (active && v < valid_vocab) row.Add(s, v, acc[mb][nb][2 * hh + j], want_lse);
-        }
-        // Lanes with the same t (g = 0..7) hold the 16 tokens of this sub-block.
-#pragma unroll
-        for (int m = 4; m <= 16; m *= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
-        if (g == 0) sub_summaries[warp * kMBlocks + mb][rloc] = s;
-      }
-    }
-  }
-  __syncthreads();
-
-  // Merge each tile's 8 sub-blocks in token order and store the tile summary.
-  for (int i = threadIdx.x; i < kTilesPerBlock * NR; i += kMmaThreads) {
-    const int tl = i / NR;
-    const int r = i % NR;
-    const int64_t tile = vblock * kTilesPerBlock + tl;
-    if (row0 + r >= batch || tile >= num_tiles) continue;
-    SampleSummary s = sub_summaries[tl * kSubBlocksPerTile][r];
-#pragma unroll
-    for (int q = 1; q < kSubBlocksPerTile; ++q) {
-      s = MergeSummaries(s, sub_summaries[tl * kSubBlocksPerTile + q][r]);
-    }
-    tile_summaries[(row0 + r) * num_tiles + tile] = s;
-  }
-}
-
-// ---- Ring kernel (batches over kStreamMaxBatch) -------------------------------
-// W through the per-thread cp.async ring, one 128-token tile per block (see
-// the top of the file). Block b: row chunk (b % num_chunks), rows
-// [chunk * NR, chunk * NR + NR); tile (b / num_chunks), tokens
-// [tile * 128, tile * 128 + 128).
-template <class T, int NB>
-__global__ void __launch_bounds__(kMmaThreads, 2)
-    MmaRingKernel(const unsigned short* __restrict__ weight, const float* __restrict__ hidden,
-                  const RowParams* __restrict__ params, int64_t batch, int64_t valid_vocab,
-                  int64_t hidden_dim, int64_t num_chunks, int64_t num_tiles, bool want_lse,
-                  SampleSummary* __restrict__ tile_summaries) {
-  constexpr int NR = NB * 8;
-  constexpr int kHVecs = NR * (kKStep / 4);  // float4s of H per step
-  constexpr int kHPerThread = (kHVecs + kMmaThreads - 1) / kMmaThreads;
-  extern __shared__ uint4 mma_smem[];
-  uint4* w_ring = mma_smem;  // [kStages][kWVecs][kMmaThreads]
-  unsigned short* h_smem = reinterpret_cast<unsigned short*>(mma_smem + kStages * kWVecs * kMmaThreads);
+  constexpr int kRows = Cfg::kRows, kStages = Cfg::kStages, kMi = Cfg::kMi, kNi = Cfg::kNi;
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
 
   const int64_t chunk = blockIdx.x % num_chunks;
   const int64_t tile = blockIdx.x / num_chunks;
-  const int64_t row0 = chunk * NR;
+  const int64_t row0 = chunk * kRows;
+  const int64_t tok0 = tile * kTileTokens;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const int g = lane >> 2;  // mma group: W rows g, g + 8; H row g
-  const int t = lane & 3;   // thread in group: K elements [16t, 16t + 16) of a step
-  const int64_t tok0 = tile * kMmaTileVocab + warp * 16;
+  const int warp_m = warp % Cfg::kWarpsM;  // warps along M are neighbours
+  const int warp_n = warp / Cfg::kWarpsM;
+  const int64_t num_steps = (hidden_dim + Cfg::kKStep - 1) / Cfg::kKStep;
 
-  // This thread's W pieces: rows g and g + 8, elements [16t, 16t + 16) of a
-  // step (dead rows point at row 0 and copy zeros).
-  const unsigned short* wrow[2];
-  bool wlive[2];
+  // One step's copies. W: 128 rows x kChunksPerRow chunks; thread i copies
+  // chunk column c = i % kChunksPerRow of rows i / kChunksPerRow + q * kRowStep.
+  // H: kRows rows, the same way. Dead rows (past valid_vocab or the batch) and
+  // chunks past hidden_dim (hidden_dim % 16 == 0: a chunk is wholly inside or
+  // outside) copy zeros from a valid address. Offsets are formed once here.
+  constexpr int kCpr = Cfg::kChunksPerRow;
+  constexpr int kRowStep = kThreads / kCpr;
+  constexpr int kWCopies = kTileTokens / kRowStep;
+  constexpr int kHCopies = (kRows + kRowStep - 1) / kRowStep;
+  const int copy_col = static_cast<int>(threadIdx.x) % kCpr;
+  const int copy_row = static_cast<int>(threadIdx.x) / kCpr;
+  const uint32_t copy_dst = SwizzledOffset<Cfg::kRowBytes>(copy_row, copy_col);
+  const int64_t row_step_elems = int64_t{kRowStep} * hidden_dim;
+  const int64_t w_first = (tok0 + copy_row) * hidden_dim + copy_col * 8;
+  const int64_t h_first = (row0 + copy_row) * hidden_dim + copy_col * 8;
+  uint32_t w_live = 0, h_live = 0;  // bit q: copy q's row exists
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int64_t v = tok0 + g + 8 * hh;
-    wlive[hh] = v < valid_vocab;
-    wrow[hh] = weight + (wlive[hh] ? v : 0) * hidden_dim + 16 * t;
+  for (int q = 0; q < kWCopies; ++q) {
+    if (tok0 + copy_row + q * kRowStep < valid_vocab) w_live |= 1u << q;
   }
-  const int64_t num_steps = (hidden_dim + kKStep - 1) / kKStep;
+#pragma unroll
+  for (int q = 0; q < kHCopies; ++q) {
+    if (copy_row + q * kRowStep < kRows && row0 + copy_row + q * kRowStep < batch) h_live |= 1u << q;
+  }
   auto issue_w = [&](int64_t step) {
     if (step < num_steps) {
-      const int64_t k0 = step * kKStep;
-      const bool k_live = k0 + 16 * t < hidden_dim;  // hidden_dim % 16 == 0
-      uint4* slot = w_ring + (step % kStages) * kWVecs * kMmaThreads + threadIdx.x;
+      const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
+      const int64_t k0 = step * Cfg::kKStep;
+      const bool k_live = k0 + copy_col * 8 < hidden_dim;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const bool live = wlive[hh] && k_live;
-        const unsigned short* src = live ? wrow[hh] + k0 : wrow[hh];
-        CpAsync16(slot + (2 * hh) * kMmaThreads, src, live);
-        CpAsync16(slot + (2 * hh + 1) * kMmaThreads, src + 8, live);
-      }
-    }
-    CpAsyncCommit();  // possibly empty: keeps one group per step
-  };
-
-  // H of one step into registers (zeros past the batch and past hidden_dim).
-  float4 hreg[kHPerThread];
-  auto load_h = [&](int64_t step) {
-    const int64_t k0 = step * kKStep;
-#pragma unroll
-    for (int q = 0; q < kHPerThread; ++q) {
-      const int i = static_cast<int>(threadIdx.x) + q * kMmaThreads;
-      const int r = i / (kKStep / 4);
-      const int64_t k = k0 + 4 * (i % (kKStep / 4));
-      hreg[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (i < kHVecs && row0 + r < batch && k < hidden_dim) {
-        hreg[q] = __ldg(reinterpret_cast<const float4*>(hidden + (row0 + r) * hidden_dim + k));
+      for (int q = 0; q < kWCopies; ++q) {
+        const bool live = k_live && ((w_live >> q) & 1u);
+        const unsigned short* src = live ? weight + (w_first + q * row_step_elems + k0) : weight;
+        CpAsync16(stage + copy_dst + q * kRowStep * Cfg::kRowBytes, src, live);
       }
     }
   };
+  auto issue_h = [&](int64_t step) {
+    if (step < num_steps) {
+      const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
+      const int64_t k0 = step * Cfg::kKStep;
+      const bool k_live = k0 + copy_col * 8 < hidden_dim;
+#pragma unroll
+      for (int q = 0; q < kHCopies; ++q) {
+        if (kRows % kRowStep == 0 || copy_row + q * kRowStep < kRows) {
+          const bool live = k_live && ((h_live >> q) & 1u);
+          const unsigned short* src =
+              live ? hidden_rounded + (h_first + q * row_step_elems + k0) : hidden_rounded;
+          CpAsync16(stage + Cfg::kWBytes + copy_dst + q * kRowStep * Cfg::kRowBytes, src, live);
+        }
+      }
+    }
+  };
 
-  float acc[NB][4];
+  float acc[kMi][kNi][4];
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
+  for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) acc[nb][q] = 0.0f;
+    for (int ni = 0; ni < kNi; ++ni) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+    }
   }
 
+  // ldmatrix row addresses of this lane. A (x4): matrices (tokens 0-7, k lo),
+  // (8-15, lo), (0-7, hi), (8-15, hi) = a0..a3 of m16n8k16. B (x4): (rows 0-7,
+  // k lo), (0-7, hi), (8-15, lo), (8-15, hi) = b0, b1 of two n8 blocks.
+  const int a_row = warp_m * Cfg::kWarpTokens + (lane & 15);
+  const int a_chunk = lane >> 4;
+  const int b_row = warp_n * Cfg::kWarpRows + (lane & 7) + ((lane >> 4) << 3);
+  const int b_chunk = (lane >> 3) & 1;
+
 #pragma unroll
+  // Prologue: W of the first kStages - 1 steps needs nothing from the H
+  // conversion kernel, so it is requested before waiting for that kernel.
+  // Group 0 then holds W of all those steps and H of step 0, group s only H
+  // of step s: waiting for group s still covers everything step s reads.
   for (int s = 0; s < kStages - 1; ++s) issue_w(s);
-  load_h(0);
+  GridDependencyWait();  // Hr is written
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue_h(s);
+    CpAsyncCommit();
+  }
   for (int64_t step = 0; step < num_steps; ++step) {
-    issue_w(step + kStages - 1);
-    // H of this step into its buffer, rounded to the weight dtype. The buffer
-    // was last read two steps ago, before the previous barrier.
-    unsigned short* hb = h_smem + (step & 1) * NR * kHStride;
+    CpAsyncWait<kStages - 2>();  // this thread's copies of `step` have landed
+    __syncthreads();             // everyone's have; everyone is done with step - 1
+    issue_w(step + kStages - 1);  // into the slot step - 1 used
+    issue_h(step + kStages - 1);
+    CpAsyncCommit();  // possibly empty: one group per step keeps the wait count right
+    const uint32_t w_tile = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
+    const uint32_t h_tile = w_tile + Cfg::kWBytes;
 #pragma unroll
-    for (int q = 0; q < kHPerThread; ++q) {
-      const int i = static_cast<int>(threadIdx.x) + q * kMmaThreads;
-      if (i < kHVecs) {
-        const int r = i / (kKStep / 4);
-        const int c4 = i % (kKStep / 4);
-        *reinterpret_cast<uint2*>(hb + r * kHStride + 4 * c4) =
-            make_uint2(T::Pack(hreg[q].x, hreg[q].y), T::Pack(hreg[q].z, hreg[q].w));
+    for (int kk = 0; kk < Cfg::kKStep / 16; ++kk) {
+      uint32_t a[kMi][4];
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) {
+        LdMatrixX4(a[mi], w_tile + SwizzledOffset<Cfg::kRowBytes>(a_row + mi * 16, 2 * kk + a_chunk));
       }
-    }
-    if (step + 1 < num_steps) load_h(step + 1);  // in flight during the mma below
-    CpAsyncWait<kStages - 1>();  // this thread's W pieces of `step` have landed
-    __syncthreads();             // every thread's H of `step` is stored
-
-    const uint4* slot = w_ring + (step % kStages) * kWVecs * kMmaThreads + threadIdx.x;
-    const uint4 w0_lo = slot[0 * kMmaThreads], w0_hi = slot[1 * kMmaThreads];  // row g
-    const uint4 w1_lo = slot[2 * kMmaThreads], w1_hi = slot[3 * kMmaThreads];  // row g + 8
+      uint32_t b[kNi][2];
+      if constexpr (kNi == 1) {
+        LdMatrixX2(b[0], h_tile + SwizzledOffset<Cfg::kRowBytes>(b_row, 2 * kk + b_chunk));
+      } else {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const uint4* hp = reinterpret_cast<const uint4*>(hb + (nb * 8 + g) * kHStride + 16 * t);
-      const uint4 b_lo = hp[0];
-      const uint4 b_hi = hp[1];
+        for (int np = 0; np < kNi / 2; ++np) {
+          uint32_t r[4];
+          LdMatrixX4(r, h_tile + SwizzledOffset<Cfg::kRowBytes>(b_row + np * 16, 2 * kk + b_chunk));
+          b[2 * np][0] = r[0];
+          b[2 * np][1] = r[1];
+          b[2 * np + 1][0] = r[2];
+          b[2 * np + 1][1] = r[3];
+        }
+      }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        T::Mma(acc[nb], Word(w0_lo, w0_hi, 2 * j), Word(w1_lo, w1_hi, 2 * j),
-               Word(w0_lo, w0_hi, 2 * j + 1), Word(w1_lo, w1_hi, 2 * j + 1),
-               Word(b_lo, b_hi, 2 * j), Word(b_lo, b_hi, 2 * j + 1));
+      for (int mi = 0; mi < kMi; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni) T::Mma(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
       }
     }
   }
+  AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
   CpAsyncWait<0>();  // only empty groups remain; the ring is reused below
   __syncthreads();
-  SampleSummary* warp_summaries = reinterpret_cast<SampleSummary*>(w_ring);  // [kMmaWarps][NR]
 
-  // Epilogue. acc[nb][2 * hh + j] is (token tok0 + g + 8 * hh, row
-  // row0 + nb * 8 + 2t + j).
+  // Epilogue, 1: the accumulators to shared memory as logits [kRows][128 + 4]
+  // (fp32 dots, before the scale). acc[mi][ni][2 * hh + j] is token
+  // warp_m * kWarpTokens + 16 * mi + g + 8 * hh, row warp_n * kWarpRows +
+  // 8 * ni + 2t + j of the block tile. The +4 padding spreads a warp's stores
+  // over all 32 banks and keeps rows 16-byte aligned.
+  float* dots = reinterpret_cast<float*>(mma_smem);
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
+  for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int rloc = nb * 8 + 2 * t + j;
-      const bool active = row0 + rloc < batch;
-      const RowSampler row = RowSampler::Load(params, row0 + rloc, active);
-      SampleSummary s = EmptySampleSummary();
+    for (int ni = 0; ni < kNi; ++ni) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int64_t v = tok0 + g + 8 * hh;
-        if (active && v < valid_vocab) row.Add(s, v, acc[nb][2 * hh + j], want_lse);
+      for (int q = 0; q < 4; ++q) {
+        const int token = warp_m * Cfg::kWarpTokens + 16 * mi + g + 8 * (q >> 1);
+        const int rloc = warp_n * Cfg::kWarpRows + 8 * ni + 2 * t + (q & 1);
+        dots[rloc * kDotStride + token] = acc[mi][ni][q];
       }
-      // Lanes with the same t (g = 0..7) hold the warp's 16 tokens of this row.
-#pragma unroll
-      for (int m = 4; m <= 16; m *= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
-      if (g == 0) warp_summaries[warp * NR + rloc] = s;
     }
   }
   __syncthreads();
 
-  // Merge the 8 warps in token order and store the tile summary.
-  if (threadIdx.x < NR && row0 + threadIdx.x < batch) {
-    const int r = static_cast<int>(threadIdx.x);
-    SampleSummary s = warp_summaries[r];
+  // Epilogue, 2: one warp per row, lane k takes the 4 consecutive tokens
+  // [4k, 4k + 4) of the tile (one Philox block for all four), then a butterfly
+  // merges the 32 lanes. The same shape for every block configuration, so a
+  // row's summary (logz rounding included) does not depend on the batch.
+  for (int r = warp; r < kRows; r += kWarps) {
+    if (row0 + r >= batch) break;  // uniform across the warp
+    const RowSampler row = RowSampler::Load(params, row0 + r, true);
+    const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
+    SampleSummary s = EmptySampleSummary();
+    row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
 #pragma unroll
-    for (int w = 1; w < kMmaWarps; ++w) s = MergeSummaries(s, warp_summaries[w * NR + r]);
-    tile_summaries[(row0 + r) * num_tiles + tile] = s;
+    for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+    if (lane == 0) tile_summaries[(row0 + r) * num_tiles + tile] = s;
   }
 }
 
-template <class T, int NB>
-cudaError_t LaunchStream(const FusedSampleArgs& a, int64_t num_tiles, bool want_lse,
-                   SampleSummary* tile_summaries, cudaStream_t stream) {
-  constexpr int NR = NB * 8;
-  const int64_t num_chunks = (a.batch + NR - 1) / NR;
-  const int64_t vblocks = (num_tiles + kTilesPerBlock - 1) / kTilesPerBlock;
-  const int64_t blocks = vblocks * num_chunks;
-  if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  MmaStreamKernel<T, NB><<<static_cast<unsigned>(blocks), kMmaThreads, 0, stream>>>(
-      static_cast<const unsigned short*>(a.weight), a.hidden, a.params, a.batch, a.valid_vocab,
-      a.hidden_dim, num_chunks, num_tiles, want_lse, tile_summaries);
-  return cudaGetLastError();
-}
-
-template <class T, int NB>
-cudaError_t LaunchRing(const FusedSampleArgs& a, int64_t num_tiles, bool want_lse,
-                   SampleSummary* tile_summaries, cudaStream_t stream) {
-  constexpr int NR = NB * 8;
-  constexpr size_t kSmem = MmaSmemBytes<NR>();
-  const int64_t num_chunks = (a.batch + NR - 1) / NR;
+// ---- Launcher ----------------------------------------------------------------------
+// Grid: num_tiles * ceil(batch / kRows) blocks of kThreads = 256 threads,
+// kSmemBytes = kStages * (128 + kRows) * 2 * kKStep bytes of dynamic shared
+// memory each (table above). At V = 151936 there are 1187 tiles: 2.99 waves
+// of 3 blocks per SM on 132 SMs for 8 and 16 rows, 4.5 waves of 2 for 32..128.
+template <class T, class Cfg>
+cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
+                        int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
+                        cudaStream_t stream) {
+  const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   const int64_t blocks = num_tiles * num_chunks;
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  auto* kernel = &MmaRingKernel<T, NB>;
+  auto* kernel = &MmaTileKernel<T, Cfg>;
   const cudaError_t err = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kMmaThreads, kSmem, stream>>>(
-      static_cast<const unsigned short*>(a.weight), a.hidden, a.params, a.batch, a.valid_vocab,
-      a.hidden_dim, num_chunks, num_tiles, want_lse, tile_summaries);
-  return cudaGetLastError();
+  // Programmatic dependent launch: blocks may start while the H conversion
+  // still runs (they wait for it before reading Hr).
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = DependentLaunch(
+      dim3(static_cast<unsigned>(blocks)), dim3(kThreads), Cfg::kSmemBytes, stream, &attribute);
+  return cudaLaunchKernelEx(&config, kernel, static_cast<const unsigned short*>(a.weight),
+                            hidden_rounded, a.params, a.batch, a.valid_vocab, a.hidden_dim,
+                            num_chunks, num_tiles, want_lse, tile_summaries);
 }
 
 template <class T>
-cudaError_t LaunchForBatch(const FusedSampleArgs& a, int64_t num_tiles, bool want_lse,
-                           SampleSummary* tile_summaries, cudaStream_t stream) {
-  if (a.batch <= 8) return LaunchStream<T, 1>(a, num_tiles, want_lse, tile_summaries, stream);
-  if (a.batch <= 16) return LaunchStream<T, 2>(a, num_tiles, want_lse, tile_summaries, stream);
-  static_assert(kStreamMaxBatch == 32, "the streaming kernel's largest chunk");
-  if (a.batch <= kStreamMaxBatch) {
-    return LaunchStream<T, 4>(a, num_tiles, want_lse, tile_summaries, stream);
-  }
-  return LaunchRing<T, kMaxNBlocks>(a, num_tiles, want_lse, tile_summaries, stream);
+cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
+                           int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
+                           cudaStream_t stream) {
+  const int64_t count = a.batch * a.hidden_dim;  // a multiple of 16
+  const int64_t convert_blocks = (count / 8 + 255) / 256;
+  if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+  ConvertHiddenKernel<T><<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
+      a.hidden, count, hidden_rounded);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  // The smallest block that holds the batch; above 128 rows, chunks of 128.
+  const unsigned short* hr = hidden_rounded;
+  if (a.batch <= 8) return LaunchTiles<T, Mma8>(a, hr, num_tiles, want_lse, tile_summaries, stream);
+  if (a.batch <= 16) return LaunchTiles<T, Mma16>(a, hr, num_tiles, want_lse, tile_summaries, stream);
+  if (a.batch <= 32) return LaunchTiles<T, Mma32>(a, hr, num_tiles, want_lse, tile_summaries, stream);
+  if (a.batch <= 64) return LaunchTiles<T, Mma64>(a, hr, num_tiles, want_lse, tile_summaries, stream);
+  return LaunchTiles<T, Mma128>(a, hr, num_tiles, want_lse, tile_summaries, stream);
 }
 
 }  // namespace
@@ -487,11 +437,14 @@ bool MmaStage1Eligible(const FusedSampleArgs& args) {
 }
 
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
-                            SampleSummary* tile_summaries, cudaStream_t stream) {
+                            SampleSummary* tile_summaries, unsigned short* hidden_rounded,
+                            cudaStream_t stream) {
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
-    return LaunchForBatch<Fp16Mma>(args, num_tiles, want_lse, tile_summaries, stream);
+    return LaunchForBatch<Fp16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
+                                   stream);
   }
-  return LaunchForBatch<Bf16Mma>(args, num_tiles, want_lse, tile_summaries, stream);
+  return LaunchForBatch<Bf16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
+                                 stream);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

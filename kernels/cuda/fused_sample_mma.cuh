@@ -16,14 +16,20 @@ namespace flashsampler::kernels::cuda_internal {
 // kernel already reads W once and is at the bandwidth floor).
 constexpr int64_t kMmaMinBatch = 3;
 
+// Tokens per workspace tile; the CUDA-core stage 1 uses the same tiles.
+constexpr int kMmaTileVocab = 128;
+
 // True when the tensor-core stage 1 applies: fp16 / bf16 weights, batch >=
 // kMmaMinBatch, hidden_dim % 16 == 0, W and H 16-byte aligned.
 bool MmaStage1Eligible(const FusedSampleArgs& args);
 
-// Enqueues the tensor-core stage 1: writes tile_summaries[row * num_tiles +
-// tile] (tiles of kMmaTileVocab = 128 tokens, the layout of the CUDA-core
-// stage 1) for every row and tile. Returns the launch error, if any.
+// Enqueues the tensor-core stage 1 (two kernels): H rounded to the weight
+// dtype into hidden_rounded (device scratch of batch * hidden_dim 16-bit
+// elements, 16-byte aligned), then tile_summaries[row * num_tiles + tile]
+// (tiles of kMmaTileVocab tokens, the layout of the CUDA-core stage 1) for
+// every row and tile. Returns the launch error, if any.
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
-                            SampleSummary* tile_summaries, cudaStream_t stream);
+                            SampleSummary* tile_summaries, unsigned short* hidden_rounded,
+                            cudaStream_t stream);
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -1,44 +1,48 @@
 // Stage 2 of the CUDA samplers: merge each row's tile summaries into its token,
 // log Z and log-prob. See sample_reduce.cuh for the contract.
 //
-// One warp per row. Lane k merges a contiguous run of tiles,
-// [k * per_lane, (k + 1) * per_lane), in tile order; then the 32 partial
-// summaries are merged by a tree that keeps them in lane order (lane k absorbs
-// lane k + 1, then k + 2, ...). The result is an ordered, fixed-shape
-// reduction of the tiles: the winner is the global argmax (MergeSummaries is
+// One block of kMergeThreads threads per row. Thread k merges tiles k,
+// k + kMergeThreads, k + 2 kMergeThreads, ... in that order (coalesced loads,
+// a few per thread, all independent of the merges so they are in flight
+// together); a butterfly merges each warp's 32 partials, and thread 0 merges
+// the warps' results in warp order. The shape depends only on num_tiles, so
+// the reduction is fixed: the winner is the global argmax (MergeSummaries is
 // associative for it) and log Z rounds identically on every launch.
+// (Measured: one warp per row walking its tiles took ~25 us at 1187 tiles,
+// latency-bound; see kernels/cuda/NOTES-fused.md.)
 #include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels::cuda_internal {
 namespace {
 
-constexpr int kMergeWarpsPerBlock = 4;  // rows per block
-constexpr int kMergeThreads = kMergeWarpsPerBlock * 32;
+constexpr int kMergeThreads = 256;
+constexpr int kMergeWarps = kMergeThreads / 32;
 
 __global__ void __launch_bounds__(kMergeThreads)
-    MergeTileSummariesKernel(const SampleSummary* __restrict__ tile_summaries, int64_t batch,
-                             int64_t num_tiles, int32_t* __restrict__ token_ids,
-                             float* __restrict__ logz, float* __restrict__ logprobs) {
+    MergeTileSummariesKernel(const SampleSummary* __restrict__ tile_summaries, int64_t num_tiles,
+                             int32_t* __restrict__ token_ids, float* __restrict__ logz,
+                             float* __restrict__ logprobs) {
+  __shared__ SampleSummary warp_results[kMergeWarps];
+  // Launched as a programmatic dependent of stage 1: wait until its tile
+  // summaries are written (a no-op for an ordinary launch).
+  GridDependencyWait();
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarpsPerBlock + threadIdx.x / 32;
-  if (row >= batch) return;  // uniform across the warp: the shuffles below stay full-warp
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t row = blockIdx.x;
 
-  // This lane's contiguous run of tiles.
-  const int64_t per_lane = (num_tiles + 31) / 32;
-  const int64_t begin = lane * per_lane;
-  const int64_t end = begin + per_lane < num_tiles ? begin + per_lane : num_tiles;
   const SampleSummary* tiles = tile_summaries + row * num_tiles;
   SampleSummary s = EmptySampleSummary();
-  for (int64_t t = begin; t < end; ++t) s = MergeSummaries(s, tiles[t]);
+#pragma unroll 4
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kMergeThreads) s = MergeSummaries(s, tiles[t]);
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+  if (lane == 0) warp_results[warp] = s;
+  __syncthreads();
 
-  // Ordered tree: at step `delta`, lane k (k a multiple of 2*delta) appends the
-  // partial of lane k + delta, which covers the tiles right after its own.
-  for (unsigned delta = 1; delta < 32; delta *= 2) {
-    const SampleSummary next = ShuffleDownSummary(s, delta);
-    if (lane % (2 * delta) == 0 && lane + delta < 32) s = MergeSummaries(s, next);
-  }
-
-  if (lane == 0) {
+  if (threadIdx.x == 0) {
+    s = warp_results[0];
+#pragma unroll
+    for (int w = 1; w < kMergeWarps; ++w) s = MergeSummaries(s, warp_results[w]);
     token_ids[row] = s.best_index;
     if (logz != nullptr || logprobs != nullptr) {
       const float row_logz = SummaryLogZ(s);
@@ -53,12 +57,15 @@ __global__ void __launch_bounds__(kMergeThreads)
 cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t batch,
                                      int64_t num_tiles, int32_t* token_ids, float* logz,
                                      float* logprobs, cudaStream_t stream) {
-  // One warp per row, kMergeWarpsPerBlock rows per block. The callers bound
-  // batch by INT32_MAX, so the block count fits a 1-D grid.
-  const int64_t blocks = (batch + kMergeWarpsPerBlock - 1) / kMergeWarpsPerBlock;
-  MergeTileSummariesKernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(
-      tile_summaries, batch, num_tiles, token_ids, logz, logprobs);
-  return cudaGetLastError();
+  // One block per row. The callers bound batch by INT32_MAX, so the block
+  // count fits a 1-D grid.
+  // Programmatic dependent launch: the blocks are scheduled while stage 1's
+  // last blocks finish and wait in the kernel for its writes.
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      DependentLaunch(dim3(static_cast<unsigned>(batch)), dim3(kMergeThreads), 0, stream, &attribute);
+  return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, num_tiles,
+                            token_ids, logz, logprobs);
 }
 
 KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment) {

@@ -93,19 +93,6 @@ __device__ __forceinline__ SampleSummary ShuffleXorSummary(const SampleSummary& 
   return o;
 }
 
-// The summary held by lane (this lane + delta); lanes past 31 get their own.
-// All 32 lanes must call it together.
-__device__ __forceinline__ SampleSummary ShuffleDownSummary(const SampleSummary& s,
-                                                            unsigned delta) {
-  SampleSummary o;
-  o.best_score = __shfl_down_sync(kFullWarpMask, s.best_score, delta);
-  o.best_index = __shfl_down_sync(kFullWarpMask, s.best_index, delta);
-  o.best_logit = __shfl_down_sync(kFullWarpMask, s.best_logit, delta);
-  o.max_logit = __shfl_down_sync(kFullWarpMask, s.max_logit, delta);
-  o.sum_exp = __shfl_down_sync(kFullWarpMask, s.sum_exp, delta);
-  return o;
-}
-
 // The argument checks both launchers share: non-null inputs and outputs, sizes
 // within int32 (token ids are int32), 1 <= valid_vocab <= vocab, and pointers
 // aligned for their element types (the workspace to `workspace_alignment`).
@@ -139,7 +126,56 @@ struct RowSampler {
         sampled ? __fadd_rn(logit, DeviceGumbelNoise(params, static_cast<uint32_t>(token))) : logit;
     AddToken(s, static_cast<int32_t>(token), logit, score, want_lse);
   }
+
+  // Add for the four tokens token0 .. token0 + 3 (token0 % 4 == 0) in order,
+  // those below valid_vocab: one Philox block gives all four noise words (the
+  // same words DeviceGumbelNoise picks one at a time).
+  __device__ __forceinline__ void AddFour(SampleSummary& s, int64_t token0, const float4& dots,
+                                          int64_t valid_vocab, bool want_lse) const {
+    r123::Philox4x32::ctr_type block = {{0u, 0u, 0u, 0u}};
+    if (sampled) {
+      block = PhiloxNoiseBlock(params.seed, params.offset, params.stream,
+                               static_cast<uint32_t>(token0) >> 2);
+    }
+    const float dot[4] = {dots.x, dots.y, dots.z, dots.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (token0 + i >= valid_vocab) break;
+      const float logit = TransformLogit(dot[i], scale);
+      const float score = sampled ? __fadd_rn(logit, GumbelFromBits(block.v[i])) : logit;
+      AddToken(s, static_cast<int32_t>(token0 + i), logit, score, want_lse);
+    }
+  }
 };
+
+// Programmatic dependent launch (sm_90). A kernel launched with
+// DependentLaunch's attribute may start while the previous kernel in the
+// stream still runs; GridDependencyWait blocks until that kernel has completed
+// and its writes are visible (a no-op after an ordinary launch), and
+// AllowDependentLaunch lets the next such kernel be scheduled early.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// A launch configuration with programmatic stream serialization allowed;
+// `attribute` must outlive the cudaLaunchKernelEx call.
+inline cudaLaunchConfig_t DependentLaunch(dim3 grid, dim3 block, size_t smem_bytes,
+                                          cudaStream_t stream, cudaLaunchAttribute* attribute) {
+  *attribute = cudaLaunchAttribute{};
+  attribute->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute->val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
 
 // KernelStatus of a CUDA runtime result.
 inline KernelStatus StatusFromCuda(cudaError_t err) {
@@ -148,7 +184,7 @@ inline KernelStatus StatusFromCuda(cudaError_t err) {
 
 // Stage 2, shared by both samplers. tile_summaries is [batch, num_tiles]
 // row-major (a row's tiles are contiguous, in vocabulary order). For every row
-// it merges the tiles in tile order and writes
+// it merges the tiles in a fixed order (sample_reduce.cu) and writes
 //   token_ids[row] = best_index   (-1 only if every score of the row was NaN),
 //   logz[row]      = SummaryLogZ  (when logz != nullptr),
 //   logprobs[row]  = best_logit - logz (when logprobs != nullptr).

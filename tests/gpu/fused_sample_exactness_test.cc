@@ -2,8 +2,9 @@
 // the token frequencies match the float64 softmax of the fp32 transformed
 // logits (ctest label `gpu`).
 //
-// Setup: hidden_dim = 1 and H = 1, so the logits are exactly the (bf16) values
-// of W's single column, whatever the summation order; the transformed logit
+// Setup: H = e_0 (1 in column 0, zeros elsewhere), so the logits are exactly
+// the (bf16) values of W's column 0, whatever the summation order (hidden_dim
+// = 1 takes the CUDA-core stage 1, hidden_dim = 16 the tensor-core one); the transformed logit
 // l' = logit * LogitScale(T) is formed here with the same single fp32 multiply
 // as the kernel. The reference is then the exact softmax of the fp32 values the
 // kernel sees. Each launch has many rows that share one seed and offset, with
@@ -48,16 +49,19 @@ constexpr double kRequiredShift = 7.0;  // z of a 2% error for p >= 0.05
 std::vector<int64_t> SampleCounts(const DeviceWeights& dw, const HostWeights& w, int64_t rows,
                                   int64_t calls, float temperature, uint64_t seed) {
   std::vector<int64_t> counts(static_cast<size_t>(w.vocab), 0);
-  DeviceBuffer<float> d_hidden(rows);
+  DeviceBuffer<float> d_hidden(rows * w.hidden);
   DeviceBuffer<RowParams> d_params(rows);
   DeviceBuffer<int32_t> d_tokens(rows);
-  const size_t ws_bytes = FusedSampleWorkspaceBytes(rows, w.vocab);
+  const size_t ws_bytes = FusedSampleWorkspaceBytes(rows, w.vocab, w.hidden);
   DeviceBuffer<uint8_t> d_workspace(ws_bytes);
   if (d_hidden.data() == nullptr || d_params.data() == nullptr || d_tokens.data() == nullptr ||
       d_workspace.data() == nullptr) {
     return counts;  // reported by DeviceBuffer
   }
-  d_hidden.Upload(std::vector<float>(static_cast<size_t>(rows), 1.0f));
+  // H = e_0: every logit is W's column 0 exactly, in either stage-1 path.
+  std::vector<float> hidden(static_cast<size_t>(rows * w.hidden), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) hidden[r * w.hidden] = 1.0f;
+  d_hidden.Upload(hidden);
   std::vector<RowParams> params(static_cast<size_t>(rows));
 
   FusedSampleArgs args;
@@ -68,7 +72,7 @@ std::vector<int64_t> SampleCounts(const DeviceWeights& dw, const HostWeights& w,
   args.batch = rows;
   args.vocab = w.vocab;
   args.valid_vocab = w.vocab;
-  args.hidden_dim = 1;
+  args.hidden_dim = w.hidden;
   args.token_ids = d_tokens.data();
   args.workspace = d_workspace.data();
   args.workspace_bytes = ws_bytes;
@@ -119,6 +123,30 @@ TEST_F(FusedSampleExactnessTest, SmallVocabularyChiSquare) {
   constexpr float kTemperature = 0.8f;
   const std::vector<int64_t> counts = SampleCounts(dw, w, int64_t{1} << 22, 1, kTemperature, 42);
   ExpectMatchesSoftmax(counts, w, kTemperature);
+}
+
+// The tensor-core stage 1 (hidden_dim 16, 2^22 rows in one launch: 128-row
+// blocks) with its own epilogue: V = 200, two tiles, the second partial.
+// Logits -(v % 50) / 8 plus three heavy tokens on the tile edges (127, 128)
+// and at the end (199), all exact in bf16; T = 0.8.
+TEST_F(FusedSampleExactnessTest, TensorCorePathChiSquare) {
+  constexpr int64_t kVocab = 200, kHidden = 16;
+  const HostWeights w = gpu_test::MakeWeights(
+      CudaWeightDType::kBFloat16, kVocab, kHidden, [](int64_t v, int64_t d) {
+        if (d != 0) return 0.25f;  // multiplied by H's zeros
+        if (v == 127 || v == 128 || v == 199) return 0.5f;
+        return -0.125f * static_cast<float>(v % 50);
+      });
+  DeviceWeights dw;
+  gpu_test::UploadWeights(w, 0, &dw);
+  constexpr float kTemperature = 0.8f;
+  const std::vector<int64_t> counts = SampleCounts(dw, w, int64_t{1} << 22, 1, kTemperature, 43);
+  std::vector<float> column0(static_cast<size_t>(kVocab));
+  for (int64_t v = 0; v < kVocab; ++v) column0[v] = w.values[v * kHidden];
+  HostWeights logits = w;
+  logits.hidden = 1;
+  logits.values = column0;
+  ExpectMatchesSoftmax(counts, logits, kTemperature);
 }
 
 // V = 151936 (1187 tiles, the last one partial), 2^20 samples (256 launches of

@@ -119,7 +119,10 @@ std::string CaseName(const ::testing::TestParamInfo<MmaCase>& info) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedSampleMmaTest,
     ::testing::Combine(::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16),
-                       ::testing::Values(int64_t{3}, int64_t{8}, int64_t{16}, int64_t{64},
+                       // One batch per block shape (8, 16, 32, 64, 128 rows), a
+                       // partial 128-row block and three 128-row chunks.
+                       ::testing::Values(int64_t{3}, int64_t{8}, int64_t{16}, int64_t{32},
+                                         int64_t{64}, int64_t{100}, int64_t{128},
                                          int64_t{257}),
                        ::testing::Values(int64_t{16}, int64_t{1024}, int64_t{4096})),
     CaseName);

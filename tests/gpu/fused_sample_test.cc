@@ -338,7 +338,7 @@ TEST_F(FusedSampleTest, RejectsInvalidArguments) {
   DeviceBuffer<float> hidden(kBatch * kHidden);
   DeviceBuffer<RowParams> params(kBatch);
   DeviceBuffer<int32_t> tokens(kBatch);
-  const size_t ws_bytes = FusedSampleWorkspaceBytes(kBatch, kVocab);
+  const size_t ws_bytes = FusedSampleWorkspaceBytes(kBatch, kVocab, kHidden);
   ASSERT_GT(ws_bytes, 0u);
   DeviceBuffer<uint8_t> workspace(ws_bytes + 16);
   FS_ASSERT_CUDA(cudaMemset(tokens.data(), 0xff, tokens.bytes()));
@@ -387,8 +387,9 @@ TEST_F(FusedSampleTest, RejectsInvalidArguments) {
   FS_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<int32_t> untouched = tokens.Download(kBatch);
   for (int32_t t : untouched) EXPECT_EQ(t, -1) << "a rejected launch wrote an output";
-  EXPECT_EQ(FusedSampleWorkspaceBytes(0, kVocab), 0u);
-  EXPECT_EQ(FusedSampleWorkspaceBytes(kBatch, 0), 0u);
+  EXPECT_EQ(FusedSampleWorkspaceBytes(0, kVocab, kHidden), 0u);
+  EXPECT_EQ(FusedSampleWorkspaceBytes(kBatch, 0, kHidden), 0u);
+  EXPECT_EQ(FusedSampleWorkspaceBytes(kBatch, kVocab, 0), 0u);
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
       cublas != nullptr
           ? MaterializedSampleWorkspaceBytes(batch, problem.valid_vocab, problem.hidden,
                                              problem.dtype)
-          : FusedSampleWorkspaceBytes(batch, problem.valid_vocab);
+          : FusedSampleWorkspaceBytes(batch, problem.valid_vocab, problem.hidden);
   EXPECT_GT(ws_bytes, 0u);
   DeviceBuffer<uint8_t> d_workspace(ws_bytes);
   if (d_hidden.data() == nullptr || d_params.data() == nullptr || d_tokens.data() == nullptr ||

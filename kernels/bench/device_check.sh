@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# One device-machine session of checks and timings for the CUDA kernels, run
+# where binaries built elsewhere were unpacked (see kernels/cuda/NOTES-fused.md
+# for how they travel):
+#
+#   device_check.sh BIN_DIR OUT_DIR PHASE...
+#
+# PHASE: info (GPU, SASS instruction counts of the stage-1 kernels), tests (all
+# gpu-labelled test binaries, then compute-sanitizer memcheck on small cases),
+# bench (flashsampler-kernel-bench, both shapes, B = 1..256), peers
+# (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), ncu (Nsight
+# Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936).
+# Each phase appends to one log under OUT_DIR (the device tool returns at most
+# 8 files); the last lines printed are a short summary.
+set -u
+bin=$1; out=$2; shift 2
+mkdir -p "$out"
+summary=()
+
+for phase in "$@"; do
+  case "$phase" in
+    info)
+      {
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw \
+          --format=csv
+        # Per stage-1 kernel: tensor-core, ldmatrix, cp.async and local-memory
+        # instruction counts in the SASS.
+        cuobjdump -sass "$bin/fused_sample_gpu_test" | awk '
+          /Function :/ { if (name != "") print name, h, l, g, ld, st, lg; name=$3; h=l=g=ld=st=lg=0 }
+          /HMMA/ {h++} /LDSM/ {l++} /LDGSTS/ {g++} /LDL/ {ld++} /STL/ {st++} /LDG\.E\.128/ {lg++}
+          END { print name, h, l, g, ld, st, lg }' |
+          awk 'BEGIN{print "kernel HMMA LDSM LDGSTS LDL STL LDG.128"} /Tile|Convert|Merge|Gumbel/'
+      } > "$out/info.txt" 2>&1
+      summary+=("info: $(head -2 "$out/info.txt" | tail -1)")
+      ;;
+    tests)
+      : > "$out/tests.log"
+      for t in fused_sample_gpu_test fused_sample_exactness_gpu_test materialized_sample_gpu_test \
+               cuda_engine_gpu_test; do
+        timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
+        rc=$?
+        summary+=("test $t rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/tests.log" | tail -1)")
+      done
+      # memcheck on small cases of both stage-1 paths (B = 3..257, D = 16 / 1024).
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/fused_sample_gpu_test" \
+        --gtest_filter='Shapes/FusedSampleMmaTest.*D16*:Shapes/FusedSampleMmaTest.*B3_D1024*:FusedSampleTest.*' \
+        >> "$out/tests.log" 2>&1
+      rc=$?
+      summary+=("memcheck rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
+      ;;
+    bench)
+      # BENCH_TAG names the output files (bench${BENCH_TAG}.log / .json).
+      timeout 400 "$bin/flashsampler-kernel-bench" --backend=cuda \
+        --json="$out/bench${BENCH_TAG:-}.json" ${BENCH_ARGS:-} > "$out/bench${BENCH_TAG:-}.log" 2>&1
+      summary+=("bench${BENCH_TAG:-} rc=$?")
+      ;;
+    peers)
+      PYTHONUNBUFFERED=1 timeout 420 python3 "${PEERS:-kernels/bench/peers.py}" \
+        --json="$out/peers.json" ${PEERS_ARGS:-} > "$out/peers.log" 2>&1
+      summary+=("peers rc=$?")
+      ;;
+    ncu)
+      touch "$out/ncu.txt"
+      for b in ${NCU_BATCHES:-1 16 64 256}; do
+        echo "==== B=$b" >> "$out/ncu.txt"
+        timeout 200 ncu --clock-control none -k regex:'MmaTileKernel|FusedSampleTileKernel' \
+          --launch-skip 2 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section LaunchStats --section SchedulerStats \
+          --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+          "$bin/flashsampler-kernel-bench" --backend=cuda --shapes=4096x151936 --batches="$b" \
+          --iterations=100 --warmup=1 --copy_mib=256 >> "$out/ncu.txt" 2>&1
+        summary+=("ncu B=$b rc=$?")
+      done
+      ;;
+  esac
+done
+for f in "$out"/bench*.log; do [ -f "$f" ] && grep -E '^[0-9]+x[0-9]+ ' "$f"; done
+printf '%s\n' "${summary[@]}"
