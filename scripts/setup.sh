@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12 packages, whatever FlashSampler needs to build and
-# test that is not already installed. Idempotent: a second run installs nothing.
+# test that is not already installed (clang, its sanitizer/libFuzzer runtimes
+# and llvm-symbolizer are for scripts/sanitizers.sh and scripts/fuzz.sh). Idempotent: a second run installs nothing.
 set -euo pipefail
 
 packages=(
@@ -9,6 +10,7 @@ packages=(
   libabsl-dev librandom123-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev
   python3 python3-venv
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()
