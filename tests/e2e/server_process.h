@@ -23,6 +23,7 @@ class ServerProcess {
 
   absl::Status Start(absl::Duration ready_timeout = absl::Seconds(60));
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }  // -1 when not started or exited
   bool running();
 
   // Sends `signal_number` and waits up to `timeout` for exit. Returns the exit
