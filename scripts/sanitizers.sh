@@ -3,8 +3,12 @@
 #   asan: build-asan/, every test labelled cpu under ASan + UBSan
 #         (FLASHSAMPLER_SANITIZE=address,undefined via FLASHSAMPLER_FUZZ=ON, so the
 #         same folder also builds the fuzz targets for scripts/fuzz.sh).
-#   tsan: build-tsan/, the tests where threads meet (executor, service, worker
-#         pool, tiled sampler, the end-to-end suites) under TSan.
+#   tsan: build-tsan/, the tests of our threaded components (executor, worker
+#         pool, tiled sampler, CPU engine) under TSan. The gRPC server paths
+#         (server_e2e_test, hostile_client_test) are not run under TSan: Debian's
+#         gRPC is not instrumented, and its call objects, allocated and handed
+#         between threads inside libgrpc, produce dozens of reports per run that
+#         TSan cannot tell from real ones (they run under ASan+UBSan instead).
 # Usage: scripts/sanitizers.sh [asan|tsan|all] (default all). Extra environment:
 #   FLASHSAMPLER_SANITIZE_JOBS  build parallelism (default: nproc)
 # Any sanitizer report fails its test (halt_on_error / -fno-sanitize-recover).
@@ -38,11 +42,13 @@ run_asan() {
 
 run_tsan() {
   cmake -S . -B build-tsan "${common[@]}" -DFLASHSAMPLER_FUZZ=OFF -DFLASHSAMPLER_SANITIZE=thread
-  local tests=(sample_executor_test worker_pool_test tiled_sampler_test cpu_engine_test
-               server_e2e_test hostile_client_test)
-  cmake --build build-tsan -j"$jobs" --target "${tests[@]}" flashsampler-server flashsampler-cli
+  local tests=(sample_executor_test worker_pool_test tiled_sampler_test cpu_engine_test)
+  cmake --build build-tsan -j"$jobs" --target "${tests[@]}"
   local pattern
   pattern="^($(IFS='|'; echo "${tests[*]}"))\$"
+  # The goodness-of-fit suites are statistics, not threading (the thread-count
+  # tests of the tiled sampler stay): minutes under TSan for nothing new.
+  GTEST_FILTER='-TiledSamplerGoodnessOfFit.*' \
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp${symbolizer:+:external_symbolizer_path=$symbolizer}" \
     ctest --test-dir build-tsan --output-on-failure --no-tests=error -R "$pattern" -j1
 }

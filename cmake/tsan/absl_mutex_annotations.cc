@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "absl/base/config.h"
 #include "absl/synchronization/mutex.h"
@@ -32,6 +33,11 @@
 
 extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);
+// Exported by the TSan runtime (the dynamic-annotations interface).
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
 
 namespace {
 
@@ -85,6 +91,31 @@ using WaitNotifyDeadlineFn = bool (*)(const absl::Notification*, absl::Time);
 void Acquire(const void* p) { __tsan_acquire(const_cast<void*>(p)); }
 void Release(const void* p) { __tsan_release(const_cast<void*>(p)); }
 
+// Memory accesses inside the real Abseil call are not checked. Abseil
+// evaluates a waiter's Condition (our code, reading guarded state) on
+// whichever thread holds or releases the mutex, inside Lock/Unlock/Await:
+// logically under the lock, but outside the window the Acquire/Release pair
+// above marks. Abseil's own TSan build ignores those evaluations the same way.
+struct IgnoreAccesses {
+  IgnoreAccesses() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~IgnoreAccesses() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+  IgnoreAccesses(const IgnoreAccesses&) = delete;
+  IgnoreAccesses& operator=(const IgnoreAccesses&) = delete;
+};
+
+// Calls `real` with accesses ignored and returns its result.
+template <typename Fn, typename... Args>
+auto CallReal(Fn real, Args&&... args) {
+  IgnoreAccesses ignore;
+  return real(std::forward<Args>(args)...);
+}
+
 }  // namespace
 
 namespace absl {
@@ -92,71 +123,71 @@ ABSL_NAMESPACE_BEGIN
 
 void Mutex::Lock() {
   static const MutexFn real = Real<MutexFn>("5Mutex4LockEv");
-  real(this);
+  CallReal(real, this);
   Acquire(this);
 }
 void Mutex::ReaderLock() {
   static const MutexFn real = Real<MutexFn>("5Mutex10ReaderLockEv");
-  real(this);
+  CallReal(real, this);
   Acquire(this);
 }
 void Mutex::Unlock() {
   static const MutexFn real = Real<MutexFn>("5Mutex6UnlockEv");
   Release(this);
-  real(this);
+  CallReal(real, this);
 }
 void Mutex::ReaderUnlock() {
   static const MutexFn real = Real<MutexFn>("5Mutex12ReaderUnlockEv");
   Release(this);
-  real(this);
+  CallReal(real, this);
 }
 bool Mutex::TryLock() {
   static const MutexBoolFn real = Real<MutexBoolFn>("5Mutex7TryLockEv");
-  const bool locked = real(this);
+  const bool locked = CallReal(real, this);
   if (locked) Acquire(this);
   return locked;
 }
 bool Mutex::ReaderTryLock() {
   static const MutexBoolFn real = Real<MutexBoolFn>("5Mutex13ReaderTryLockEv");
-  const bool locked = real(this);
+  const bool locked = CallReal(real, this);
   if (locked) Acquire(this);
   return locked;
 }
 void Mutex::LockWhen(const Condition& cond) {
   static const CondFn real = Real<CondFn>("5Mutex8LockWhenERKNS@_9ConditionE");
-  real(this, cond);
+  CallReal(real, this, cond);
   Acquire(this);
 }
 void Mutex::ReaderLockWhen(const Condition& cond) {
   static const CondFn real = Real<CondFn>("5Mutex14ReaderLockWhenERKNS@_9ConditionE");
-  real(this, cond);
+  CallReal(real, this, cond);
   Acquire(this);
 }
 bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
   static const CondTimeoutFn real =
       Real<CondTimeoutFn>("5Mutex19LockWhenWithTimeoutERKNS@_9ConditionENS@_8DurationE");
-  const bool met = real(this, cond, timeout);
+  const bool met = CallReal(real, this, cond, timeout);
   Acquire(this);
   return met;
 }
 bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
   static const CondDeadlineFn real =
       Real<CondDeadlineFn>("5Mutex20LockWhenWithDeadlineERKNS@_9ConditionENS@_4TimeE");
-  const bool met = real(this, cond, deadline);
+  const bool met = CallReal(real, this, cond, deadline);
   Acquire(this);
   return met;
 }
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, Duration timeout) {
   static const CondTimeoutFn real =
       Real<CondTimeoutFn>("5Mutex25ReaderLockWhenWithTimeoutERKNS@_9ConditionENS@_8DurationE");
-  const bool met = real(this, cond, timeout);
+  const bool met = CallReal(real, this, cond, timeout);
   Acquire(this);
   return met;
 }
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
   static const CondDeadlineFn real =
       Real<CondDeadlineFn>("5Mutex26ReaderLockWhenWithDeadlineERKNS@_9ConditionENS@_4TimeE");
-  const bool met = real(this, cond, deadline);
+  const bool met = CallReal(real, this, cond, deadline);
   Acquire(this);
   return met;
 }
@@ -164,14 +195,14 @@ bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
 void Mutex::Await(const Condition& cond) {
   static const CondFn real = Real<CondFn>("5Mutex5AwaitERKNS@_9ConditionE");
   Release(this);
-  real(this, cond);
+  CallReal(real, this, cond);
   Acquire(this);
 }
 bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
   static const CondTimeoutFn real =
       Real<CondTimeoutFn>("5Mutex16AwaitWithTimeoutERKNS@_9ConditionENS@_8DurationE");
   Release(this);
-  const bool met = real(this, cond, timeout);
+  const bool met = CallReal(real, this, cond, timeout);
   Acquire(this);
   return met;
 }
@@ -179,7 +210,7 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
   static const CondDeadlineFn real =
       Real<CondDeadlineFn>("5Mutex17AwaitWithDeadlineERKNS@_9ConditionENS@_4TimeE");
   Release(this);
-  const bool met = real(this, cond, deadline);
+  const bool met = CallReal(real, this, cond, deadline);
   Acquire(this);
   return met;
 }
@@ -187,14 +218,14 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
 void CondVar::Wait(Mutex* mu) {
   static const CvWaitFn real = Real<CvWaitFn>("7CondVar4WaitEPNS@_5MutexE");
   Release(mu);
-  real(this, mu);
+  CallReal(real, this, mu);
   Acquire(mu);
 }
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
   static const CvTimeoutFn real =
       Real<CvTimeoutFn>("7CondVar15WaitWithTimeoutEPNS@_5MutexENS@_8DurationE");
   Release(mu);
-  const bool timed_out = real(this, mu, timeout);
+  const bool timed_out = CallReal(real, this, mu, timeout);
   Acquire(mu);
   return timed_out;
 }
@@ -202,7 +233,7 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   static const CvDeadlineFn real =
       Real<CvDeadlineFn>("7CondVar16WaitWithDeadlineEPNS@_5MutexENS@_4TimeE");
   Release(mu);
-  const bool timed_out = real(this, mu, deadline);
+  const bool timed_out = CallReal(real, this, mu, deadline);
   Acquire(mu);
   return timed_out;
 }
@@ -211,24 +242,24 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
 void Notification::Notify() {
   static const NotifyFn real = Real<NotifyFn>("12Notification6NotifyEv");
   Release(this);
-  real(this);
+  CallReal(real, this);
 }
 void Notification::WaitForNotification() const {
   static const WaitNotifyFn real = Real<WaitNotifyFn>("12Notification19WaitForNotificationEv", /*is_const=*/true);
-  real(this);
+  CallReal(real, this);
   Acquire(this);
 }
 bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
   static const WaitNotifyTimeoutFn real =
       Real<WaitNotifyTimeoutFn>("12Notification30WaitForNotificationWithTimeoutENS@_8DurationE", /*is_const=*/true);
-  const bool notified = real(this, timeout);
+  const bool notified = CallReal(real, this, timeout);
   if (notified) Acquire(this);
   return notified;
 }
 bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
   static const WaitNotifyDeadlineFn real =
       Real<WaitNotifyDeadlineFn>("12Notification31WaitForNotificationWithDeadlineENS@_4TimeE", /*is_const=*/true);
-  const bool notified = real(this, deadline);
+  const bool notified = CallReal(real, this, deadline);
   if (notified) Acquire(this);
   return notified;
 }
