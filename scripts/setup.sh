@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12 packages, whatever FlashSampler needs to build and
-# test that is not already installed. Idempotent: a second run installs nothing.
+# test that is not already installed (clang, its sanitizer/libFuzzer runtimes
+# and llvm-symbolizer are for scripts/sanitizers.sh and scripts/fuzz.sh). Idempotent: a second run installs nothing.
 set -euo pipefail
 
 packages=(
@@ -11,6 +12,7 @@ packages=(
   python3 python3-venv
   libssl-dev openssl
   prometheus-cpp-dev
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()

@@ -31,6 +31,7 @@ class ServerProcess {
   const std::string& health_address() const { return health_address_; }  // empty: none
   // HOST:PORT of /metrics; empty when the server was started without it.
   const std::string& metrics_address() const { return metrics_address_; }
+  pid_t pid() const { return pid_; }  // -1 when not started or exited
   bool running();
 
   // Sends `signal_number` and waits up to `timeout` for exit. Returns the exit
