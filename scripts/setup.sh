@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librandom123-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev
-  python3 python3-venv
+  python3 python3-venv prometheus
   libssl-dev openssl
   prometheus-cpp-dev
   clang libclang-rt-14-dev llvm
