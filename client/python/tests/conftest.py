@@ -38,37 +38,67 @@ def read_safetensors_bf16(path: pathlib.Path, tensor: str) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    weights = tmp_path_factory.mktemp("head") / "head.safetensors"
-    subprocess.run([_binary("FLASHSAMPLER_DEMO_HEAD_BIN"), f"--out={weights}",
-                    f"--vocab={VOCAB}", f"--hidden={HIDDEN}", "--seed=7", "--dtype=bf16"],
-                   check=True, capture_output=True)
+def start_server(flags, wait_health=True):
+    """Starts flashsampler-server with `flags`; returns (process, address,
+    health address or None) once health answers SERVING."""
     proc = subprocess.Popen([_binary("FLASHSAMPLER_SERVER_BIN"), "--address=127.0.0.1:0",
-                             "--backend=cpu", "--threads=2", f"--weights={weights}"],
+                             "--backend=cpu", "--threads=2", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    address = None
+    address = health = None
+    wants_health = any(f.startswith("--health_address=") for f in flags)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (address is None or (wants_health and health is None)):
         line = proc.stdout.readline()
         if not line:
             break
-        match = re.search(r"listening on (\S+)", line)
-        if match:
+        if match := re.search(r"health listening on (\S+)", line):
+            health = match.group(1)
+        elif match := re.search(r"server listening on (\S+)", line):
             address = match.group(1)
-            break
-    if address is None:
+    if address is None or (wants_health and health is None):
         proc.kill()
         raise RuntimeError(f"server did not start: {proc.stderr.read()}")
     import flashsampler
 
-    with flashsampler.SamplerClient(address) as probe:
+    with flashsampler.SamplerClient(health or address) as probe:
         while probe.health() != "SERVING":
             if time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError("server never became SERVING")
             time.sleep(0.05)
-    w = read_safetensors_bf16(weights, "lm_head.weight")
-    yield {"address": address, "w": w}
+    return proc, address, health
+
+
+def stop_server(proc):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
+
+
+@pytest.fixture(scope="session")
+def head_file(tmp_path_factory):
+    weights = tmp_path_factory.mktemp("head") / "head.safetensors"
+    subprocess.run([_binary("FLASHSAMPLER_DEMO_HEAD_BIN"), f"--out={weights}",
+                    f"--vocab={VOCAB}", f"--hidden={HIDDEN}", "--seed=7", "--dtype=bf16"],
+                   check=True, capture_output=True)
+    return weights
+
+
+@pytest.fixture(scope="session")
+def server(head_file):
+    proc, address, _ = start_server([f"--weights={head_file}"])
+    yield {"address": address, "w": read_safetensors_bf16(head_file, "lm_head.weight")}
+    stop_server(proc)
+
+
+@pytest.fixture(scope="session")
+def secure_server(head_file, tmp_path_factory):
+    """mTLS + bearer token, with the plaintext health-only port."""
+    pki = tmp_path_factory.mktemp("pki")
+    subprocess.run(["bash", _binary("FLASHSAMPLER_MAKE_TEST_CERTS"), str(pki)], check=True)
+    (pki / "token").write_text("s3cret-token\n")
+    proc, address, health = start_server([
+        f"--weights={head_file}", f"--tls_cert={pki / 'server.pem'}",
+        f"--tls_key={pki / 'server.key'}", f"--tls_client_ca={pki / 'ca.pem'}",
+        f"--auth_token_file={pki / 'token'}", "--health_address=127.0.0.1:0"])
+    yield {"address": address, "health": health, "pki": pki}
+    stop_server(proc)

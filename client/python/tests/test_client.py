@@ -111,3 +111,42 @@ def test_torch_tensors_bit_exact(server):
         from_torch = client.sample(torch.from_numpy(hidden).to(torch.bfloat16),
                                    {"temperature": 1.0, "seed": 3})
     np.testing.assert_array_equal(from_numpy.token_ids, from_torch.token_ids)
+
+
+def test_mtls_and_token(secure_server):
+    pki = secure_server["pki"]
+    hidden = random_hidden(2, seed=6)
+    good = dict(tls=True, root_certificates=pki / "ca.pem", private_key=pki / "client.key",
+                certificate_chain=pki / "client.pem")
+    with flashsampler.SamplerClient(secure_server["address"], token_file=pki / "token",
+                                    **good) as client:
+        assert client.sample(hidden, {"temperature": 0.0}).token_ids.shape == (2,)
+    with flashsampler.SamplerClient(secure_server["address"], token="wrong", **good) as client:
+        with pytest.raises(grpc.RpcError) as error:
+            client.sample(hidden)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # No client certificate under mTLS: the handshake fails.
+    with flashsampler.SamplerClient(secure_server["address"], token_file=pki / "token", tls=True,
+                                    root_certificates=pki / "ca.pem") as client:
+        with pytest.raises(grpc.RpcError) as error:
+            client.sample(hidden, timeout=10)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    # Probes use the plaintext health-only port.
+    with flashsampler.SamplerClient(secure_server["health"]) as probe:
+        assert probe.health() == "SERVING"
+
+
+def test_async_client_with_tls_and_token(secure_server):
+    pki = secure_server["pki"]
+    hidden = random_hidden(3, seed=8)
+
+    async def run():
+        async with flashsampler.AsyncSamplerClient(
+                secure_server["address"], tls=True, root_certificates=pki / "ca.pem",
+                private_key=pki / "client.key", certificate_chain=pki / "client.pem",
+                token_file=pki / "token") as client:
+            return [r async for r in client.sample_stream(
+                [flashsampler.make_request(hidden, {"temperature": 1.0, "seed": 5})] * 2)]
+
+    first, second = asyncio.run(run())
+    np.testing.assert_array_equal(first.token_ids, second.token_ids)
