@@ -35,8 +35,9 @@ run_asan() {
   # quarantine keeps the hostile-client test's memory bound meaningful (freed
   # blocks are held back up to this size before reuse).
   # The goodness-of-fit suites draw millions of samples through the same code
-  # the other tiled-sampler tests cover: minutes each under ASan, nothing new.
-  GTEST_FILTER='-TiledSamplerGoodnessOfFit.*' \
+  # the other tiled- and controlled-sampler tests cover: minutes each under
+  # ASan, nothing new.
+  GTEST_FILTER='-TiledSamplerGoodnessOfFit.*:*ControlledSamplerFit*' \
   ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:quarantine_size_mb=32:detect_stack_use_after_return=0${symbolizer:+:external_symbolizer_path=$symbolizer}" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
   LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0" \
@@ -45,7 +46,7 @@ run_asan() {
 
 run_tsan() {
   cmake -S . -B build-tsan "${common[@]}" -DFLASHSAMPLER_FUZZ=OFF -DFLASHSAMPLER_SANITIZE=thread
-  local tests=(sample_executor_test worker_pool_test tiled_sampler_test cpu_engine_test)
+  local tests=(dynamic_batcher_test worker_pool_test tiled_sampler_test cpu_engine_test)
   cmake --build build-tsan -j"$jobs" --target "${tests[@]}"
   local pattern
   pattern="^($(IFS='|'; echo "${tests[*]}"))\$"
