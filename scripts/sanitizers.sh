@@ -34,6 +34,8 @@ run_asan() {
   # The server child processes of the e2e tests inherit these. A small
   # quarantine keeps the hostile-client test's memory bound meaningful (freed
   # blocks are held back up to this size before reuse).
+  # The Python client, manifest and PromQL checks test no C++ of ours beyond
+  # what the e2e tests run here; they run in the normal build.
   # The goodness-of-fit suites draw millions of samples through the same code
   # the other tiled- and controlled-sampler tests cover: minutes each under
   # ASan, nothing new.
@@ -41,7 +43,8 @@ run_asan() {
   ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:quarantine_size_mb=32:detect_stack_use_after_return=0${symbolizer:+:external_symbolizer_path=$symbolizer}" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
   LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0" \
-    ctest --test-dir build-asan --output-on-failure --no-tests=error -L cpu -j1
+    ctest --test-dir build-asan --output-on-failure --no-tests=error -L cpu -j"$jobs" \
+      -E '^(python_client_test|deploy_manifests_test|prometheus_queries_test)$'
 }
 
 run_tsan() {

@@ -13,4 +13,4 @@ if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep
   echo "test.sh: no GPU on this machine: excluding tests labelled gpu"
   exclude=(-LE gpu)
 fi
-ctest --test-dir build --output-on-failure --no-tests=error "${exclude[@]}" "$@"
+ctest --test-dir build --output-on-failure --no-tests=error -j"$(nproc)" "${exclude[@]}" "$@"
