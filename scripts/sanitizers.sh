@@ -3,7 +3,7 @@
 #   asan: build-asan/, every test labelled cpu under ASan + UBSan
 #         (FLASHSAMPLER_SANITIZE=address,undefined via FLASHSAMPLER_FUZZ=ON, so the
 #         same folder also builds the fuzz targets for scripts/fuzz.sh).
-#   tsan: build-tsan/, the tests of our threaded components (executor, worker
+#   tsan: build-tsan/, the tests of our threaded components (dynamic batcher, worker
 #         pool, tiled sampler, CPU engine) under TSan. The gRPC server paths
 #         (server_e2e_test, hostile_client_test) are not run under TSan: Debian's
 #         gRPC is not instrumented, and its call objects, allocated and handed
