@@ -53,6 +53,17 @@ struct SampleBatch {
   std::vector<RowControls> controls;
   bool want_logz = false;
   bool want_logprobs = false;
+  // [rows], or empty when no row verifies a draft. Speculative verification of
+  // a greedy draft token x = draft_tokens[b] >= 0 (-1: a plain row):
+  // - temperature > 0: the row's sample is drawn with x excluded, i.e. from the
+  //   residual distribution softmax(l') restricted to i != x (argmax over
+  //   i != x of l'_i + g_i), while logz (when asked) still covers every token;
+  // - greedy rows sample as usual (the argmax, x included);
+  // and SampleResult::draft_logprobs[b] = l'_x - log sum_i exp(l'_i), the log
+  // of the target probability of x (for greedy rows at T = 1, as logprobs).
+  // Rows with controls and a draft apply the draft to the distribution left
+  // after every control (a backend that cannot returns Unimplemented).
+  std::vector<int32_t> draft_tokens;
 };
 
 struct SampleResult {
@@ -61,6 +72,9 @@ struct SampleResult {
   std::vector<float> logprobs;     // [rows] when asked, else empty
   // [rows] exactly when the batch's `controls` is non-empty, else empty.
   std::vector<RowSampleDetail> details;
+  // [rows] exactly when the batch's `draft_tokens` is non-empty (NaN for rows
+  // without a draft), else empty.
+  std::vector<float> draft_logprobs;
 };
 
 // Memory of one device the engine uses (for the metrics endpoint).
