@@ -4,7 +4,10 @@
 // buffers, uploaded asynchronously, one sampler launch runs (the fused kernel up
 // to --cuda_fused_max_rows rows, the cuBLAS-materialized path above: whichever
 // measured faster for that batch size, BENCHMARKS.md), the results come back through pinned memory
-// and the stream is synchronised. Every CUDA call is checked: a failure marks
+// and the stream is synchronised. Speculative-verification rows
+// (SampleBatch::draft_tokens) ride in the same launch: their draft tokens are
+// uploaded beside the params and the kernels exclude / score them
+// (FusedSampleArgs::draft_tokens). Every CUDA call is checked: a failure marks
 // the engine unhealthy (health flips to NOT_SERVING) and the batch fails with
 // Internal; a sticky device error is not retried.
 #include <cublas_v2.h>
@@ -56,8 +59,12 @@ class CudaEngine final : public Engine {
     cudaSetDevice(options_.device);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* p : {weight_, hidden_, params_, tokens_, logz_, logprobs_, workspace_}) cudaFree(p);
-    for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_}) {
+    for (void* p : {weight_, hidden_, params_, tokens_, logz_, logprobs_, drafts_,
+                    draft_logprobs_, workspace_}) {
+      cudaFree(p);
+    }
+    for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_,
+                    host_drafts_, host_draft_logprobs_}) {
       cudaFreeHost(p);
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -85,11 +92,15 @@ class CudaEngine final : public Engine {
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&tokens_, rows * sizeof(int32_t)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logz_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logprobs_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&drafts_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&draft_logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_hidden_, hidden_bytes));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_params_, rows * sizeof(RowParams)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_tokens_, rows * sizeof(int32_t)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logz_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_drafts_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_draft_logprobs_, rows * sizeof(float)));
 
     // Workspace for the largest batch either path may get.
     const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
@@ -106,7 +117,9 @@ class CudaEngine final : public Engine {
     if (!healthy_) return absl::UnavailableError("the CUDA backend failed earlier and is not serving");
     if (batch.rows <= 0 || batch.rows > max_rows_ ||
         static_cast<int64_t>(batch.params.size()) != batch.rows ||
-        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size) {
+        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size ||
+        (!batch.draft_tokens.empty() &&
+         static_cast<int64_t>(batch.draft_tokens.size()) != batch.rows)) {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda engine: batch of ", batch.rows, " rows is inconsistent or over ", max_rows_));
     }
@@ -149,10 +162,16 @@ class CudaEngine final : public Engine {
       return s;
     }
     std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
+    const bool drafts = !batch.draft_tokens.empty();
     FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hidden_, host_hidden_, batch.hidden.size() * sizeof(float),
                                             cudaMemcpyHostToDevice, stream_));
     FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(params_, host_params_, rows * sizeof(RowParams),
                                             cudaMemcpyHostToDevice, stream_));
+    if (drafts) {
+      std::memcpy(host_drafts_, batch.draft_tokens.data(), rows * sizeof(int32_t));
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(drafts_, host_drafts_, rows * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream_));
+    }
     kernels::FusedSampleArgs args;
     args.weight = weight_;
     args.weight_dtype = ToCudaDType(shape_.weight_dtype);
@@ -167,6 +186,8 @@ class CudaEngine final : public Engine {
     args.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_) : nullptr;
     args.workspace = workspace_;
     args.workspace_bytes = workspace_bytes_;
+    args.draft_tokens = drafts ? static_cast<const int32_t*>(drafts_) : nullptr;
+    args.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_) : nullptr;
     const KernelStatus status = rows <= options_.fused_max_rows
                                     ? kernels::LaunchFusedSample(args, stream_)
                                     : kernels::LaunchMaterializedSample(args, cublas_, stream_);
@@ -181,6 +202,11 @@ class CudaEngine final : public Engine {
       FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_logprobs_, logprobs_, rows * sizeof(float),
                                               cudaMemcpyDeviceToHost, stream_));
     }
+    if (drafts) {
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_draft_logprobs_, draft_logprobs_,
+                                              rows * sizeof(float), cudaMemcpyDeviceToHost,
+                                              stream_));
+    }
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     SampleResult result;
     const auto* tokens = static_cast<const int32_t*>(host_tokens_);
@@ -192,6 +218,10 @@ class CudaEngine final : public Engine {
     if (batch.want_logprobs) {
       const auto* logprobs = static_cast<const float*>(host_logprobs_);
       result.logprobs.assign(logprobs, logprobs + rows);
+    }
+    if (drafts) {
+      const auto* draft_logprobs = static_cast<const float*>(host_draft_logprobs_);
+      result.draft_logprobs.assign(draft_logprobs, draft_logprobs + rows);
     }
     // Controls that are all neutral reach here; details are [rows] whenever
     // the batch carries controls.
@@ -214,6 +244,8 @@ class CudaEngine final : public Engine {
   void* tokens_ = nullptr;
   void* logz_ = nullptr;
   void* logprobs_ = nullptr;
+  void* drafts_ = nullptr;
+  void* draft_logprobs_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   void* host_hidden_ = nullptr;
@@ -221,6 +253,8 @@ class CudaEngine final : public Engine {
   void* host_tokens_ = nullptr;
   void* host_logz_ = nullptr;
   void* host_logprobs_ = nullptr;
+  void* host_drafts_ = nullptr;
+  void* host_draft_logprobs_ = nullptr;
 };
 
 }  // namespace

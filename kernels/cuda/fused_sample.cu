@@ -220,6 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const float* __restrict__ hidden, const RowParams* __restrict__ params,
                           int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
                           int64_t num_chunks, int64_t num_tiles, bool vector_path, bool want_lse,
+                          const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
                           SampleSummary* __restrict__ tile_summaries) {
   extern __shared__ float4 dynamic_smem[];  // float4: 16-byte aligned rows
   float* h_smem = reinterpret_cast<float*>(dynamic_smem);  // [R][hidden_dim]
@@ -247,7 +248,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int pair_token = lane / R;  // token v0 + pair_token of each group
   const int pair_row = lane % R;    // hidden row row0 + pair_row
   const bool pair_active = lane < kGroupRows * R && row0 + pair_row < batch;
-  const RowSampler row = RowSampler::Load(params, row0 + pair_row, pair_active);
+  const RowSampler row =
+      RowSampler::Load(params, row0 + pair_row, pair_active, draft_tokens, draft_logits);
   SampleSummary mine = EmptySampleSummary();
   __syncthreads();
 
@@ -312,6 +314,8 @@ struct Stage1Launch {
   const RowParams* params;
   int64_t batch, valid_vocab, hidden_dim, num_chunks, num_tiles;
   bool vector_path, want_lse;
+  const int32_t* draft_tokens;
+  float* draft_logits;
   SampleSummary* tile_summaries;
   unsigned blocks;
   size_t smem_bytes;
@@ -330,7 +334,7 @@ cudaError_t LaunchStage1(const Stage1Launch& l, cudaStream_t stream) {
   kernel<<<l.blocks, kThreads, l.smem_bytes, stream>>>(
       static_cast<const typename W::Storage*>(l.weight), l.hidden, l.params, l.batch,
       l.valid_vocab, l.hidden_dim, l.num_chunks, l.num_tiles, l.vector_path, l.want_lse,
-      l.tile_summaries);
+      l.draft_tokens, l.draft_logits, l.tile_summaries);
   return cudaGetLastError();
 }
 
@@ -386,7 +390,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     return KernelStatus::kInvalidArgument;
   }
 
-  const bool want_lse = args.logz != nullptr || args.logprobs != nullptr;
+  const bool want_lse = cuda_internal::WantsLogSumExp(args);
   SampleSummary* tile_summaries = static_cast<SampleSummary*>(args.workspace);
   cudaError_t err = cudaSuccess;
 
@@ -399,9 +403,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     err = cuda_internal::LaunchMmaStage1(args, num_tiles, want_lse, tile_summaries,
                                          hidden_rounded, stream);
     if (err != cudaSuccess) return StatusFromCuda(err);
-    err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
-                                                  args.token_ids, args.logz, args.logprobs,
-                                                  stream);
+    err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
     return StatusFromCuda(err);
   }
 
@@ -437,10 +439,11 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   // and a row length that is a whole number of 16-byte vectors.
   const bool vector_path =
       AlignedTo(args.weight, 16) && (static_cast<size_t>(args.hidden_dim) * elem_bytes) % 16 == 0;
-  const Stage1Launch launch{args.weight,    args.hidden,      args.params,
-                            args.batch,     args.valid_vocab, args.hidden_dim,
-                            num_chunks,     num_tiles,        vector_path,
-                            want_lse,       tile_summaries,   static_cast<unsigned>(blocks),
+  const Stage1Launch launch{args.weight,        args.hidden,         args.params,
+                            args.batch,         args.valid_vocab,    args.hidden_dim,
+                            num_chunks,         num_tiles,           vector_path,
+                            want_lse,           args.draft_tokens,   args.draft_logprobs,
+                            tile_summaries,     static_cast<unsigned>(blocks),
                             smem_bytes};
   switch (args.weight_dtype) {
     case CudaWeightDType::kFloat32:
@@ -456,9 +459,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   if (err != cudaSuccess) return StatusFromCuda(err);
 
   // ---- Stage 2: one block per row merges its num_tiles summaries in a fixed order.
-  err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
-                                                args.token_ids, args.logz, args.logprobs,
-                                                stream);
+  err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
   return StatusFromCuda(err);
 }
 

@@ -97,6 +97,18 @@ struct FusedSampleArgs {
   float* logprobs = nullptr;           // device [batch], optional
   void* workspace = nullptr;           // device, >= FusedSampleWorkspaceBytes, 16-byte aligned
   size_t workspace_bytes = 0;
+  // Speculative verification (server/engine.h's draft_tokens), optional.
+  // draft_tokens: device [batch], a greedy draft token x per row or -1 for a
+  // plain row. For a sampled row (T > 0) with x in [0, valid_vocab) the sample
+  // excludes x: token = argmax_{i != x} (l'_i + g_i), a sample of the residual
+  // softmax(l') restricted to i != x (the Gumbel-max argument over the other
+  // tokens), while log Z still counts x. Greedy rows sample as without a draft.
+  // draft_logprobs: device [batch], required exactly when draft_tokens is set:
+  // l'_x - log Z (greedy rows: at T = 1), NaN for rows without a valid draft.
+  // Rows without a draft are unaffected bit for bit. A row whose only token is
+  // its draft gets token -1 (no residual exists; its p(x) is 1).
+  const int32_t* draft_tokens = nullptr;
+  float* draft_logprobs = nullptr;
 };
 
 // Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),

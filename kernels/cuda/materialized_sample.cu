@@ -84,6 +84,7 @@ __global__ void CastHiddenKernel(const float* __restrict__ in, Out* __restrict__
 __global__ void __launch_bounds__(kGumbelThreads)
     GumbelMaxTileKernel(const float* __restrict__ logits, const RowParams* __restrict__ params,
                         int64_t valid_vocab, int64_t num_tiles, bool want_lse,
+                        const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
                         SampleSummary* __restrict__ tile_summaries) {
   __shared__ SampleSummary warp_summaries[kGumbelThreads / 32];
   const int64_t row = blockIdx.x / num_tiles;
@@ -91,7 +92,8 @@ __global__ void __launch_bounds__(kGumbelThreads)
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
 
-  const RowSampler sampler = RowSampler::Load(params, row, /*active=*/true);
+  const RowSampler sampler =
+      RowSampler::Load(params, row, /*active=*/true, draft_tokens, draft_logits);
 
   const int64_t begin = tile * kGumbelTileVocab;
   const int64_t end = begin + kGumbelTileVocab < valid_vocab ? begin + kGumbelTileVocab : valid_vocab;
@@ -191,15 +193,13 @@ KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_
 
   // ---- 3. Gumbel-max: one block of 256 threads per (row, 1024-token tile),
   // tile-fastest; then stage 2, one warp per row, merges the tiles in order.
-  const bool want_lse = args.logz != nullptr || args.logprobs != nullptr;
+  const bool want_lse = cuda_internal::WantsLogSumExp(args);
   GumbelMaxTileKernel<<<static_cast<unsigned>(args.batch * num_tiles), kGumbelThreads, 0,
                         stream>>>(logits, args.params, args.valid_vocab, num_tiles, want_lse,
-                                  tile_summaries);
+                                  args.draft_tokens, args.draft_logprobs, tile_summaries);
   err = cudaGetLastError();
   if (err != cudaSuccess) return StatusFromCuda(err);
-  err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
-                                                args.token_ids, args.logz, args.logprobs,
-                                                stream);
+  err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
   return StatusFromCuda(err);
 }
 

@@ -20,8 +20,10 @@ constexpr int kMergeWarps = kMergeThreads / 32;
 
 __global__ void __launch_bounds__(kMergeThreads)
     MergeTileSummariesKernel(const SampleSummary* __restrict__ tile_summaries, int64_t num_tiles,
-                             int32_t* __restrict__ token_ids, float* __restrict__ logz,
-                             float* __restrict__ logprobs) {
+                             int64_t valid_vocab, int32_t* __restrict__ token_ids,
+                             float* __restrict__ logz, float* __restrict__ logprobs,
+                             const int32_t* __restrict__ draft_tokens,
+                             float* __restrict__ draft_logprobs) {
   __shared__ SampleSummary warp_results[kMergeWarps];
   // Launched as a programmatic dependent of stage 1: wait until its tile
   // summaries are written (a no-op for an ordinary launch).
@@ -44,28 +46,35 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
     for (int w = 1; w < kMergeWarps; ++w) s = MergeSummaries(s, warp_results[w]);
     token_ids[row] = s.best_index;
-    if (logz != nullptr || logprobs != nullptr) {
+    if (logz != nullptr || logprobs != nullptr || draft_tokens != nullptr) {
       const float row_logz = SummaryLogZ(s);
       if (logz != nullptr) logz[row] = row_logz;
       if (logprobs != nullptr) logprobs[row] = s.best_logit - row_logz;
+      if (draft_tokens != nullptr) {
+        // Stage 1 stored l'_x here (exactly one thread scored x).
+        const int32_t x = draft_tokens[row];
+        draft_logprobs[row] = x >= 0 && x < valid_vocab ? __fsub_rn(draft_logprobs[row], row_logz)
+                                                        : __int_as_float(0x7fffffff);
+      }
     }
   }
 }
 
 }  // namespace
 
-cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t batch,
-                                     int64_t num_tiles, int32_t* token_ids, float* logz,
-                                     float* logprobs, cudaStream_t stream) {
+cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t num_tiles,
+                                     const FusedSampleArgs& args, cudaStream_t stream) {
   // One block per row. The callers bound batch by INT32_MAX, so the block
   // count fits a 1-D grid.
   // Programmatic dependent launch: the blocks are scheduled while stage 1's
   // last blocks finish and wait in the kernel for its writes.
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
-      DependentLaunch(dim3(static_cast<unsigned>(batch)), dim3(kMergeThreads), 0, stream, &attribute);
+      DependentLaunch(dim3(static_cast<unsigned>(args.batch)), dim3(kMergeThreads), 0, stream,
+                      &attribute);
   return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, num_tiles,
-                            token_ids, logz, logprobs);
+                            args.valid_vocab, args.token_ids, args.logz, args.logprobs,
+                            args.draft_tokens, args.draft_logprobs);
 }
 
 KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment) {
@@ -85,6 +94,10 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
   };
   if (!aligned(args.weight, elem_bytes) || !aligned(args.hidden, alignof(float)) ||
       !aligned(args.params, alignof(RowParams)) || !aligned(args.workspace, workspace_alignment)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  // Draft tokens and their log-probs come together.
+  if ((args.draft_tokens == nullptr) != (args.draft_logprobs == nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
   return KernelStatus::kOk;

@@ -102,21 +102,42 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
 // One row's sampling setup, resolved once per thread, and the per-token step
 // every stage-1 kernel shares: l' = TransformLogit(dot), score = l' + noise
 // (greedy rows: l'), folded into the thread's summary with AddToken.
+//
+// Draft rows (FusedSampleArgs::draft_tokens): the one thread that scores the
+// row's draft token x stores l'_x into draft_logits[row] (stage 2 turns it
+// into l'_x - log Z), and for a sampled row gives x the score NaN, which
+// AddToken never lets win while its logit still enters the log-sum-exp: the
+// sample is the Gumbel-max over the other tokens, log Z is over all of them.
 struct RowSampler {
   RowParams params{};
   float scale = 1.0f;
   bool sampled = false;
+  int32_t draft = -1;             // never equal to a token when there is no draft
+  float* draft_logit = nullptr;   // &draft_logits[row] when draft >= 0
 
   // An inactive lane (row beyond the batch) gets the neutral setup and must
-  // not call Add.
-  __device__ __forceinline__ static RowSampler Load(const RowParams* all, int64_t row, bool active) {
+  // not call Add. draft_tokens / draft_logits: null, or device [batch].
+  __device__ __forceinline__ static RowSampler Load(const RowParams* all, int64_t row, bool active,
+                                                    const int32_t* draft_tokens,
+                                                    float* draft_logits) {
     RowSampler r;
     if (active) {
       r.params = all[row];
       r.scale = DeviceLogitScale(r.params.temperature);
       r.sampled = r.params.temperature > 0.0f;
+      if (draft_tokens != nullptr) {
+        r.draft = draft_tokens[row];
+        r.draft_logit = draft_logits + row;
+      }
     }
     return r;
+  }
+
+  // The score a token competes with: NaN (never wins) for a sampled row's draft.
+  __device__ __forceinline__ float DraftScore(int32_t token, float logit, float score) const {
+    if (token != draft) return score;
+    *draft_logit = logit;
+    return sampled ? __int_as_float(0x7fffffff) : score;
   }
 
   __device__ __forceinline__ void Add(SampleSummary& s, int64_t token, float dot,
@@ -124,7 +145,8 @@ struct RowSampler {
     const float logit = TransformLogit(dot, scale);
     const float score =
         sampled ? __fadd_rn(logit, DeviceGumbelNoise(params, static_cast<uint32_t>(token))) : logit;
-    AddToken(s, static_cast<int32_t>(token), logit, score, want_lse);
+    AddToken(s, static_cast<int32_t>(token), logit,
+             DraftScore(static_cast<int32_t>(token), logit, score), want_lse);
   }
 
   // Add for the four tokens token0 .. token0 + 3 (token0 % 4 == 0) in order,
@@ -143,7 +165,8 @@ struct RowSampler {
       if (token0 + i >= valid_vocab) break;
       const float logit = TransformLogit(dot[i], scale);
       const float score = sampled ? __fadd_rn(logit, GumbelFromBits(block.v[i])) : logit;
-      AddToken(s, static_cast<int32_t>(token0 + i), logit, score, want_lse);
+      AddToken(s, static_cast<int32_t>(token0 + i), logit,
+               DraftScore(static_cast<int32_t>(token0 + i), logit, score), want_lse);
     }
   }
 };
@@ -182,16 +205,23 @@ inline KernelStatus StatusFromCuda(cudaError_t err) {
   return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
 }
 
-// Stage 2, shared by both samplers. tile_summaries is [batch, num_tiles]
+// Stage 1 must fold the log-sum-exp when any of these is wanted.
+inline bool WantsLogSumExp(const FusedSampleArgs& args) {
+  return args.logz != nullptr || args.logprobs != nullptr || args.draft_logprobs != nullptr;
+}
+
+// Stage 2, shared by both samplers. tile_summaries is [args.batch, num_tiles]
 // row-major (a row's tiles are contiguous, in vocabulary order). For every row
 // it merges the tiles in a fixed order (sample_reduce.cu) and writes
 //   token_ids[row] = best_index   (-1 only if every score of the row was NaN),
 //   logz[row]      = SummaryLogZ  (when logz != nullptr),
-//   logprobs[row]  = best_logit - logz (when logprobs != nullptr).
-// logz / logprobs are meaningful only if stage 1 ran with want_lse.
-// Enqueues one kernel on `stream`; returns the launch error, if any.
-cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t batch,
-                                     int64_t num_tiles, int32_t* token_ids, float* logz,
-                                     float* logprobs, cudaStream_t stream);
+//   logprobs[row]  = best_logit - logz (when logprobs != nullptr),
+//   draft_logprobs[row] = (l'_x stored there by stage 1) - logz for a row with
+//                    a draft x in [0, valid_vocab), else NaN (when draft_tokens).
+// The log-sum-exp parts are meaningful only if stage 1 ran with
+// WantsLogSumExp(args). Enqueues one kernel on `stream`; returns the launch
+// error, if any.
+cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t num_tiles,
+                                     const FusedSampleArgs& args, cudaStream_t stream);
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -111,7 +111,8 @@ std::vector<RowParams> RandomParams(int64_t batch, double greedy_fraction, uint3
 
 KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden,
                         const std::vector<RowParams>& params, bool want_lse,
-                        SampleOutputs* out, cublasHandle_t cublas) {
+                        SampleOutputs* out, cublasHandle_t cublas,
+                        const std::vector<int32_t>* drafts) {
   const int64_t batch = static_cast<int64_t>(params.size());
   EXPECT_EQ(hidden.size(), static_cast<size_t>(batch * problem.hidden));
   DeviceBuffer<float> d_hidden(hidden.size());
@@ -119,6 +120,8 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   DeviceBuffer<int32_t> d_tokens(params.size());
   DeviceBuffer<float> d_logz(params.size());
   DeviceBuffer<float> d_logprobs(params.size());
+  DeviceBuffer<int32_t> d_drafts(params.size());
+  DeviceBuffer<float> d_draft_logprobs(params.size());
   const size_t ws_bytes =
       cublas != nullptr
           ? MaterializedSampleWorkspaceBytes(batch, problem.valid_vocab, problem.hidden,
@@ -128,7 +131,8 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   DeviceBuffer<uint8_t> d_workspace(ws_bytes);
   if (d_hidden.data() == nullptr || d_params.data() == nullptr || d_tokens.data() == nullptr ||
       d_logz.data() == nullptr || d_logprobs.data() == nullptr ||
-      d_workspace.data() == nullptr) {
+      d_workspace.data() == nullptr || d_drafts.data() == nullptr ||
+      d_draft_logprobs.data() == nullptr) {
     return KernelStatus::kOutOfMemory;  // already reported by DeviceBuffer
   }
   d_hidden.Upload(hidden);
@@ -137,6 +141,11 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   EXPECT_EQ(cudaMemset(d_tokens.data(), 0xff, d_tokens.bytes()), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_logz.data(), 0xff, d_logz.bytes()), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_logprobs.data(), 0xff, d_logprobs.bytes()), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_draft_logprobs.data(), 0xff, d_draft_logprobs.bytes()), cudaSuccess);
+  if (drafts != nullptr) {
+    EXPECT_EQ(drafts->size(), params.size());
+    d_drafts.Upload(*drafts);
+  }
 
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -154,6 +163,10 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   args.logprobs = want_lse ? d_logprobs.data() : nullptr;
   args.workspace = d_workspace.data();
   args.workspace_bytes = ws_bytes;
+  if (drafts != nullptr) {
+    args.draft_tokens = d_drafts.data();
+    args.draft_logprobs = d_draft_logprobs.data();
+  }
   KernelStatus status = cublas != nullptr ? LaunchMaterializedSample(args, cublas, stream)
                                           : LaunchFusedSample(args, stream);
   const cudaError_t sync = cudaStreamSynchronize(stream);
@@ -165,6 +178,8 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   out->tokens = d_tokens.Download(params.size());
   out->logz.clear();
   out->logprobs.clear();
+  out->draft_logprobs.clear();
+  if (drafts != nullptr) out->draft_logprobs = d_draft_logprobs.Download(params.size());
   if (want_lse) {
     out->logz = d_logz.Download(params.size());
     out->logprobs = d_logprobs.Download(params.size());

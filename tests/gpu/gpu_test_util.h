@@ -134,6 +134,7 @@ struct SampleOutputs {
   std::vector<int32_t> tokens;
   std::vector<float> logz;      // empty unless requested
   std::vector<float> logprobs;  // empty unless requested
+  std::vector<float> draft_logprobs;  // empty unless drafts were given
 };
 
 // A problem on the device: the weights plus the batch to sample.
@@ -150,10 +151,13 @@ struct Problem {
 // fresh stream, synchronizes, and downloads. Returns the launcher's status
 // (kDeviceError as well if the stream reports an error). Fails the test if a
 // row's token was not written (still -1 or out of [0, valid_vocab)) or, when
-// want_lse, if its logz / logprob is not finite.
+// want_lse, if its logz / logprob is not finite. With `drafts` ([batch], -1 for
+// a plain row) the launch verifies those draft tokens (FusedSampleArgs::
+// draft_tokens) and out->draft_logprobs is filled.
 KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden,
                         const std::vector<RowParams>& params, bool want_lse,
-                        SampleOutputs* out, cublasHandle_t cublas = nullptr);
+                        SampleOutputs* out, cublasHandle_t cublas = nullptr,
+                        const std::vector<int32_t>* drafts = nullptr);
 
 // ---- float64 references --------------------------------------------------------
 // h . w_v in double.
