@@ -8,7 +8,8 @@
 # PHASE: info (GPU, SASS instruction counts of the stage-1 kernels), tests (all
 # gpu-labelled test binaries, then compute-sanitizer memcheck on small cases),
 # bench (flashsampler-kernel-bench, both shapes, B = 1..256), peers
-# (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), ncu (Nsight
+# (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), verify
+# (flashsampler-verify-bench + kernels/bench/verify_peers.py, VERIFY_ARGS), ncu (Nsight
 # Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936).
 # Each phase appends to one log under OUT_DIR (the device tool returns at most
 # 8 files); the last lines printed are a short summary.
@@ -36,7 +37,7 @@ for phase in "$@"; do
     tests)
       : > "$out/tests.log"
       for t in fused_sample_gpu_test fused_sample_exactness_gpu_test materialized_sample_gpu_test \
-               cuda_engine_gpu_test; do
+               draft_sample_gpu_test cuda_engine_gpu_test; do
         timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
         rc=$?
         summary+=("test $t rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/tests.log" | tail -1)")
@@ -53,6 +54,16 @@ for phase in "$@"; do
       timeout 400 "$bin/flashsampler-kernel-bench" --backend=cuda \
         --json="$out/bench${BENCH_TAG:-}.json" ${BENCH_ARGS:-} > "$out/bench${BENCH_TAG:-}.log" 2>&1
       summary+=("bench${BENCH_TAG:-} rc=$?")
+      ;;
+    verify)
+      # The speculative-verification step: flashsampler-verify-bench, then the
+      # PyTorch materialized baseline (kernels/bench/verify_peers.py) on the same shapes.
+      timeout 300 "$bin/flashsampler-verify-bench" --json="$out/verify.json" ${VERIFY_ARGS:-} \
+        > "$out/verify.log" 2>&1
+      summary+=("verify rc=$?")
+      PYTHONUNBUFFERED=1 timeout 300 python3 kernels/bench/verify_peers.py \
+        --json="$out/verify_peers.json" ${VERIFY_ARGS:-} > "$out/verify_peers.log" 2>&1
+      summary+=("verify_peers rc=$?")
       ;;
     peers)
       PYTHONUNBUFFERED=1 timeout 420 python3 "${PEERS:-kernels/bench/peers.py}" \
