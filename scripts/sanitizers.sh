@@ -49,7 +49,7 @@ run_asan() {
 
 run_tsan() {
   cmake -S . -B build-tsan "${common[@]}" -DFLASHSAMPLER_FUZZ=OFF -DFLASHSAMPLER_SANITIZE=thread
-  local tests=(dynamic_batcher_test worker_pool_test tiled_sampler_test cpu_engine_test)
+  local tests=(dynamic_batcher_test completion_pool_test worker_pool_test tiled_sampler_test cpu_engine_test)
   cmake --build build-tsan -j"$jobs" --target "${tests[@]}"
   local pattern
   pattern="^($(IFS='|'; echo "${tests[*]}"))\$"

@@ -7,9 +7,11 @@ namespace flashsampler {
 SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size) {
   SampleBatch launch;
   bool any_controls = false;
+  launch.hidden_in_weight_dtype = true;
   for (const RowSlice& s : slices) {
     launch.rows += s.rows;
     any_controls = any_controls || !s.batch->controls.empty();
+    launch.hidden_in_weight_dtype = launch.hidden_in_weight_dtype && s.batch->hidden_in_weight_dtype;
   }
   // Rows of a request without controls are plain rows: default RowControls.
   if (any_controls) launch.controls.reserve(static_cast<size_t>(launch.rows));

@@ -156,8 +156,11 @@ class CudaEngine final : public Engine {
     FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
     std::memcpy(host_hidden_, batch.hidden.data(), batch.hidden.size() * sizeof(float));
     // Both launch paths then see the same (exactly representable) inputs.
-    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, static_cast<float*>(host_hidden_),
-                                                  static_cast<int64_t>(batch.hidden.size()));
+    if (absl::Status s = batch.hidden_in_weight_dtype
+                             ? absl::OkStatus()
+                             : RoundHiddenToWeightDType(shape_.weight_dtype,
+                                                        static_cast<float*>(host_hidden_),
+                                                        static_cast<int64_t>(batch.hidden.size()));
         !s.ok()) {
       return s;
     }

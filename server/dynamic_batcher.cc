@@ -34,6 +34,7 @@ DynamicBatcher::DynamicBatcher(BatcherOptions options, ServerMetrics* metrics,
     : options_(options),
       metrics_(metrics),
       on_engine_failure_(std::move(on_engine_failure)),
+      completions_(options.completion_threads),
       worker_([this] { WorkerLoop(); }) {}
 
 DynamicBatcher::~DynamicBatcher() { Stop(); }
@@ -115,6 +116,7 @@ void DynamicBatcher::Stop() {
     stopping_ = true;
   }
   if (worker_.joinable()) worker_.join();
+  completions_.Drain();
 }
 
 bool DynamicBatcher::NextLaunch(Launch* launch,
@@ -222,7 +224,11 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
     ScatterSlice(*result, launch_row, slice, &job.result);
     launch_row += slice.rows;
     job.rows_done += slice.rows;
-    if (job.rows_done == job.batch->rows) job.done(std::move(job.result));
+    if (job.rows_done == job.batch->rows) {
+      completions_.Post([done = std::move(job.done), result = std::move(job.result)]() mutable {
+        done(std::move(result));
+      });
+    }
   }
 }
 

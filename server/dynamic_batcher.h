@@ -18,8 +18,16 @@
 // handed to a launch do not count); a request that does not fit is refused at
 // once with ResourceExhausted.
 //
+// Completion: after a launch the worker hands the requests' `done` callbacks
+// to a CompletionPool of `completion_threads` threads (answering a gRPC call
+// costs a few microseconds each; done one by one on the worker they would
+// delay the next launch by tens to hundreds of microseconds) and forms the next
+// launch at once.
+//
 // Thread safety: every public method may be called from any thread. `done`
-// runs on the worker thread, or inline in Submit when the request is refused.
+// runs on a completion thread, on the worker thread (requests answered
+// without compute, and failed launches), or inline in Submit when the request
+// is refused.
 // Outcomes delivered to `done`, exactly once per Submit: the request's result
 // (only the outputs it asked for); Unavailable when no engine is loaded yet,
 // the engine is unhealthy or the batcher is stopping; ResourceExhausted when
@@ -41,6 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/batch_assembly.h"
+#include "server/completion_pool.h"
 #include "server/engine.h"
 
 namespace flashsampler {
@@ -51,6 +60,7 @@ struct BatcherOptions {
   int64_t max_batch_rows = 256;   // rows per Engine::Sample launch
   absl::Duration max_queue_delay = absl::Microseconds(100);
   int64_t max_queue_rows = 4096;  // admission bound, rows waiting for a launch
+  int completion_threads = 4;     // threads answering finished requests, >= 1
 };
 
 class DynamicBatcher {
@@ -86,7 +96,7 @@ class DynamicBatcher {
   int64_t queued_rows() const;
 
   // Refuses new work, runs what is queued (without waiting for the delay),
-  // joins the worker. Idempotent.
+  // joins the worker and waits until every `done` has returned. Idempotent.
   void Stop();
 
  private:
@@ -107,6 +117,7 @@ class DynamicBatcher {
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  CompletionPool completions_;  // before worker_: it outlives the worker's last Post
   std::thread worker_;
 };
 

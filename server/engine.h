@@ -53,6 +53,11 @@ struct SampleBatch {
   std::vector<RowControls> controls;
   bool want_logz = false;
   bool want_logprobs = false;
+  // True when every hidden value is already exactly representable in the LM
+  // head's dtype (RoundHiddenToWeightDType would change nothing): the request
+  // parser rounds on the gRPC threads, in parallel, so the engine's single
+  // caller thread skips that pass. False: the engine rounds.
+  bool hidden_in_weight_dtype = false;
   // [rows], or empty when no row verifies a draft. Speculative verification of
   // a greedy draft token x = draft_tokens[b] >= 0 (-1: a plain row):
   // - temperature > 0: the row's sample is drawn with x excluded, i.e. from the

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<flashsampler::HealthOnlyServer> health_server;
   flashsampler::BatcherOptions batching{config->max_batch_rows,
                                         absl::Microseconds(config->max_queue_delay_us),
-                                        config->max_queue_rows};
+                                        config->max_queue_rows, config->completion_threads};
   flashsampler::DynamicBatcher batcher(batching, &metrics, [&server, &health_server, &metrics] {
     std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
     SetHealth(server.get(), health_server.get(), &metrics, false);

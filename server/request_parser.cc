@@ -145,6 +145,19 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   if (absl::Status s = DecodeHidden(t.data(), t.dtype(), rows, cols, &batch.hidden); !s.ok()) {
     return s;
   }
+  // Round H to the weights' dtype here, on this gRPC thread, rather than on the
+  // batcher's one worker thread. Values sent in the weights' own dtype (or
+  // any values, for fp32 weights) are already exact after widening.
+  const bool same_dtype = (t.dtype() == v1::DTYPE_BF16 && shape.weight_dtype == WeightDType::kBFloat16) ||
+                          (t.dtype() == v1::DTYPE_FP16 && shape.weight_dtype == WeightDType::kFloat16);
+  if (!same_dtype) {
+    if (absl::Status s = RoundHiddenToWeightDType(shape.weight_dtype, batch.hidden.data(),
+                                                  static_cast<int64_t>(batch.hidden.size()));
+        !s.ok()) {
+      return s;
+    }
+  }
+  batch.hidden_in_weight_dtype = true;
   std::vector<uint64_t> entry_seeds(num_params);
   for (int i = 0; i < num_params; ++i) {
     const v1::SamplingParams& p = request.params(i);

@@ -31,6 +31,9 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 100,
 ABSL_FLAG(int64_t, max_queue_rows, 4096,
           "Admission bound: rows that may wait for a launch; a request that does not fit is "
           "refused with RESOURCE_EXHAUSTED. Must be >= --max_request_rows");
+ABSL_FLAG(int32_t, completion_threads, 4,
+          "Threads that answer the requests of a finished launch while the batcher forms the "
+          "next one");
 ABSL_FLAG(std::string, metrics_address, "",
           "HOST:PORT serving Prometheus metrics at /metrics (port 0: a free port); empty: off");
 ABSL_FLAG(int32_t, cuda_device, 0, "CUDA backend: the device ordinal to use");
@@ -62,6 +65,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   c.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   c.max_queue_rows = absl::GetFlag(FLAGS_max_queue_rows);
+  c.completion_threads = absl::GetFlag(FLAGS_completion_threads);
   c.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
   c.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
@@ -87,6 +91,9 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   }
   if (c.max_queue_delay_us < 0 || c.max_queue_delay_us > 1000000) {
     return absl::InvalidArgumentError("--max_queue_delay_us must be in [0, 1000000]");
+  }
+  if (c.completion_threads < 1 || c.completion_threads > 64) {
+    return absl::InvalidArgumentError("--completion_threads must be in [1, 64]");
   }
   if (c.max_queue_rows < c.max_request_rows || c.max_queue_rows > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(

@@ -25,6 +25,7 @@ struct ServerConfig {
   int64_t max_batch_rows = 256;     // rows per engine launch
   int64_t max_queue_delay_us = 100;
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
+  int completion_threads = 4;       // threads answering finished requests
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off
   int cuda_device = 0;             // CUDA backend: device ordinal
   int64_t cuda_fused_max_rows = 128; // CUDA backend: fused kernel up to this batch

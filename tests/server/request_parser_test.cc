@@ -213,7 +213,7 @@ TEST(RequestParser, ResponseCarriesEverything) {
   r.set_request_id("req-7");
   absl::StatusOr<ParsedSampleRequest> p = Parse(r);
   ASSERT_TRUE(p.ok());
-  SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}, {}};
+  SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}, {}, {}};
   v1::SampleResponse response;
   FillSampleResponse(*p, result, &response);
   EXPECT_THAT(response.token_ids(), ::testing::ElementsAre(3, 9));
@@ -303,6 +303,48 @@ TEST(RequestParser, ResponseRowsCarrySamplesAndTopLogprobs) {
   ASSERT_TRUE(p.ok());
   FillSampleResponse(*p, result, &response);
   EXPECT_EQ(response.rows_size(), 0);
+}
+
+}  // namespace
+}  // namespace flashsampler
+
+namespace flashsampler {
+namespace {
+
+// The parser rounds H to the weights' dtype (on the gRPC thread) and marks the
+// batch, so the engine's single caller thread skips that pass.
+TEST(RequestParser, HiddenIsRoundedToTheWeightDType) {
+  const std::vector<float> values = {1.00390625f, 1.01171875f, -3.14159265f, 1e-3f,
+                                     0.1f,        65519.0f,     -2.5f,         7.0f};
+  for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat16, WeightDType::kFloat32}) {
+    SCOPED_TRACE(WeightDTypeName(dtype));
+    ModelShape shape = Shape();
+    shape.weight_dtype = dtype;
+    uint64_t seed = 1;
+    absl::StatusOr<ParsedSampleRequest> p = ParseSampleRequest(
+        Fp32Request(2, values), shape, RequestLimits{8}, [&] { return seed++; });
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_TRUE(p->batch.hidden_in_weight_dtype);
+    std::vector<float> expected = values;
+    ASSERT_TRUE(RoundHiddenToWeightDType(dtype, expected.data(), 8).ok());
+    ASSERT_EQ(p->batch.hidden.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(p->batch.hidden[i], expected[i]) << i;
+    if (dtype == WeightDType::kBFloat16) {
+      EXPECT_EQ(p->batch.hidden[0], 1.0f);  // halfway between two bf16 values: to even
+    }
+  }
+}
+
+// Values beyond the fp16 range are refused at parse time for fp16 weights.
+TEST(RequestParser, HiddenOutsideTheFp16RangeOfTheWeightsIsInvalid) {
+  ModelShape shape = Shape();
+  shape.weight_dtype = WeightDType::kFloat16;
+  uint64_t seed = 1;
+  absl::StatusOr<ParsedSampleRequest> p = ParseSampleRequest(
+      Fp32Request(1, {1.0f, 70000.0f, 0.0f, 0.0f}), shape, RequestLimits{8}, [&] { return seed++; });
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("fp16 range"));
 }
 
 }  // namespace
