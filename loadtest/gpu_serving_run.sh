@@ -16,7 +16,7 @@ mkdir -p "$out"
 "$bin/flashsampler-server" --address=127.0.0.1:0 --backend=cuda --demo_vocab=151936 \
   --demo_hidden=4096 --max_batch_rows=256 --max_request_rows=64 \
   --max_queue_rows="${MAX_QUEUE_ROWS:-256}" \
-  --max_queue_delay_us="${QUEUE_DELAY_US:-50}" --completion_threads="${COMPLETION_THREADS:-4}" \
+  --max_queue_delay_us="${QUEUE_DELAY_US:-0}" --completion_threads="${COMPLETION_THREADS:-4}" \
   --metrics_address=127.0.0.1:0 \
   > "$out/server.out" 2> "$out/server.err" &
 server=$!

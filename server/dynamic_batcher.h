@@ -58,7 +58,7 @@ class ServerMetrics;
 
 struct BatcherOptions {
   int64_t max_batch_rows = 256;   // rows per Engine::Sample launch
-  absl::Duration max_queue_delay = absl::Microseconds(100);
+  absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_rows = 4096;  // admission bound, rows waiting for a launch
   int completion_threads = 4;     // threads answering finished requests, >= 1
 };

@@ -25,7 +25,7 @@ ABSL_FLAG(int64_t, max_request_rows, 1024,
 ABSL_FLAG(int64_t, max_batch_rows, 256,
           "Rows per engine launch: concurrent requests are coalesced up to this many rows; "
           "a larger request is split over several launches");
-ABSL_FLAG(int64_t, max_queue_delay_us, 100,
+ABSL_FLAG(int64_t, max_queue_delay_us, 0,
           "How long the oldest queued request may wait for others to fill a launch, in "
           "microseconds (0: launch whatever is queued as soon as the engine is free)");
 ABSL_FLAG(int64_t, max_queue_rows, 4096,

@@ -23,7 +23,7 @@ struct ServerConfig {
   int64_t max_request_rows = 1024;  // largest B one request may carry
   // Dynamic batcher (server/dynamic_batcher.h).
   int64_t max_batch_rows = 256;     // rows per engine launch
-  int64_t max_queue_delay_us = 100;
+  int64_t max_queue_delay_us = 0;
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
   int completion_threads = 4;       // threads answering finished requests
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off
