@@ -1,9 +1,11 @@
 #include "loadtest/load_driver.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -293,20 +295,34 @@ StepResult LoadDriver::RunOpenLoop(double rate) {
       slots.push_back(std::make_unique<StreamSlot>(this, &step, i));
     }
   }
+  // The whole schedule first (the Poisson draws are sequential), then the
+  // senders walk their shares of it.
   ArrivalSchedule schedule(rate, options_.arrival, options_.arrival_seed);
-  for (int64_t k = 0;; ++k) {
+  std::vector<Clock::time_point> due_times;
+  for (;;) {
     const Clock::time_point due =
         start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(schedule.Next()));
     if (due >= step.end) break;
-    std::this_thread::sleep_until(due);
-    if (step.in_flight.load(std::memory_order_relaxed) >= options_.max_in_flight) {
-      step.recorder.RecordNotSent(due);
-    } else if (options_.stream) {
-      slots[k % slots.size()]->Enqueue(due);
-    } else {
-      IssueUnary(&step, k, due);
-    }
+    due_times.push_back(due);
   }
+  const int senders = options_.stream ? 1 : std::max(1, options_.open_loop_senders);
+  auto send_share = [&](int sender) {
+    for (size_t k = static_cast<size_t>(sender); k < due_times.size(); k += senders) {
+      const Clock::time_point due = due_times[k];
+      std::this_thread::sleep_until(due);
+      if (step.in_flight.load(std::memory_order_relaxed) >= options_.max_in_flight) {
+        step.recorder.RecordNotSent(due);
+      } else if (options_.stream) {
+        slots[k % slots.size()]->Enqueue(due);
+      } else {
+        IssueUnary(&step, static_cast<int64_t>(k), due);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int s = 1; s < senders; ++s) threads.emplace_back(send_share, s);
+  send_share(0);
+  for (std::thread& t : threads) t.join();
   std::this_thread::sleep_until(step.end);
   for (auto& slot : slots) slot->Close();
   step.WaitForCalls();

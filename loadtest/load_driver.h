@@ -6,10 +6,13 @@
 // call chains; stream: `concurrency` SampleStreams, one request in flight on
 // each. Latency is measured from the send.
 //
-// Open loop (RunOpenLoop): a scheduler thread sends each request at its
-// intended time from an ArrivalSchedule, whether or not earlier ones were
-// answered; latency is measured from the intended time (see ArrivalSchedule).
-// Unary: one call per request. Stream: requests go round-robin to
+// Open loop (RunOpenLoop): each request is sent at its intended time from an
+// ArrivalSchedule, whether or not earlier ones were answered; latency is
+// measured from the intended time (see ArrivalSchedule). Unary: one call per
+// request, sent by --open_loop_senders threads (request k by thread k mod N:
+// one thread cannot start more than a few tens of thousands of calls per
+// second, and a sender that falls behind adds its lag to every latency).
+// Stream: requests go round-robin to
 // --open_loop_streams streams; a stream that is busy queues them client-side
 // (the server answers one request per stream at a time), and the wait counts.
 // When --max_in_flight requests are outstanding, a due request is dropped and
@@ -41,6 +44,7 @@ struct DriverOptions {
   absl::Duration timeout = absl::Seconds(10);  // per request (per stream: window end + timeout)
   int64_t max_in_flight = 10000;                // open loop
   int open_loop_streams = 16;                   // open loop, stream mode
+  int open_loop_senders = 4;                    // open loop, unary mode: sending threads
   Arrival arrival = Arrival::kConstant;
   uint64_t arrival_seed = 1;
   int64_t rows_per_request = 1;

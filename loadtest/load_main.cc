@@ -49,6 +49,8 @@ ABSL_FLAG(double, timeout_s, 10.0, "per-request deadline in seconds");
 ABSL_FLAG(int64_t, max_in_flight, 10000,
           "open loop: requests outstanding at most; further due requests count as not_sent");
 ABSL_FLAG(int32_t, open_loop_streams, 16, "open loop, stream mode: streams the requests share");
+ABSL_FLAG(int32_t, open_loop_senders, 4,
+          "open loop, unary mode: threads sending the scheduled requests (request k by thread k mod N)");
 ABSL_FLAG(std::string, json_out, "", "write the JSON report here");
 ABSL_FLAG(std::string, csv_out, "", "write per-step latency histograms (CSV) here");
 
@@ -138,6 +140,9 @@ int main(int argc, char** argv) {
   if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) return Usage("--timeout_s must be > 0");
   if (absl::GetFlag(FLAGS_max_in_flight) < 1) return Usage("--max_in_flight must be >= 1");
   if (absl::GetFlag(FLAGS_open_loop_streams) < 1) return Usage("--open_loop_streams must be >= 1");
+  if (absl::GetFlag(FLAGS_open_loop_senders) < 1 || absl::GetFlag(FLAGS_open_loop_senders) > 256) {
+    return Usage("--open_loop_senders must be in [1, 256]");
+  }
 
   const flashsampler::ChannelSecurityOptions security_options =
       flashsampler::ChannelSecurityOptionsFromFlags();
@@ -168,6 +173,7 @@ int main(int argc, char** argv) {
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   options.open_loop_streams = absl::GetFlag(FLAGS_open_loop_streams);
+  options.open_loop_senders = absl::GetFlag(FLAGS_open_loop_senders);
   options.arrival = *arrival;
   options.arrival_seed = absl::GetFlag(FLAGS_arrival_seed);
   options.rows_per_request = absl::GetFlag(FLAGS_rows);
