@@ -38,7 +38,8 @@
 //  - the CPU engine on every launch: OK (FAILED_PRECONDITION only for a
 //    controlled launch whose allowed logits all overflowed), tokens inside the
 //    valid vocabulary, allowed by the row's bitmask and bans, num_samples
-//    samples per row, top_logprobs lists no longer than asked and sorted.
+//    samples per row, top_logprobs lists no longer than asked, sorted, no
+//    token twice.
 //
 // Thread safety: the engines are shared per process (static); call from one
 // thread at a time (libFuzzer and the replay test do).
