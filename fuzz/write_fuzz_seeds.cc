@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -84,6 +85,54 @@ bool WriteRequestSeeds(const std::string& root) {
   return ok;
 }
 
+// Bytes from small integers (an edit program for sampling_params).
+std::string Program(std::initializer_list<int> bytes) {
+  std::string s;
+  for (int b : bytes) s.push_back(static_cast<char>(b));
+  return s;
+}
+
+// Programs for sampling_params (see CheckSamplingParams and its readers in
+// fuzz/sampling_params_fuzz_driver.cc): shape, requests - 1, then per request
+// rows - 1, entries mode (0: shared, 4: one per row, 7: count follows; +16
+// logz, +32 logprobs) and per entry the edit count and edits (op % 20,
+// operands; floats are indices into the driver's boundary-value table:
+// 4 = 0.5, 5 = 2, 6 = -2, 9 = 100, 10 = -100, 13 = 1.0000001, 17 = 1e-45,
+// 22 = 0.1, 23 = 1.5), then launch rows - 1 and one drop byte per launch.
+bool WriteSamplingParamsSeeds(const std::string& root) {
+  const std::string dir = root + "/sampling_params";
+  bool ok = true;
+  ok &= WriteSeed(dir, "plain_shared", Program({0, 0, 3, 0, 0, 7, 0}));
+  // top_k 3, top_p 0.5, min_p 0.1 on V = 100 (valid 70), with logz + logprobs.
+  ok &= WriteSeed(dir, "top_k_top_p_min_p", Program({3, 0, 2, 48, 3, 3, 5, 4, 4, 5, 22, 3, 0}));
+  // One entry per row: logit bias (+100 on 3, -100 on 39), bans 0..2.
+  ok &= WriteSeed(dir, "bias_and_bans",
+                  Program({1, 0, 1, 4, 1, 6, 2, 3, 9, 39, 10, 1, 7, 3, 0, 1, 2, 3, 0}));
+  // Bitmask of full length allowing token 5 only; then one allowing nothing
+  // (FAILED_PRECONDITION), then the valid-vocabulary length (V = 100, valid 70).
+  ok &= WriteSeed(dir, "bitmask_one_token", Program({0, 0, 1, 0, 1, 8, 12, 5, 1, 0}));
+  ok &= WriteSeed(dir, "bitmask_none", Program({0, 0, 0, 0, 1, 8, 0, 0, 0}));
+  ok &= WriteSeed(dir, "bitmask_valid_length", Program({3, 0, 0, 0, 1, 8, 5, 0, 0}));
+  // Repetition 1.5, presence 2, frequency -2 over output and prompt ids.
+  ok &= WriteSeed(dir, "penalties", Program({0, 0, 1, 0, 5, 9, 23, 10, 5, 11, 6, 12, 3, 4, 4, 5,
+                                             13, 2, 6, 7, 3, 0}));
+  // top_logprobs 20 in raw mode, 8 samples per row, shared by 4 rows.
+  ok &= WriteSeed(dir, "top_logprobs_raw_samples", Program({3, 0, 3, 16, 3, 14, 22, 15, 3, 16, 10, 7, 0}));
+  // Unfused top_k 100 on V = 130, 64 samples, top_logprobs 5 (sampled mode).
+  ok &= WriteSeed(dir, "unfused_top_k_64_samples", Program({5, 0, 1, 0, 3, 3, 102, 16, 66, 14, 7, 3, 0}));
+  // Four requests, plain and controlled alternating, launches of 3 rows, a drop.
+  ok &= WriteSeed(dir, "mixed_queue", Program({0, 3, 4, 0, 0, 2, 0, 1, 3, 5, 1, 0, 0, 3, 4, 1, 3, 3,
+                                               1, 3, 4, 1, 3, 5, 1, 3, 6, 2, 0, 0x81, 0, 0, 0}));
+  // Out of range: top_p just over 1, bias 100.00001 on token V (one per entry).
+  ok &= WriteSeed(dir, "out_of_range", Program({0, 0, 1, 4, 1, 4, 13, 1, 6, 1, 32, 11, 0}));
+  // A params count of B + 2.
+  ok &= WriteSeed(dir, "wrong_count", Program({0, 0, 1, 7, 4, 0, 0, 0, 0, 0}));
+  // Repetition penalty 1e-45 on every prompt token: positive logits overflow.
+  ok &= WriteSeed(dir, "tiny_repetition_penalty",
+                  Program({4, 0, 0, 0, 2, 9, 17, 13, 1, 0, 0, 0}));
+  return ok;
+}
+
 bool WriteSafetensorsSeeds(const std::string& root, const std::string& scratch) {
   const std::string dir = root + "/safetensors";
   bool ok = true;
@@ -138,6 +187,7 @@ int main(int argc, char** argv) {
   const std::string root = argv[1];
   ::mkdir(root.c_str(), 0755);
   const bool ok = flashsampler::fuzz::WriteRequestSeeds(root) &&
+                  flashsampler::fuzz::WriteSamplingParamsSeeds(root) &&
                   flashsampler::fuzz::WriteSafetensorsSeeds(root, root + "/.scratch.safetensors");
   if (!ok) std::fprintf(stderr, "failed to write some seeds under %s\n", root.c_str());
   return ok ? 0 : 1;

@@ -4,6 +4,20 @@
 
 namespace flashsampler {
 
+std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64_t max_rows) {
+  std::vector<RowSlice> slices;
+  if (queue.empty()) return slices;
+  const bool launch_has_controls = !queue.front().batch->controls.empty();
+  int64_t capacity = max_rows;
+  for (const PendingRequest& p : queue) {
+    if (capacity <= 0 || p.batch->controls.empty() == launch_has_controls) break;
+    const int64_t take = std::min(capacity, p.batch->rows - p.next_row);
+    slices.push_back(RowSlice{p.batch, p.next_row, take});
+    capacity -= take;
+  }
+  return slices;
+}
+
 SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size) {
   SampleBatch launch;
   bool any_controls = false;

@@ -1,7 +1,8 @@
 // Batch assembly: the one place where the rows of several requests become one
 // engine launch, and where the launch's result is handed back row by row.
 //
-// A launch is a list of RowSlices: consecutive rows [first_row, first_row +
+// PlanLaunch decides which queued rows form the next launch; a launch is a
+// list of RowSlices: consecutive rows [first_row, first_row +
 // rows) of one request's SampleBatch. Slices of different requests are
 // concatenated in list order; a request larger than a launch is cut into
 // several slices over successive launches. Every per-row field of SampleBatch
@@ -31,6 +32,26 @@ struct RowSlice {
   int64_t first_row = 0;               // 0 <= first_row, first_row + rows <= batch->rows
   int64_t rows = 0;                    // >= 1
 };
+
+// One queued request as the planner sees it: `next_row` of its rows have been
+// handed to earlier launches (0 <= next_row < batch->rows).
+struct PendingRequest {
+  const SampleBatch* batch = nullptr;
+  int64_t next_row = 0;
+};
+
+// The next launch: slices taken in arrival order from the front of `queue`,
+// slices[i] from queue[i], together at most `max_rows` rows. Requests with
+// sampling controls and plain ones never share a launch: a backend that cannot
+// serve controls (CUDA today: UNIMPLEMENTED), or a controlled row the engine
+// rejects, must fail only the requests that asked for controls, and plain rows
+// keep their fast path; so the launch ends at the first request of the other
+// kind than queue[0]. A request that does not fit is cut: its first rows go
+// into this launch, the rest waits for the next (the launch is then full).
+// Every slice has >= 1 row; the plan is empty only when `queue` is empty or
+// max_rows < 1. Planning launches until the queue is drained covers every
+// queued row exactly once, in order.
+std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64_t max_rows);
 
 // One SampleBatch holding every slice's rows, in slice order. `hidden_size` is
 // the model's D (each request's hidden has rows * D values).

@@ -155,22 +155,22 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
     it = queue_.erase(it);
   }
 
-  // Requests with sampling controls and plain ones never share a launch: a
-  // backend that cannot serve controls (CUDA today: UNIMPLEMENTED), or a
-  // controlled row the engine rejects, must fail only the requests that asked
-  // for controls, and plain rows keep their fast path. Arrival order is kept:
-  // the launch ends at the first request of the other kind.
-  const bool launch_has_controls = !queue_.empty() && !queue_.front()->batch->controls.empty();
-  int64_t capacity = options_.max_batch_rows;
-  while (capacity > 0 && !queue_.empty()) {
+  // The launch plan (server/batch_assembly.h): arrival order, at most
+  // max_batch_rows rows, controlled and plain requests never mixed. Each
+  // request has >= 1 row, so only the first max_batch_rows can take part.
+  std::vector<PendingRequest> pending;
+  const size_t considered = static_cast<size_t>(
+      std::min<int64_t>(static_cast<int64_t>(queue_.size()), options_.max_batch_rows));
+  pending.reserve(considered);
+  for (size_t i = 0; i < considered; ++i) pending.push_back({queue_[i]->batch, queue_[i]->next_row});
+  launch->slices = PlanLaunch(pending, options_.max_batch_rows);
+  for (const RowSlice& slice : launch->slices) {
+    // Only the last slice can leave rows of its job queued: every earlier
+    // job was taken whole and popped, so this slice's job is at the front.
     std::shared_ptr<Job>& job = queue_.front();
-    if (job->batch->controls.empty() == launch_has_controls) break;
-    const int64_t take = std::min(capacity, job->batch->rows - job->next_row);
-    launch->slices.push_back(RowSlice{job->batch, job->next_row, take});
     launch->jobs.push_back(job);
-    job->next_row += take;
-    queued_rows_ -= take;
-    capacity -= take;
+    job->next_row += slice.rows;
+    queued_rows_ -= slice.rows;
     if (job->next_row == job->batch->rows) queue_.pop_front();
   }
   PublishQueueRows();

@@ -1,4 +1,6 @@
-// Batch assembly: slices of several requests concatenate in order (hidden
+// Batch assembly: the launch plan takes queued rows in order, cuts a request
+// that does not fit and never mixes controlled and plain requests; slices of
+// several requests concatenate in order (hidden
 // rows and params), flags are OR-ed, and scatter hands every request exactly
 // its rows and only the outputs it asked for, also for a request split over
 // two launches.
@@ -127,6 +129,58 @@ TEST(BatchAssembly, ControlsArePaddedForPlainRowsAndDetailsGoBackOnlyWhereAsked)
 
   // Launches of plain requests only carry no controls at all.
   EXPECT_TRUE(ConcatenateSlices({{&plain, 0, 1}}, kHidden).controls.empty());
+}
+
+SampleBatch Controlled(int tag, int64_t rows) {
+  SampleBatch b = Request(tag, rows, false, false);
+  b.controls.resize(static_cast<size_t>(rows));
+  for (RowControls& c : b.controls) c.top_k = 3;
+  return b;
+}
+
+TEST(BatchAssembly, PlanTakesQueuedRowsInOrderAndCutsTheRequestThatDoesNotFit) {
+  const SampleBatch a = Request(1, 3, false, false);
+  const SampleBatch b = Request(2, 4, false, false);
+  const SampleBatch c = Request(3, 1, false, false);
+  // a continues from row 1; 2 + 4 = 6 rows, so b is cut after 2 of its 4.
+  const std::vector<RowSlice> plan = PlanLaunch({{&a, 1}, {&b, 0}, {&c, 0}}, 4);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].batch, &a);
+  EXPECT_EQ(plan[0].first_row, 1);
+  EXPECT_EQ(plan[0].rows, 2);
+  EXPECT_EQ(plan[1].batch, &b);
+  EXPECT_EQ(plan[1].first_row, 0);
+  EXPECT_EQ(plan[1].rows, 2);
+  // The next launch continues b, then takes c.
+  const std::vector<RowSlice> next = PlanLaunch({{&b, 2}, {&c, 0}}, 4);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[0].first_row, 2);
+  EXPECT_EQ(next[0].rows, 2);
+  EXPECT_EQ(next[1].batch, &c);
+  EXPECT_EQ(next[1].rows, 1);
+}
+
+TEST(BatchAssembly, PlanNeverMixesControlledAndPlainRequests) {
+  const SampleBatch plain1 = Request(1, 1, false, false);
+  const SampleBatch controlled1 = Controlled(2, 2);
+  const SampleBatch controlled2 = Controlled(3, 1);
+  const SampleBatch plain2 = Request(4, 1, false, false);
+  const std::vector<PendingRequest> queue = {{&plain1, 0}, {&controlled1, 0}, {&controlled2, 0}, {&plain2, 0}};
+  const std::vector<RowSlice> first = PlanLaunch(queue, 100);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].batch, &plain1);
+  const std::vector<RowSlice> second = PlanLaunch({queue.begin() + 1, queue.end()}, 100);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(second[0].batch, &controlled1);
+  EXPECT_EQ(second[1].batch, &controlled2);
+  EXPECT_EQ(PlanLaunch({queue.begin() + 3, queue.end()}, 100).size(), 1u);
+}
+
+TEST(BatchAssembly, PlanIsEmptyOnlyForAnEmptyQueueOrNoCapacity) {
+  const SampleBatch a = Request(1, 2, false, false);
+  EXPECT_TRUE(PlanLaunch({}, 8).empty());
+  EXPECT_TRUE(PlanLaunch({{&a, 0}}, 0).empty());
+  EXPECT_EQ(PlanLaunch({{&a, 0}}, 1).size(), 1u);
 }
 
 }  // namespace
