@@ -7,10 +7,14 @@ namespace flashsampler {
 SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size) {
   SampleBatch launch;
   bool any_controls = false;
+  bool any_drafts = false;
   for (const RowSlice& s : slices) {
     launch.rows += s.rows;
     any_controls = any_controls || !s.batch->controls.empty();
+    any_drafts = any_drafts || !s.batch->draft_tokens.empty();
   }
+  // Rows of a request without drafts are plain rows: draft -1.
+  if (any_drafts) launch.draft_tokens.reserve(static_cast<size_t>(launch.rows));
   // Rows of a request without controls are plain rows: default RowControls.
   if (any_controls) launch.controls.reserve(static_cast<size_t>(launch.rows));
   launch.hidden.reserve(static_cast<size_t>(launch.rows * hidden_size));
@@ -27,6 +31,12 @@ SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidde
       launch.controls.insert(launch.controls.end(), b.controls.begin() + s.first_row,
                              b.controls.begin() + s.first_row + s.rows);
     }
+    if (any_drafts && b.draft_tokens.empty()) {
+      launch.draft_tokens.insert(launch.draft_tokens.end(), static_cast<size_t>(s.rows), -1);
+    } else if (any_drafts) {
+      launch.draft_tokens.insert(launch.draft_tokens.end(), b.draft_tokens.begin() + s.first_row,
+                                 b.draft_tokens.begin() + s.first_row + s.rows);
+    }
     launch.want_logz = launch.want_logz || b.want_logz;
     launch.want_logprobs = launch.want_logprobs || b.want_logprobs;
   }
@@ -39,6 +49,7 @@ SampleResult ResultFor(const SampleBatch& request) {
   if (request.want_logz) r.logz.resize(static_cast<size_t>(request.rows));
   if (request.want_logprobs) r.logprobs.resize(static_cast<size_t>(request.rows));
   if (!request.controls.empty()) r.details.resize(static_cast<size_t>(request.rows));
+  if (!request.draft_tokens.empty()) r.draft_logprobs.resize(static_cast<size_t>(request.rows));
   return r;
 }
 
@@ -52,6 +63,7 @@ void ScatterSlice(const SampleResult& launch, int64_t launch_row, const RowSlice
   if (slice.batch->want_logz) copy_rows(launch.logz, out->logz);
   if (slice.batch->want_logprobs) copy_rows(launch.logprobs, out->logprobs);
   if (!slice.batch->controls.empty()) copy_rows(launch.details, out->details);
+  if (!slice.batch->draft_tokens.empty()) copy_rows(launch.draft_logprobs, out->draft_logprobs);
 }
 
 }  // namespace flashsampler

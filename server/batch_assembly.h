@@ -7,6 +7,10 @@
 // several slices over successive launches. Every per-row field of SampleBatch
 // and SampleResult is copied here and nowhere else, so a new per-row field
 // (e.g. a sampling control) needs an edit in batch_assembly.cc only.
+// Requests without controls are padded with default (plain) RowControls in a
+// launch that has controls, and requests without drafts with draft -1 in a
+// launch that has draft rows; the scatter hands details and draft_logprobs
+// back only to the requests that carry controls / drafts.
 // Per-request flags (want_logz, want_logprobs) are OR-ed over the launch, and
 // the scatter returns to each request only what it asked for.
 //

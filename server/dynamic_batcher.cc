@@ -158,11 +158,20 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
   // controlled row the engine rejects, must fail only the requests that asked
   // for controls, and plain rows keep their fast path. Arrival order is kept:
   // the launch ends at the first request of the other kind.
-  const bool launch_has_controls = !queue_.empty() && !queue_.front()->batch->controls.empty();
+  // Likewise, on a backend that does not serve draft rows (verification),
+  // requests with drafts never share a launch with requests without them.
+  // Plain verification rows join plain sample rows on a backend that serves
+  // them (CPU).
+  const bool split_drafts = engine_ != nullptr && !engine_->serves_draft_rows();
+  const auto kind = [split_drafts](const Job& job) {
+    return std::make_pair(!job.batch->controls.empty(),
+                          split_drafts && !job.batch->draft_tokens.empty());
+  };
+  const auto launch_kind = queue_.empty() ? std::make_pair(false, false) : kind(*queue_.front());
   int64_t capacity = options_.max_batch_rows;
   while (capacity > 0 && !queue_.empty()) {
     std::shared_ptr<Job>& job = queue_.front();
-    if (job->batch->controls.empty() == launch_has_controls) break;
+    if (kind(*job) != launch_kind) break;
     const int64_t take = std::min(capacity, job->batch->rows - job->next_row);
     launch->slices.push_back(RowSlice{job->batch, job->next_row, take});
     launch->jobs.push_back(job);
