@@ -203,6 +203,14 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
   // The engine is only touched by this thread; the lock is not held while
   // computing, so Submit never waits for a launch to finish.
   absl::StatusOr<SampleResult> result = engine->Sample(batch);
+  // The scatter reads draft_logprobs for requests with drafts: a backend that
+  // ignores draft_tokens (breaking the Engine contract) fails the launch
+  // instead of handing out unverified tokens.
+  if (result.ok() && !batch.draft_tokens.empty() &&
+      static_cast<int64_t>(result->draft_logprobs.size()) != batch.rows) {
+    result = absl::UnimplementedError(absl::StrCat("the ", engine->backend_name(),
+                                                   " backend does not serve Verify (draft rows)"));
+  }
   if (metrics_ != nullptr) {
     metrics_->RecordLaunch(batch.rows, absl::ToDoubleSeconds(absl::Now() - start));
   }

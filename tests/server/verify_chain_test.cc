@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -308,24 +309,23 @@ TEST_P(VerifyChainExactness, EmittedTokensHaveTheTargetDistribution) {
 INSTANTIATE_TEST_SUITE_P(Drafts, VerifyChainExactness, ::testing::Values(0, 1, 6));
 
 // Controls + draft: the draft is judged under the distribution left after
-// every control. With top_k = 2 the kept set is {0, 1} (0.6 / 0.4): a draft
-// outside it is never accepted and the first token follows the filtered
+// every control. With top_k = 5 the kept set is {0, ..., 4}: a draft outside
+// it (token 6) is never accepted and the first token follows the filtered
 // distribution; a draft inside it is accepted with its filtered probability.
 TEST(VerifyChainEngine, ControlledRowsUseTheFilteredDistribution) {
   std::unique_ptr<Engine> engine = IdentityEngine();
-  RowControls top2;
-  top2.top_k = 2;
-  std::vector<float> l0 = LogitsOf(kP0);
+  RowControls top5;
+  top5.top_k = 5;
+  const std::vector<float> l0 = LogitsOf(kP0);
   std::vector<float> kept(kV, -INFINITY);
-  kept[0] = l0[0];
-  kept[1] = l0[1];
+  std::copy(l0.begin(), l0.begin() + 5, kept.begin());
   const std::vector<double> p = testing::SoftmaxOfScaled(kept, kV, 1.0f);
-  // 2e5 sequences: z-tested p >= 0.4 need >= 1.35e5.
-  constexpr int64_t kN = 200000;
-  const ChainStats outside = RunChains(*engine, kN, 6, 1.0f, 77, &top2);
+  // 4e5 sequences: the z-tested tokens (p >= 0.188) need >= 3.9e5.
+  constexpr int64_t kN = 400000;
+  const ChainStats outside = RunChains(*engine, kN, 6, 1.0f, 77, &top5);
   EXPECT_EQ(outside.accepted, 0);
   testing::ExpectCountsMatch(outside.first_token, p);
-  const ChainStats inside = RunChains(*engine, kN, 1, 1.0f, 99, &top2);
+  const ChainStats inside = RunChains(*engine, kN, 1, 1.0f, 99, &top5);
   testing::ExpectCountsMatch(inside.first_token, p);
   ExpectBinomial(inside.accepted, inside.sequences, p[1]);
 }
