@@ -174,18 +174,12 @@ int RunVerify(SamplerClient& client) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const v1::VerifyResult& out = result->sequences(0);
-  std::printf("num_accepted: %d
-", out.num_accepted());
-  std::printf("token_ids: [%s]
-", absl::StrJoin(out.token_ids(), ", ").c_str());
-  std::printf("acceptance_probs: [%s]
-", absl::StrJoin(out.acceptance_probs(), ", ").c_str());
-  if (out.logz_size() > 0) std::printf("logz: [%s]
-", absl::StrJoin(out.logz(), ", ").c_str());
-  std::printf("seed: %llu
-", static_cast<unsigned long long>(out.seed()));
-  std::printf("latency: %.3f ms
-", ms);
+  std::printf("num_accepted: %d\n", out.num_accepted());
+  std::printf("token_ids: [%s]\n", absl::StrJoin(out.token_ids(), ", ").c_str());
+  std::printf("acceptance_probs: [%s]\n", absl::StrJoin(out.acceptance_probs(), ", ").c_str());
+  if (out.logz_size() > 0) std::printf("logz: [%s]\n", absl::StrJoin(out.logz(), ", ").c_str());
+  std::printf("seed: %llu\n", static_cast<unsigned long long>(out.seed()));
+  std::printf("latency: %.3f ms\n", ms);
   return 0;
 }
 
