@@ -542,6 +542,16 @@ TEST_F(ServerE2E, CliSampleInfoHealth) {
   EXPECT_THAT(controls, HasSubstr("row 1: samples ["));
   EXPECT_THAT(controls, HasSubstr(" top ["));
 
+  auto [verify_rc, verify] =
+      RunCli(address + " verify --drafts=12,7,99 --temperature=0.8 --seed=4 --logz");
+  EXPECT_EQ(verify_rc, 0) << verify;
+  EXPECT_THAT(verify, HasSubstr("num_accepted: "));
+  EXPECT_THAT(verify, HasSubstr("acceptance_probs: ["));
+  EXPECT_THAT(verify, HasSubstr("seed: 4"));
+  auto [bad_verify_rc, bad_verify] = RunCli(address + " verify --drafts=5000");
+  EXPECT_EQ(bad_verify_rc, 1) << bad_verify;
+  EXPECT_THAT(bad_verify, HasSubstr("INVALID_ARGUMENT"));
+
   auto [bad_top_p_rc, bad_top_p] = RunCli(address + " sample --top_p=0");
   EXPECT_EQ(bad_top_p_rc, 1) << bad_top_p;
   EXPECT_THAT(bad_top_p, HasSubstr("top_p"));
