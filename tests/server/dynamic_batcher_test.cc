@@ -63,11 +63,15 @@ class FakeEngine final : public Engine {
       r.details.push_back(RowSampleDetail{{r.token_ids[row]}, {}, {}, {}});
     }
     // With drafts, every row gets a draft log-probability: -draft (NaN: none).
-    for (int32_t x : batch.draft_tokens) r.draft_logprobs.push_back(x >= 0 ? -float(x) : NAN);
+    if (!ignores_drafts_) {
+      for (int32_t x : batch.draft_tokens) r.draft_logprobs.push_back(x >= 0 ? -float(x) : NAN);
+    }
     return r;
   }
   bool serves_draft_rows() const override { return serves_drafts_; }
   void set_serves_draft_rows(bool serves) { serves_drafts_ = serves; }
+  // Breaks the contract: returns no draft_logprobs for a batch with drafts.
+  void set_ignores_drafts(bool ignores) { ignores_drafts_ = ignores; }
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "fake"; }
   bool healthy() const override { return healthy_; }
@@ -84,6 +88,7 @@ class FakeEngine final : public Engine {
   const bool fail_;
   std::atomic<bool> healthy_{true};
   std::atomic<bool> serves_drafts_{false};
+  std::atomic<bool> ignores_drafts_{false};
   ModelShape shape_;
   absl::Notification first_started_, release_;
   mutable absl::Mutex mu_;
@@ -265,6 +270,25 @@ TEST(DynamicBatcher, DraftRowsShareALaunchOnlyWithAnEngineThatServesThem) {
     EXPECT_TRUE(outcomes[0].result->draft_logprobs.empty());
     EXPECT_THAT(outcomes[2].result->token_ids, ElementsAre(20));
   }
+}
+
+// A backend that ignores draft rows fails only the launch holding them
+// (UNIMPLEMENTED), never hands out unverified tokens, and stays healthy.
+TEST(DynamicBatcher, DraftRowsIgnoredByTheEngineAreUnimplemented) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  engine->set_ignores_drafts(true);
+  SampleBatch plain = Batch(2, 0), verify = Batch(2, 10);
+  verify.draft_tokens = {3, -1};
+  Outcome plain_outcome, verify_outcome;
+  batcher.Submit(&plain, plain_outcome.Callback());
+  batcher.Submit(&verify, verify_outcome.Callback());
+  engine->Release();
+  EXPECT_EQ(plain_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(verify_outcome.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(batcher.ready());
 }
 
 TEST(DynamicBatcher, RefusesAtOnceWhenTheQueueIsFullAndRecovers) {
