@@ -8,6 +8,8 @@
 //                    [--top_k=K] [--top_p=P] [--min_p=P] [--top_logprobs=N]
 //                    [--num_samples=N] [--raw_logprobs] [--repetition_penalty=R]
 //                    [--presence_penalty=X] [--frequency_penalty=X]
+//   flashsampler-cli --address=HOST:PORT verify --drafts=ID,ID,... [--temperature=T]
+//                    [--seed=S] [--offset=O] [--input=FILE] [--dtype=...] [--logz]
 //   TLS / mTLS / token (every command): --tls_ca=CA.pem [--tls_cert=C.pem --tls_key=K.pem]
 //                    [--tls_server_name=NAME] [--auth_token_file=FILE]
 //
@@ -17,6 +19,10 @@
 // The sampling controls apply to every row (one shared SamplingParams entry);
 // with --top_logprobs or --num_samples > 1 each row's samples, their logprobs
 // and ranks and its top tokens are printed too.
+// `verify` sends one sequence to Verify: gamma = the number of --drafts (may
+// be empty), gamma + 1 rows of hidden states (random, or --input's rows, which
+// must number gamma + 1), and prints num_accepted, the output tokens, each
+// draft's acceptance probability, logz when asked and the seed used.
 // Exit status: 0 on success, 1 when the server answered an error, 2 on usage errors.
 #include <algorithm>
 #include <chrono>
@@ -24,6 +30,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -59,6 +66,7 @@ ABSL_FLAG(bool, raw_logprobs, false,
 ABSL_FLAG(float, repetition_penalty, 1.0f, "vLLM repetition penalty (> 0, 1 = off)");
 ABSL_FLAG(float, presence_penalty, 0.0f, "vLLM presence penalty in [-2, 2]");
 ABSL_FLAG(float, frequency_penalty, 0.0f, "vLLM frequency penalty in [-2, 2]");
+ABSL_FLAG(std::vector<std::string>, drafts, {}, "verify: comma-separated draft token ids");
 
 namespace {
 
@@ -94,12 +102,14 @@ int RunHealth(SamplerClient& client) {
   return *status == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
-int RunSample(SamplerClient& client) {
+// The request's hidden states: --input's rows, or `rows` random rows
+// (--data_seed), packed as --dtype. `rows` is updated to --input's count.
+// Returns 0, or the exit status of a failure (already reported).
+int LoadHiddenStates(SamplerClient& client, int64_t* rows, v1::Tensor* out) {
   absl::StatusOr<v1::ModelInfo> info = client.GetModelInfo();
   if (!info.ok()) return Fail(info.status());
   const int64_t cols = info->hidden_size();
   if (cols < 1) return Fail(absl::InternalError("the server reports a hidden size below 1"));
-  int64_t rows = absl::GetFlag(FLAGS_rows);
   std::vector<float> values;
   const std::string input = absl::GetFlag(FLAGS_input);
   if (!input.empty()) {
@@ -109,14 +119,14 @@ int RunSample(SamplerClient& client) {
     if (bytes.empty() || bytes.size() % (cols * sizeof(float)) != 0) {
       return Usage("--input must hold whole rows of " + std::to_string(cols) + " fp32 values");
     }
-    rows = static_cast<int64_t>(bytes.size() / (cols * sizeof(float)));
+    *rows = static_cast<int64_t>(bytes.size() / (cols * sizeof(float)));
     values.resize(bytes.size() / sizeof(float));
     std::memcpy(values.data(), bytes.data(), bytes.size());
   } else {
-    if (rows < 1) return Usage("--rows must be >= 1");
+    if (*rows < 1) return Usage("--rows must be >= 1");
     std::mt19937_64 gen(absl::GetFlag(FLAGS_data_seed));
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    values.resize(static_cast<size_t>(rows * cols));
+    values.resize(static_cast<size_t>(*rows * cols));
     for (float& v : values) v = normal(gen);
   }
   const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
@@ -125,10 +135,12 @@ int RunSample(SamplerClient& client) {
   else if (dtype_name == "fp16") dtype = v1::DTYPE_FP16;
   else if (dtype_name == "fp32") dtype = v1::DTYPE_FP32;
   else return Usage("--dtype must be bf16, fp16 or fp32");
+  *out = flashsampler::MakeHiddenStates(values, *rows, cols, dtype);
+  return 0;
+}
 
-  v1::SampleRequest request;
-  *request.mutable_hidden_states() = flashsampler::MakeHiddenStates(values, rows, cols, dtype);
-  v1::SamplingParams* params = request.add_params();
+// --temperature, --offset and --seed into `params`; 0, or a usage error's status.
+int SetBasicParams(v1::SamplingParams* params) {
   params->set_temperature(absl::GetFlag(FLAGS_temperature));
   params->set_offset(absl::GetFlag(FLAGS_offset));
   const std::string seed = absl::GetFlag(FLAGS_seed);
@@ -139,6 +151,44 @@ int RunSample(SamplerClient& client) {
     }
     params->set_seed(value);
   }
+  return 0;
+}
+
+int RunVerify(SamplerClient& client) {
+  v1::VerifyRequest request;
+  v1::VerifySequence* sequence = request.add_sequences();
+  for (const std::string& d : absl::GetFlag(FLAGS_drafts)) {
+    int32_t id;
+    if (!absl::SimpleAtoi(d, &id)) return Usage("--drafts must be comma-separated token ids");
+    sequence->add_draft_token_ids(id);
+  }
+  int64_t rows = sequence->draft_token_ids_size() + 1;
+  if (int rc = LoadHiddenStates(client, &rows, sequence->mutable_hidden_states()); rc != 0) return rc;
+  if (int rc = SetBasicParams(sequence->mutable_params()); rc != 0) return rc;
+  request.set_return_acceptance_probs(true);
+  request.set_return_logz(absl::GetFlag(FLAGS_logz));
+  request.set_request_id("flashsampler-cli");
+  const auto start = std::chrono::steady_clock::now();
+  auto result = client.Verify(request, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+  if (!result.ok()) return Fail(result.status());
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const v1::VerifyResult& out = result->sequences(0);
+  std::printf("num_accepted: %d\n", out.num_accepted());
+  std::printf("token_ids: [%s]\n", absl::StrJoin(out.token_ids(), ", ").c_str());
+  std::printf("acceptance_probs: [%s]\n", absl::StrJoin(out.acceptance_probs(), ", ").c_str());
+  if (out.logz_size() > 0) std::printf("logz: [%s]\n", absl::StrJoin(out.logz(), ", ").c_str());
+  std::printf("seed: %llu\n", static_cast<unsigned long long>(out.seed()));
+  std::printf("latency: %.3f ms\n", ms);
+  return 0;
+}
+
+int RunSample(SamplerClient& client) {
+  v1::SampleRequest request;
+  int64_t rows = absl::GetFlag(FLAGS_rows);
+  if (int rc = LoadHiddenStates(client, &rows, request.mutable_hidden_states()); rc != 0) return rc;
+  v1::SamplingParams* params = request.add_params();
+  if (int rc = SetBasicParams(params); rc != 0) return rc;
   // Controls left at their neutral values are not sent, so a plain request
   // stays plain; the server validates the others.
   params->set_top_k(absl::GetFlag(FLAGS_top_k));
@@ -211,9 +261,9 @@ int RunSample(SamplerClient& client) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("flashsampler-cli --address=HOST:PORT sample|info|health [flags]");
+  absl::SetProgramUsageMessage("flashsampler-cli --address=HOST:PORT sample|verify|info|health [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) return Usage("expected one command: sample, info or health");
+  if (args.size() != 2) return Usage("expected one command: sample, verify, info or health");
   const std::string command = args[1];
   absl::StatusOr<flashsampler::ChannelSecurity> security =
       flashsampler::LoadChannelSecurity(flashsampler::ChannelSecurityOptionsFromFlags());
@@ -222,5 +272,6 @@ int main(int argc, char** argv) {
   if (command == "info") return RunInfo(client);
   if (command == "health") return RunHealth(client);
   if (command == "sample") return RunSample(client);
-  return Usage("unknown command '" + command + "' (expected sample, info or health)");
+  if (command == "verify") return RunVerify(client);
+  return Usage("unknown command '" + command + "' (expected sample, verify, info or health)");
 }

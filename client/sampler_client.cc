@@ -44,6 +44,16 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest
   return response;
 }
 
+absl::StatusOr<v1::VerifyResponse> SamplerClient::Verify(const v1::VerifyRequest& request,
+                                                         absl::Duration timeout) {
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::VerifyResponse response;
+  grpc::Status status = sampler_->Verify(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::StatusOr<std::vector<v1::SampleResponse>> SamplerClient::SampleStream(
     const std::vector<v1::SampleRequest>& requests, absl::Duration timeout) {
   grpc::ClientContext context;

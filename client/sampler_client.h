@@ -34,6 +34,10 @@ class SamplerClient {
   absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& request,
                                             absl::Duration timeout = absl::Seconds(60));
 
+  // Speculative verification (sampler.proto's Verify).
+  absl::StatusOr<v1::VerifyResponse> Verify(const v1::VerifyRequest& request,
+                                            absl::Duration timeout = absl::Seconds(60));
+
   // Sends every request on one SampleStream and returns the responses in order.
   // If the server ends the stream with an error, that status is returned.
   absl::StatusOr<std::vector<v1::SampleResponse>> SampleStream(

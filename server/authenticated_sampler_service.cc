@@ -50,4 +50,11 @@ grpc::ServerUnaryReactor* AuthenticatedSamplerService::GetModelInfo(
   return inner_->GetModelInfo(context, request, response);
 }
 
+grpc::ServerUnaryReactor* AuthenticatedSamplerService::Verify(grpc::CallbackServerContext* context,
+                                                              const v1::VerifyRequest* request,
+                                                              v1::VerifyResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnary(context)) return refused;
+  return inner_->Verify(context, request, response);
+}
+
 }  // namespace flashsampler

@@ -28,6 +28,9 @@ class AuthenticatedSamplerService final : public v1::Sampler::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
 
  private:
   // nullptr when the call may proceed, else a reactor already finished with

@@ -8,6 +8,10 @@
 // several slices over successive launches. Every per-row field of SampleBatch
 // and SampleResult is copied here and nowhere else, so a new per-row field
 // (e.g. a sampling control) needs an edit in batch_assembly.cc only.
+// Requests without controls are padded with default (plain) RowControls in a
+// launch that has controls, and requests without drafts with draft -1 in a
+// launch that has draft rows; the scatter hands details and draft_logprobs
+// back only to the requests that carry controls / drafts.
 // Per-request flags (want_logz, want_logprobs) are OR-ed over the launch, and
 // the scatter returns to each request only what it asked for.
 //
@@ -33,6 +37,16 @@ struct RowSlice {
   int64_t rows = 0;                    // >= 1
 };
 
+// Whether a launch may hold requests with draft rows (Verify) together with
+// requests without: per launch kind, as the engine's serves_draft_rows says.
+// Where it may not, drafted and undrafted requests are kept apart like
+// controlled and plain ones, so a backend's refusal of draft rows fails only
+// the requests that carry them.
+struct DraftMixing {
+  bool plain = true;       // launches whose rows have no sampling controls
+  bool controlled = true;  // launches whose rows have sampling controls
+};
+
 // One queued request as the planner sees it: `next_row` of its rows have been
 // handed to earlier launches (0 <= next_row < batch->rows).
 struct PendingRequest {
@@ -46,12 +60,13 @@ struct PendingRequest {
 // serve controls (CUDA today: UNIMPLEMENTED), or a controlled row the engine
 // rejects, must fail only the requests that asked for controls, and plain rows
 // keep their fast path; so the launch ends at the first request of the other
-// kind than queue[0]. A request that does not fit is cut: its first rows go
+// kind than queue[0] (kinds also split by drafts where `mixing` says so). A request that does not fit is cut: its first rows go
 // into this launch, the rest waits for the next (the launch is then full).
 // Every slice has >= 1 row; the plan is empty only when `queue` is empty or
 // max_rows < 1. Planning launches until the queue is drained covers every
 // queued row exactly once, in order.
-std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64_t max_rows);
+std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64_t max_rows,
+                                 DraftMixing mixing = {});
 
 // One SampleBatch holding every slice's rows, in slice order. `hidden_size` is
 // the model's D (each request's hidden has rows * D values).

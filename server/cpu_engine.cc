@@ -3,7 +3,10 @@
 // for rows with sampling controls. A batch without controls takes the plain
 // sampler exactly as before; a mixed batch is split into its plain rows and
 // its controlled rows (each row's token depends only on its own inputs, so the
-// split changes no result) and the results are scattered back.
+// split changes no result) and the results are scattered back. Draft rows
+// (SampleBatch::draft_tokens) go to the same samplers, which exclude the draft
+// from sampled rows and report log p(x) (kernels/cpu/tiled_sampler.h,
+// candidate_sampler.h), after every control for controlled rows.
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -55,6 +58,10 @@ class CpuEngine final : public Engine {
     if (!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != batch.rows) {
       return absl::InvalidArgumentError("cpu engine: controls must be empty or one per row");
     }
+    if (!batch.draft_tokens.empty() &&
+        static_cast<int64_t>(batch.draft_tokens.size()) != batch.rows) {
+      return absl::InvalidArgumentError("cpu engine: draft_tokens must be empty or one per row");
+    }
     hidden_.assign(batch.hidden.begin(), batch.hidden.end());
     if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
                                                   static_cast<int64_t>(hidden_.size()));
@@ -66,17 +73,22 @@ class CpuEngine final : public Engine {
     result.token_ids.resize(batch.rows);
     if (batch.want_logz) result.logz.resize(batch.rows);
     if (batch.want_logprobs) result.logprobs.resize(batch.rows);
+    const bool drafts = !batch.draft_tokens.empty();
+    if (drafts) result.draft_logprobs.resize(batch.rows);
     kernels::CpuSampleOutputs out{result.token_ids.data(),
                                   batch.want_logz ? result.logz.data() : nullptr,
-                                  batch.want_logprobs ? result.logprobs.data() : nullptr};
+                                  batch.want_logprobs ? result.logprobs.data() : nullptr,
+                                  drafts ? result.draft_logprobs.data() : nullptr};
     const kernels::KernelStatus status =
-        sampler_.Sample(hidden_.data(), batch.rows, batch.params.data(), out);
+        sampler_.Sample(hidden_.data(), batch.rows, batch.params.data(),
+                        drafts ? batch.draft_tokens.data() : nullptr, out);
     if (status != kernels::KernelStatus::kOk) return KernelStatusToStatus(status, "cpu sampler");
     return result;
   }
 
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "cpu"; }
+  bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
 
  private:
   // hidden_ holds the rounded batch. Plain rows (HasAnyControl false) and
@@ -93,16 +105,21 @@ class CpuEngine final : public Engine {
     if (batch.want_logz) result.logz.resize(rows);
     if (batch.want_logprobs) result.logprobs.resize(rows);
     result.details.resize(rows);
+    const bool drafts = !batch.draft_tokens.empty();
+    if (drafts) result.draft_logprobs.resize(rows);
     for (const std::vector<int64_t>* part : {&plain, &controlled}) {
       if (part->empty()) continue;
       const int64_t n = static_cast<int64_t>(part->size());
       std::vector<float> hidden(static_cast<size_t>(n * d));
       std::vector<RowParams> params(n);
       std::vector<RowControls> controls;
+      std::vector<int32_t> draft_tokens(drafts ? n : 0);
+      std::vector<float> draft_logprobs(drafts ? n : 0);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t r = (*part)[i];
         std::copy_n(hidden_.data() + r * d, d, hidden.data() + i * d);
         params[i] = batch.params[r];
+        if (drafts) draft_tokens[i] = batch.draft_tokens[r];
       }
       std::vector<int32_t> tokens(n);
       std::vector<float> logz(batch.want_logz ? n : 0), logprobs(batch.want_logprobs ? n : 0);
@@ -110,9 +127,11 @@ class CpuEngine final : public Engine {
       kernels::KernelStatus status;
       if (part == &plain) {
         status = sampler_.Sample(hidden.data(), n, params.data(),
+                                 drafts ? draft_tokens.data() : nullptr,
                                  kernels::CpuSampleOutputs{tokens.data(),
                                                            batch.want_logz ? logz.data() : nullptr,
-                                                           batch.want_logprobs ? logprobs.data() : nullptr});
+                                                           batch.want_logprobs ? logprobs.data() : nullptr,
+                                                           drafts ? draft_logprobs.data() : nullptr});
         for (int64_t i = 0; i < n; ++i) details[i].token_ids = {tokens[i]};
       } else {
         // Every row controlled (the usual case): no copy of the controls.
@@ -124,10 +143,12 @@ class CpuEngine final : public Engine {
         }
         const kernels::CpuControlledPath path = kernels::PlanCpuControlledPath(row_controls, n);
         status = controlled_.Sample(
-            hidden.data(), n, params.data(), row_controls, path,
+            hidden.data(), n, params.data(), row_controls, drafts ? draft_tokens.data() : nullptr,
+            path,
             kernels::CpuControlledOutputs{tokens.data(), batch.want_logz ? logz.data() : nullptr,
                                           batch.want_logprobs ? logprobs.data() : nullptr,
-                                          details.data()});
+                                          details.data(),
+                                          drafts ? draft_logprobs.data() : nullptr});
       }
       if (status != kernels::KernelStatus::kOk) {
         return KernelStatusToStatus(status, part == &plain ? "cpu sampler" : "cpu controlled sampler");
@@ -138,6 +159,7 @@ class CpuEngine final : public Engine {
         if (batch.want_logz) result.logz[r] = logz[i];
         if (batch.want_logprobs) result.logprobs[r] = logprobs[i];
         result.details[r] = std::move(details[i]);
+        if (drafts) result.draft_logprobs[r] = draft_logprobs[i];
       }
     }
     return result;

@@ -156,14 +156,19 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
   }
 
   // The launch plan (server/batch_assembly.h): arrival order, at most
-  // max_batch_rows rows, controlled and plain requests never mixed. Each
+  // max_batch_rows rows, controlled and plain requests never mixed, nor
+  // requests with and without draft rows where the engine cannot serve them
+  // together (Engine::serves_draft_rows). Each
   // request has >= 1 row, so only the first max_batch_rows can take part.
   std::vector<PendingRequest> pending;
   const size_t considered = static_cast<size_t>(
       std::min<int64_t>(static_cast<int64_t>(queue_.size()), options_.max_batch_rows));
   pending.reserve(considered);
   for (size_t i = 0; i < considered; ++i) pending.push_back({queue_[i]->batch, queue_[i]->next_row});
-  launch->slices = PlanLaunch(pending, options_.max_batch_rows);
+  DraftMixing mixing;
+  mixing.plain = engine_ == nullptr || engine_->serves_draft_rows(false);
+  mixing.controlled = engine_ == nullptr || engine_->serves_draft_rows(true);
+  launch->slices = PlanLaunch(pending, options_.max_batch_rows, mixing);
   for (const RowSlice& slice : launch->slices) {
     // Only the last slice can leave rows of its job queued: every earlier
     // job was taken whole and popped, so this slice's job is at the front.
@@ -196,6 +201,14 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
   // The engine is only touched by this thread; the lock is not held while
   // computing, so Submit never waits for a launch to finish.
   absl::StatusOr<SampleResult> result = engine->Sample(batch);
+  // The scatter reads draft_logprobs for requests with drafts: a backend that
+  // ignores draft_tokens (breaking the Engine contract) fails the launch
+  // instead of handing out unverified tokens.
+  if (result.ok() && !batch.draft_tokens.empty() &&
+      static_cast<int64_t>(result->draft_logprobs.size()) != batch.rows) {
+    result = absl::UnimplementedError(absl::StrCat("the ", engine->backend_name(),
+                                                   " backend does not serve Verify (draft rows)"));
+  }
   if (metrics_ != nullptr) {
     metrics_->RecordLaunch(batch.rows, absl::ToDoubleSeconds(absl::Now() - start));
   }

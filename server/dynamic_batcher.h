@@ -10,7 +10,10 @@
 // with max_queue_delay = 0 it launches whatever is queued the moment the
 // engine is free. Requests are served in arrival order; one larger than
 // max_batch_rows is split over consecutive launches and answered once all of
-// its rows are done. Just before a launch is formed, queued requests whose
+// its rows are done. Requests with sampling controls never share a launch
+// with plain ones, nor (on an engine whose serves_draft_rows() is false for the kind)
+// requests with draft rows with ones without: a launch ends at the first
+// request of another kind, so arrival order is kept. Just before a launch is formed, queued requests whose
 // deadline has passed or whose caller has cancelled are answered without
 // compute, which also frees their queue rows.
 //

@@ -97,6 +97,15 @@ class Engine {
   virtual std::string backend_name() const = 0;
   // False once the backend hit an unrecoverable error (e.g. a device fault).
   virtual bool healthy() const { return true; }
+  // True when the backend serves SampleBatch::draft_tokens in a launch whose
+  // rows have sampling controls (`with_controls`) or have none. The batcher
+  // puts draft rows into one launch with other requests' rows of that kind
+  // only for such a backend; otherwise a Verify request runs in launches of
+  // its own, so the backend's refusal fails only the requests that carry drafts.
+  virtual bool serves_draft_rows(bool with_controls) const {
+    (void)with_controls;
+    return false;
+  }
   // The devices this engine holds W on; empty for the CPU backend, or when
   // the device cannot be queried.
   virtual std::vector<DeviceMemoryInfo> DeviceMemory() const { return {}; }

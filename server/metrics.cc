@@ -21,7 +21,8 @@
 namespace flashsampler {
 namespace {
 
-constexpr std::array<const char*, 3> kMethodNames = {"Sample", "SampleStream", "GetModelInfo"};
+constexpr std::array<const char*, 4> kMethodNames = {"Sample", "SampleStream", "GetModelInfo",
+                                                     "Verify"};
 
 // 50 us .. 10 s in 1-2.5-5 steps: fine where the service lives (sub-ms to ms),
 // coarse where only overload goes.

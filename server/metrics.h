@@ -39,7 +39,7 @@
 
 namespace flashsampler {
 
-enum class RpcMethod { kSample, kSampleStream, kGetModelInfo };
+enum class RpcMethod { kSample, kSampleStream, kGetModelInfo, kVerify };
 
 class ServerMetrics {
  public:

@@ -23,50 +23,105 @@ int64_t WireDTypeSize(int dtype) {
 
 namespace {
 
-// Widens the raw little-endian bytes to fp32 and rejects non-finite values.
-// `bytes` holds exactly rows * cols elements of `dtype` (checked by the caller).
+// Widens the raw little-endian bytes to fp32 (appended to `out`) and rejects
+// non-finite values. `bytes` holds exactly rows * cols elements of `dtype`
+// (checked by the caller).
 absl::Status DecodeHidden(const std::string& bytes, int dtype, int64_t rows, int64_t cols,
-                          std::vector<float>* out) {
+                          const std::string& field, std::vector<float>* out) {
   const int64_t n = rows * cols;
-  out->resize(static_cast<size_t>(n));
+  const size_t base = out->size();
+  out->resize(base + static_cast<size_t>(n));
+  float* dst = out->data() + base;
   const char* src = bytes.data();
   if (dtype == v1::DTYPE_FP32) {
-    std::memcpy(out->data(), src, static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   } else {
     const bool bf16 = dtype == v1::DTYPE_BF16;
     for (int64_t i = 0; i < n; ++i) {
       uint16_t bits;
       std::memcpy(&bits, src + 2 * i, sizeof bits);
-      (*out)[i] = bf16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
+      dst[i] = bf16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
     }
   }
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite((*out)[i])) {
+    if (!std::isfinite(dst[i])) {
       return absl::InvalidArgumentError(
-          absl::StrCat("hidden_states[", i / cols, "][", i % cols, "] is ",
-                       std::isnan((*out)[i]) ? "NaN" : "infinite",
+          absl::StrCat(field, "[", i / cols, "][", i % cols, "] is ",
+                       std::isnan(dst[i]) ? "NaN" : "infinite",
                        "; hidden states must be finite"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckTemperature(float t, int index) {
+}  // namespace
+
+absl::Status CheckTemperature(float t, const std::string& field) {
   if (std::isnan(t) || std::isinf(t) || t < 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "params[", index, "].temperature must be finite and >= 0 (0 = greedy), got ", t));
+        field, ".temperature must be finite and >= 0 (0 = greedy), got ", t));
   }
   // Backends multiply logits by the fp32 reciprocal 1/T; below kMinTemperature
   // it would overflow (or scale any logit to +-inf). Use 0 for greedy instead.
   if (t > 0.0f && t < kMinTemperature) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "params[", index, "].temperature ", t, " is below the smallest supported ",
+        field, ".temperature ", t, " is below the smallest supported ",
         kMinTemperature, "; use 0 for greedy sampling"));
   }
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::string& field,
+                                           int64_t hidden_size, int64_t max_rows,
+                                           WeightDType weight_dtype, std::vector<float>* out) {
+  const int64_t elem = WireDTypeSize(t.dtype());
+  if (elem == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".dtype must be DTYPE_FP32, DTYPE_FP16 or DTYPE_BF16, got ",
+        v1::DType_IsValid(t.dtype()) ? v1::DType_Name(t.dtype()) : absl::StrCat(t.dtype())));
+  }
+  if (t.shape_size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shape must be [B, D] (2 dims), got ", t.shape_size(), " dims"));
+  }
+  const int64_t rows = t.shape(0);
+  const int64_t cols = t.shape(1);
+  if (cols != hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".shape[1] must be the model's hidden size ",
+                                                   hidden_size, ", got ", cols));
+  }
+  if (rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape[0] (B) must be >= 1, got ", rows));
+  }
+  if (rows > max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".shape[0] (B) is ", rows,
+                                                   ", over this server's limit of ",
+                                                   max_rows, " rows per request"));
+  }
+  // rows <= max_rows and cols is the model's D, so this cannot overflow.
+  const int64_t want_bytes = rows * cols * elem;
+  if (static_cast<int64_t>(t.data().size()) != want_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".data has ", t.data().size(), " bytes, but shape [", rows, ", ", cols,
+        "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
+  }
+  const size_t base = out->size();
+  if (absl::Status s = DecodeHidden(t.data(), t.dtype(), rows, cols, field, out); !s.ok()) return s;
+  // Round H to the weights' dtype here, on the gRPC thread, rather than on the
+  // batcher's one worker thread. Values sent in the weights' own dtype (or
+  // any values, for fp32 weights) are already exact after widening.
+  const bool same_dtype = (t.dtype() == v1::DTYPE_BF16 && weight_dtype == WeightDType::kBFloat16) ||
+                          (t.dtype() == v1::DTYPE_FP16 && weight_dtype == WeightDType::kFloat16);
+  if (!same_dtype) {
+    if (absl::Status s = RoundHiddenToWeightDType(weight_dtype, out->data() + base,
+                                                  static_cast<int64_t>(out->size() - base));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return rows;
+}
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
                                                        const ModelShape& shape,
@@ -75,39 +130,13 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   if (!request.has_hidden_states()) {
     return absl::InvalidArgumentError("hidden_states is missing");
   }
-  const v1::Tensor& t = request.hidden_states();
-  const int64_t elem = WireDTypeSize(t.dtype());
-  if (elem == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hidden_states.dtype must be DTYPE_FP32, DTYPE_FP16 or DTYPE_BF16, got ",
-        v1::DType_IsValid(t.dtype()) ? v1::DType_Name(t.dtype()) : absl::StrCat(t.dtype())));
-  }
-  if (t.shape_size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hidden_states.shape must be [B, D] (2 dims), got ", t.shape_size(), " dims"));
-  }
-  const int64_t rows = t.shape(0);
-  const int64_t cols = t.shape(1);
-  if (cols != shape.hidden_size) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden_states.shape[1] must be the model's hidden size ",
-                                                   shape.hidden_size, ", got ", cols));
-  }
-  if (rows < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hidden_states.shape[0] (B) must be >= 1, got ", rows));
-  }
-  if (rows > limits.max_batch_rows) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden_states.shape[0] (B) is ", rows,
-                                                   ", over this server's limit of ",
-                                                   limits.max_batch_rows, " rows per request"));
-  }
-  // rows <= max_batch_rows and cols is the model's D, so this cannot overflow.
-  const int64_t want_bytes = rows * cols * elem;
-  if (static_cast<int64_t>(t.data().size()) != want_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hidden_states.data has ", t.data().size(), " bytes, but shape [", rows, ", ", cols,
-        "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
-  }
+  ParsedSampleRequest parsed;
+  SampleBatch& batch = parsed.batch;
+  absl::StatusOr<int64_t> decoded = DecodeHiddenTensor(request.hidden_states(), "hidden_states",
+                                                       shape.hidden_size, limits.max_batch_rows,
+                                                       shape.weight_dtype, &batch.hidden);
+  if (!decoded.ok()) return decoded.status();
+  const int64_t rows = *decoded;
   const int num_params = request.params_size();
   if (num_params != 1 && num_params != rows) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -116,7 +145,10 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   bool any_controls = false;
   std::vector<RowControls> entry_controls(num_params);
   for (int i = 0; i < num_params; ++i) {
-    if (absl::Status s = CheckTemperature(request.params(i).temperature(), i); !s.ok()) return s;
+    if (absl::Status s = CheckTemperature(request.params(i).temperature(), absl::StrCat("params[", i, "]"));
+        !s.ok()) {
+      return s;
+    }
     if (!HasControls(request.params(i))) continue;
     any_controls = true;
     // Rows sharing an entry are spaced `rows` streams apart per extra sample.
@@ -136,28 +168,11 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
         "; send one params entry per row"));
   }
 
-  ParsedSampleRequest parsed;
-  SampleBatch& batch = parsed.batch;
   batch.rows = rows;
   batch.want_logz = request.return_logz();
   batch.want_logprobs = request.return_logprobs();
   parsed.request_id = request.request_id();
-  if (absl::Status s = DecodeHidden(t.data(), t.dtype(), rows, cols, &batch.hidden); !s.ok()) {
-    return s;
-  }
-  // Round H to the weights' dtype here, on this gRPC thread, rather than on the
-  // batcher's one worker thread. Values sent in the weights' own dtype (or
-  // any values, for fp32 weights) are already exact after widening.
-  const bool same_dtype = (t.dtype() == v1::DTYPE_BF16 && shape.weight_dtype == WeightDType::kBFloat16) ||
-                          (t.dtype() == v1::DTYPE_FP16 && shape.weight_dtype == WeightDType::kFloat16);
-  if (!same_dtype) {
-    if (absl::Status s = RoundHiddenToWeightDType(shape.weight_dtype, batch.hidden.data(),
-                                                  static_cast<int64_t>(batch.hidden.size()));
-        !s.ok()) {
-      return s;
-    }
-  }
-  batch.hidden_in_weight_dtype = true;
+  batch.hidden_in_weight_dtype = true;  // DecodeHiddenTensor rounded it
   std::vector<uint64_t> entry_seeds(num_params);
   for (int i = 0; i < num_params; ++i) {
     const v1::SamplingParams& p = request.params(i);

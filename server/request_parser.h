@@ -51,4 +51,18 @@ void FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& r
 // Bytes per element of a wire dtype; 0 for DTYPE_UNSPECIFIED or unknown values.
 int64_t WireDTypeSize(int dtype);
 
+// The checks shared by every request that carries hidden states (Sample and
+// Verify). `field` names the tensor / params entry in error messages.
+//
+// Validates a [B, D] hidden-state tensor (dtype, 2 dims, D = hidden_size,
+// 1 <= B <= max_rows, byte count) and appends its values widened to fp32 and
+// rounded to `weight_dtype` (RoundHiddenToWeightDType; the caller may set
+// SampleBatch::hidden_in_weight_dtype) to `out`; NaN/Inf are InvalidArgument.
+// Returns B.
+absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& tensor, const std::string& field,
+                                           int64_t hidden_size, int64_t max_rows,
+                                           WeightDType weight_dtype, std::vector<float>* out);
+// 0, or finite and >= kMinTemperature; else InvalidArgument.
+absl::Status CheckTemperature(float temperature, const std::string& field);
+
 }  // namespace flashsampler

@@ -172,14 +172,12 @@ uint64_t SamplerService::DrawSeed() {
   return absl::Uniform<uint64_t>(seed_gen_);
 }
 
-void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* context,
-                                 const v1::SampleRequest& request, ParsedSampleRequest* parsed,
-                                 v1::SampleResponse* response,
-                                 std::function<void(grpc::Status)> done) {
+bool SamplerService::Admit(RpcMethod method, const SampleBatch* batch,
+                           std::function<void(grpc::Status)>* done) {
   if (metrics_ != nullptr) {
     metrics_->RequestStarted();
-    done = [this, method, parsed, start = absl::Now(), done = std::move(done)](grpc::Status status) {
-      metrics_->RequestFinished(method, status.error_code(), parsed->batch.rows, absl::Now() - start);
+    *done = [this, method, batch, start = absl::Now(), done = std::move(*done)](grpc::Status status) {
+      metrics_->RequestFinished(method, status.error_code(), batch->rows, absl::Now() - start);
       done(std::move(status));
     };
   }
@@ -190,20 +188,39 @@ void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* 
     if (!refused) ++inflight_;
   }
   if (refused) {
-    done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      "server is shutting down; the request was not processed"));
-    return;
+    (*done)(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                         "server is shutting down; the request was not processed"));
+    return false;
   }
   // From here the request is accepted: it is answered, and counted out, once.
-  done = [this, done = std::move(done)](grpc::Status status) {
+  *done = [this, done = std::move(*done)](grpc::Status status) {
     done(std::move(status));
     absl::MutexLock lock(&inflight_mu_);
     --inflight_;
   };
   if (!batcher_->ready()) {
-    done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving"));
-    return;
+    (*done)(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving"));
+    return false;
   }
+  return true;
+}
+
+void SamplerService::SubmitBatch(grpc::CallbackServerContext* context, const SampleBatch* batch,
+                                 DynamicBatcher::Done on_result) {
+  const std::chrono::system_clock::time_point deadline = context->deadline();
+  batcher_->Submit(
+      batch, std::move(on_result),
+      // gRPC reports "no deadline" as the largest time_point.
+      deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
+                                                               : absl::FromChrono(deadline),
+      [context] { return context->IsCancelled(); });
+}
+
+void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* context,
+                                 const v1::SampleRequest& request, ParsedSampleRequest* parsed,
+                                 v1::SampleResponse* response,
+                                 std::function<void(grpc::Status)> done) {
+  if (!Admit(method, &parsed->batch, &done)) return;
   absl::StatusOr<ParsedSampleRequest> p =
       ParseSampleRequest(request, batcher_->shape(), limits_, [this] { return DrawSeed(); });
   if (!p.ok()) {
@@ -211,21 +228,44 @@ void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* 
     return;
   }
   *parsed = *std::move(p);
-  const std::chrono::system_clock::time_point deadline = context->deadline();
-  batcher_->Submit(
-      &parsed->batch,
-      [parsed, response, done = std::move(done)](absl::StatusOr<SampleResult> result) {
-        if (!result.ok()) {
-          done(ToGrpcStatus(result.status()));
-          return;
-        }
-        FillSampleResponse(*parsed, *result, response);
-        done(grpc::Status::OK);
-      },
-      // gRPC reports "no deadline" as the largest time_point.
-      deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
-                                                               : absl::FromChrono(deadline),
-      [context] { return context->IsCancelled(); });
+  SubmitBatch(context, &parsed->batch,
+              [parsed, response, done = std::move(done)](absl::StatusOr<SampleResult> result) {
+                if (!result.ok()) {
+                  done(ToGrpcStatus(result.status()));
+                  return;
+                }
+                FillSampleResponse(*parsed, *result, response);
+                done(grpc::Status::OK);
+              });
+}
+
+grpc::ServerUnaryReactor* SamplerService::Verify(grpc::CallbackServerContext* context,
+                                                 const v1::VerifyRequest* request,
+                                                 v1::VerifyResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The parsed batch must outlive the batcher job; the callbacks own it.
+  auto parsed = std::make_shared<ParsedVerifyRequest>();
+  std::function<void(grpc::Status)> done = [reactor, parsed](grpc::Status status) {
+    reactor->Finish(std::move(status));
+  };
+  if (!Admit(RpcMethod::kVerify, &parsed->batch, &done)) return reactor;
+  absl::StatusOr<ParsedVerifyRequest> p =
+      ParseVerifyRequest(*request, batcher_->shape(), limits_, [this] { return DrawSeed(); });
+  if (!p.ok()) {
+    done(ToGrpcStatus(p.status()));
+    return reactor;
+  }
+  *parsed = *std::move(p);
+  SubmitBatch(context, &parsed->batch,
+              [parsed, response, done = std::move(done)](absl::StatusOr<SampleResult> result) {
+                if (!result.ok()) {
+                  done(ToGrpcStatus(result.status()));
+                  return;
+                }
+                FillVerifyResponse(*parsed, *result, response);
+                done(grpc::Status::OK);
+              });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* SamplerService::Sample(grpc::CallbackServerContext* context,

@@ -1,6 +1,8 @@
 // SamplerService: the flashsampler.v1.Sampler gRPC service (callback API).
 //
-// Each RPC is validated on the gRPC thread (ParseSampleRequest), handed to the
+// Each RPC is validated on the gRPC thread (ParseSampleRequest, or
+// ParseVerifyRequest for Verify, whose rows the batcher treats like Sample
+// rows and whose response the verify finalizer assembles), handed to the
 // DynamicBatcher with the call's deadline and cancellation, and finished from
 // the batcher's callback, so no gRPC thread blocks on compute. SampleStream handles one request at a time per stream,
 // which keeps responses in request order; an invalid request ends the stream
@@ -8,8 +10,8 @@
 // On shutdown, BeginDrain closes open streams (UNAVAILABLE) as soon as they are
 // idle, so the drain waits only for real work.
 //
-// Every finished request (unary call or stream message) is counted in
-// ServerMetrics by method and status code.
+// Every finished request (unary call, stream message or Verify) is counted in
+// ServerMetrics by method and status code (Verify's rows: its positions).
 //
 // Thread safety: gRPC calls the methods concurrently; the service holds
 // immutable configuration, the batcher, the metrics, a mutex-guarded seed generator and a
@@ -25,6 +27,7 @@
 #include "absl/time/time.h"
 #include "flashsampler/v1/sampler.grpc.pb.h"
 #include "server/request_parser.h"
+#include "server/verify_request.h"
 #include "server/dynamic_batcher.h"
 #include "server/metrics.h"
 
@@ -45,8 +48,11 @@ class SamplerService final : public v1::Sampler::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
 
-  // Shutdown, first step: new Sample requests (unary or stream messages) are
+  // Shutdown, first step: new Sample / Verify requests (unary or stream messages) are
   // refused with UNAVAILABLE, idle streams are finished now with UNAVAILABLE,
   // busy ones right after their current response, and new streams are
   // refused, so Server::Shutdown only waits for real work. Requests already
@@ -71,6 +77,14 @@ class SamplerService final : public v1::Sampler::CallbackService {
 
  private:
   uint64_t DrawSeed();
+  // Admission shared by Sample, stream messages and Verify: wraps `done` with
+  // the metrics (rows read from `batch` when answered) and the in-flight
+  // count, and answers UNAVAILABLE (returning false) while draining or before
+  // the model is loaded. After true, `done` must be called exactly once.
+  bool Admit(RpcMethod method, const SampleBatch* batch, std::function<void(grpc::Status)>* done);
+  // Hands a parsed batch to the batcher with the call's deadline and cancellation.
+  void SubmitBatch(grpc::CallbackServerContext* context, const SampleBatch* batch,
+                   DynamicBatcher::Done on_result);
 
   DynamicBatcher* const batcher_;
   const RequestLimits limits_;

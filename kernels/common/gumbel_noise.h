@@ -23,6 +23,12 @@
 // the top cells that produce the largest (winning) noise values, and g = -log E
 // lies in [-2.8524, 17.3287]. kGumbelMax bounds it from above.
 //
+// Speculative verification (VerifyAcceptUniform below) draws its acceptance
+// uniforms from the same Philox key on a counter that no noise word can use:
+// counter word 0 = 0xFFFFFFFF, while noise uses vocab_index >> 2 <= 2^29 - 1
+// (vocab_index <= INT32_MAX). The two streams are therefore disjoint, so a
+// row's acceptance test is independent of its own (and every other) noise.
+//
 // Thread safety: pure functions, callable concurrently from anywhere.
 #pragma once
 
@@ -79,6 +85,27 @@ FS_HOST_DEVICE FS_FORCE_INLINE float GumbelFromBits(uint32_t r) {
 FS_HOST_DEVICE FS_FORCE_INLINE float GumbelNoise(uint64_t seed, uint64_t offset,
                                                  uint32_t stream, uint32_t vocab_index) {
   return GumbelFromBits(NoiseBits(seed, offset, stream, vocab_index));
+}
+
+// Counter word 0 of the acceptance stream: never vocab_index >> 2.
+inline constexpr uint32_t kVerifyAcceptBlock = 0xFFFFFFFFu;
+
+// The acceptance uniform of speculative verification for the position whose
+// RowParams are (seed, offset, stream) (the position's own offset, i.e. the
+// sequence's offset + j): word 0 of Philox4x32-10(key = seed,
+// counter = {0xFFFFFFFF, stream, offset_lo, offset_hi}), and
+// u = ((r >> 8) + 0.5) * 2^-24, in double so the 25-bit cell centre is exact
+// (fp32 would round the top cell to 1). u lies in [2^-25, 1 - 2^-25].
+//
+// The draft token x is accepted iff u < p(x) (p = exp(draft_logprob) in
+// double). Strict < is the right test: for u uniform on (0, 1), P(u < p) = p;
+// over the 2^24 cell centres P(u < p) is within 2^-25 of p, and because u is
+// never 0 or 1, p = 0 (x outside the support, e.g. filtered out) never accepts
+// and p = 1 always accepts, exactly.
+FS_HOST_DEVICE FS_FORCE_INLINE double VerifyAcceptUniform(uint64_t seed, uint64_t offset,
+                                                          uint32_t stream) {
+  const uint32_t r = PhiloxNoiseBlock(seed, offset, stream, kVerifyAcceptBlock).v[0];
+  return (static_cast<double>(r >> 8) + 0.5) * 0x1p-24;
 }
 
 }  // namespace flashsampler

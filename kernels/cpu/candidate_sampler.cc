@@ -75,13 +75,14 @@ void ApplyTopP(std::vector<Candidate>* c, float top_p) {
 // in the tiled sampler: a token whose l' + (an upper bound of its noise) is
 // strictly below the best score cannot win or tie, so its logarithms are
 // skipped; in sorted order, once l' + kGumbelMax is below it, every later
-// token is too.
+// token is too. Token `exclude` (-1: none) is skipped (a draft's residual).
 int32_t DrawSample(const std::vector<Candidate>& c, bool sorted, const RowParams& p,
-                   uint32_t stream) {
+                   uint32_t stream, int32_t exclude) {
   static const GumbelBucketBound bound;
   float best_score = -INFINITY;
   int32_t best = -1;
   for (const Candidate& x : c) {
+    if (x.id == exclude) continue;
     if (p.temperature == 0.0f) {
       if (ScoreBeats(x.logit, x.id, best_score, best)) best_score = x.logit, best = x.id;
       continue;
@@ -150,10 +151,12 @@ void FillRawModeDetail(const float* raw, int64_t valid_vocab, int32_t n, RowSamp
 
 KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowParams& params,
                                   const RowControls& controls, const float* raw_row,
-                                  int64_t valid_vocab, CandidateRowOutputs outputs) {
+                                  int64_t valid_vocab, CandidateRowOutputs outputs,
+                                  int32_t draft_token) {
   std::vector<Candidate>& c = *candidates;
   const bool raw_mode = controls.top_logprobs > 0 && controls.logprobs_mode == LogprobsMode::kRaw;
   if (raw_mode && raw_row == nullptr) return KernelStatus::kInvalidArgument;
+  if (draft_token >= 0 && outputs.draft_logprob == nullptr) return KernelStatus::kInvalidArgument;
   if (c.empty()) return KernelStatus::kFailedPrecondition;
   if (controls.min_p > 0.0f) ApplyMinP(&c, controls.min_p);
   const bool ordered = controls.top_k > 0 || controls.top_p < 1.0f;
@@ -168,6 +171,14 @@ KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowP
   }
   if (controls.top_p < 1.0f) ApplyTopP(&c, controls.top_p);
   const double logz = LogSumExp(c);
+  int32_t exclude = -1;
+  if (draft_token >= 0) {
+    const auto it = std::find_if(c.begin(), c.end(),
+                                 [draft_token](const Candidate& x) { return x.id == draft_token; });
+    *outputs.draft_logprob = it == c.end() ? -INFINITY : static_cast<float>(it->logit - logz);
+    // The residual excludes x, unless x is all that is left (then p(x) = 1).
+    if (params.temperature != 0.0f && it != c.end() && c.size() > 1) exclude = draft_token;
+  }
 
   RowSampleDetail local;
   RowSampleDetail& d = outputs.detail != nullptr ? *outputs.detail : local;
@@ -175,7 +186,7 @@ KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowP
   const int32_t samples = outputs.detail != nullptr ? controls.num_samples : 1;
   for (int32_t j = 0; j < samples; ++j) {
     const uint32_t stream = params.stream + static_cast<uint32_t>(j) * controls.sample_stream_stride;
-    d.token_ids.push_back(DrawSample(c, ordered, params, stream));
+    d.token_ids.push_back(DrawSample(c, ordered, params, stream, exclude));
   }
   const int32_t token = d.token_ids[0];
   *outputs.token_id = token;

@@ -17,6 +17,12 @@
 // top_p keeps sorted token j when the float64 mass before it is < top_p times
 // the total; logz is max + log(sum exp(l' - max)) in float64, rounded to fp32.
 //
+// Draft token (speculative verification, server/engine.h): with draft x >= 0,
+// *draft_logprob = l'_x - logz when x is kept (else -inf: p(x) = 0), every
+// sample of a sampled row (T > 0) is drawn from the kept tokens other than x
+// (the residual), and greedy rows sample as usual. A kept set of x alone has no
+// residual: the sample is then x (p(x) = 1, so a verifier accepts it).
+//
 // Raw mode (RowControls::logprobs_mode == kRaw with top_logprobs > 0) needs the
 // whole raw row [0, valid_vocab): only the materialized path can serve it.
 //
@@ -56,12 +62,14 @@ struct CandidateRowOutputs {
   float* logz = nullptr;        // optional
   float* logprob = nullptr;     // optional: sample 0 under the sampled distribution
   RowSampleDetail* detail = nullptr;  // optional
+  float* draft_logprob = nullptr;     // required when draft_token >= 0
 };
 
 // `candidates` is reordered and truncated in place (it is scratch).
 // `raw_row` / `valid_vocab`: the row's raw logits, needed for raw mode only.
 KernelStatus SampleFromCandidates(std::vector<Candidate>* candidates, const RowParams& params,
                                   const RowControls& controls, const float* raw_row,
-                                  int64_t valid_vocab, CandidateRowOutputs outputs);
+                                  int64_t valid_vocab, CandidateRowOutputs outputs,
+                                  int32_t draft_token = -1);
 
 }  // namespace flashsampler::kernels

@@ -94,12 +94,12 @@ struct CpuControlledSampler::Impl {
         pool(ResolveSamplerThreads(config.num_threads)) {}
 
   KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
-                      const RowControls* controls, CpuControlledPath path,
-                      CpuControlledOutputs outputs);
+                      const RowControls* controls, const int32_t* draft_tokens,
+                      CpuControlledPath path, CpuControlledOutputs outputs);
   // One block of `rows` rows starting at `row0`.
   KernelStatus RunBlock(const float* hidden_states, int64_t row0, int64_t rows,
-                        const RowParams* params, const RowControls* controls, bool fused,
-                        CpuControlledOutputs outputs);
+                        const RowParams* params, const RowControls* controls,
+                        const int32_t* draft_tokens, bool fused, CpuControlledOutputs outputs);
 
   const float* weight;
   int64_t vocab;
@@ -118,7 +118,8 @@ struct CpuControlledSampler::Impl {
 
 KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, int64_t row0,
                                                   int64_t rows, const RowParams* params,
-                                                  const RowControls* controls, bool fused,
+                                                  const RowControls* controls,
+                                                  const int32_t* draft_tokens, bool fused,
                                                   CpuControlledOutputs outputs) {
   const int workers = pool.num_threads();
   std::vector<RowLogitProcessor> processors;
@@ -183,8 +184,11 @@ KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, in
       CandidateRowOutputs out{outputs.token_ids + row,
                               outputs.logz != nullptr ? outputs.logz + row : nullptr,
                               outputs.logprobs != nullptr ? outputs.logprobs + row : nullptr,
-                              outputs.details + row};
-      status[r] = SampleFromCandidates(&cands, params[row], controls[row], raw, valid_vocab, out);
+                              outputs.details + row,
+                              outputs.draft_logprobs != nullptr ? outputs.draft_logprobs + row : nullptr};
+      const int32_t draft = draft_tokens != nullptr ? draft_tokens[row] : -1;
+      if (draft < 0 && out.draft_logprob != nullptr) *out.draft_logprob = NAN;
+      status[r] = SampleFromCandidates(&cands, params[row], controls[row], raw, valid_vocab, out, draft);
     }
   });
   for (KernelStatus s : status) {
@@ -196,12 +200,18 @@ KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, in
 KernelStatus CpuControlledSampler::Impl::Sample(const float* hidden_states, int64_t batch,
                                                 const RowParams* params,
                                                 const RowControls* controls,
+                                                const int32_t* draft_tokens,
                                                 CpuControlledPath path,
                                                 CpuControlledOutputs outputs) {
   if (!config_ok || hidden_states == nullptr || params == nullptr || controls == nullptr ||
       outputs.token_ids == nullptr || outputs.details == nullptr || batch <= 0 ||
-      batch > kMaxInt32) {
+      batch > kMaxInt32 || (draft_tokens != nullptr && outputs.draft_logprobs == nullptr)) {
     return KernelStatus::kInvalidArgument;
+  }
+  if (draft_tokens != nullptr) {
+    for (int64_t b = 0; b < batch; ++b) {
+      if (draft_tokens[b] < -1 || draft_tokens[b] >= valid_vocab) return KernelStatus::kInvalidArgument;
+    }
   }
   for (int64_t b = 0; b < batch; ++b) {
     if (!ValidSamplerTemperature(params[b].temperature) ||
@@ -240,7 +250,8 @@ KernelStatus CpuControlledSampler::Impl::Sample(const float* hidden_states, int6
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   for (int64_t row0 = 0; row0 < batch; row0 += block) {
     const int64_t rows = std::min(block, batch - row0);
-    if (KernelStatus s = RunBlock(hidden_states, row0, rows, params, controls, fused, outputs);
+    if (KernelStatus s =
+            RunBlock(hidden_states, row0, rows, params, controls, draft_tokens, fused, outputs);
         s != KernelStatus::kOk) {
       return s;
     }
@@ -257,7 +268,14 @@ CpuControlledSampler::~CpuControlledSampler() = default;
 KernelStatus CpuControlledSampler::Sample(const float* hidden_states, int64_t batch,
                                           const RowParams* params, const RowControls* controls,
                                           CpuControlledPath path, CpuControlledOutputs outputs) {
-  return impl_->Sample(hidden_states, batch, params, controls, path, outputs);
+  return impl_->Sample(hidden_states, batch, params, controls, nullptr, path, outputs);
+}
+
+KernelStatus CpuControlledSampler::Sample(const float* hidden_states, int64_t batch,
+                                          const RowParams* params, const RowControls* controls,
+                                          const int32_t* draft_tokens, CpuControlledPath path,
+                                          CpuControlledOutputs outputs) {
+  return impl_->Sample(hidden_states, batch, params, controls, draft_tokens, path, outputs);
 }
 
 }  // namespace flashsampler::kernels

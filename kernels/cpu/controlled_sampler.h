@@ -52,6 +52,10 @@ struct CpuControlledOutputs {
   float* logz = nullptr;               // [batch], optional
   float* logprobs = nullptr;           // [batch], optional
   RowSampleDetail* details = nullptr;  // [batch], required
+  // [batch], required when draft tokens are given: log p(x) under the
+  // distribution left after every control (-inf when a control removed x),
+  // NaN for rows without a draft.
+  float* draft_logprobs = nullptr;
 };
 
 class CpuControlledSampler {
@@ -66,6 +70,11 @@ class CpuControlledSampler {
   KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
                       const RowControls* controls, CpuControlledPath path,
                       CpuControlledOutputs outputs);
+  // With draft rows (kernels/cpu/candidate_sampler.h): draft_tokens [batch]
+  // (nullptr: none), each -1 or a token in [0, valid_vocab).
+  KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
+                      const RowControls* controls, const int32_t* draft_tokens,
+                      CpuControlledPath path, CpuControlledOutputs outputs);
 
  private:
   struct Impl;

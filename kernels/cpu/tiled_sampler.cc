@@ -24,6 +24,12 @@
 // logit, hence the logprob) is unchanged. The log-sum-exp part of the summaries
 // is computed over every token of the tile, independently of pruning.
 //
+// Draft rows: the item whose tile holds a row's draft token x records l'_x
+// (after the tile's log-sum-exp, which must include x) and then sets x's
+// logit to -inf in its own buffer for sampled rows, so x can neither win nor
+// raise the pruning threshold; -inf + noise stays -inf and loses to any finite
+// score. Exactly one item writes each row's draft logit.
+//
 // BLAS threads: OpenBLAS's thread count is process-wide. The workers are our
 // threads, so every Sample() makes sure OpenBLAS runs single-threaded inside
 // them (a multi-threaded sgemm inside each worker would oversubscribe the cores
@@ -179,9 +185,9 @@ struct CpuTiledSampler::Impl {
         pool(ResolveSamplerThreads(config.num_threads)) {}
 
   KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
-                      CpuSampleOutputs outputs);
+                      const int32_t* draft_tokens, CpuSampleOutputs outputs);
   void RunItem(int64_t item, int worker, const float* hidden_states, int64_t batch,
-               const RowParams* params, bool want_lse);
+               const RowParams* params, const int32_t* draft_tokens, bool want_lse);
 
   const float* weight;
   int64_t vocab;
@@ -197,13 +203,15 @@ struct CpuTiledSampler::Impl {
   std::vector<std::vector<float>> row_best;    // [worker][batch]
   std::vector<SampleSummary> tile_summaries;   // [num_tiles][batch]
   std::vector<SampleSummary> merged;           // [batch]
+  std::vector<float> draft_logit;              // [batch] l'_x of draft rows
   int64_t num_tiles = 0;
   int64_t rows_per_gemm = 0;
   int64_t row_blocks = 0;
 };
 
 void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidden_states,
-                                    int64_t batch, const RowParams* params, bool want_lse) {
+                                    int64_t batch, const RowParams* params,
+                                    const int32_t* draft_tokens, bool want_lse) {
   const int64_t tile = item / row_blocks;
   const int64_t row0 = (item % row_blocks) * rows_per_gemm;
   const int64_t rows = std::min(rows_per_gemm, batch - row0);
@@ -217,9 +225,14 @@ void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidde
     const int64_t row = row0 + r;
     const RowParams& p = params[row];
     const float scale = LogitScale(p);
-    const float* l = buf + r * n;
+    float* l = buf + r * n;
     SampleSummary s = EmptySampleSummary();
     if (want_lse) TileLogSumExp(l, n, scale, &s);
+    const int64_t draft = draft_tokens != nullptr ? draft_tokens[row] : -1;
+    if (draft >= token0 && draft < token0 + n) {
+      draft_logit[row] = l[draft - token0] * scale;
+      if (p.temperature != 0.0f) l[draft - token0] = -INFINITY;  // the residual excludes x
+    }
     if (p.temperature == 0.0f) {
       TileGreedy(l, n, token0, scale, &best[row], &s);
     } else {
@@ -230,11 +243,21 @@ void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidde
 }
 
 KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t batch,
-                                           const RowParams* params, CpuSampleOutputs outputs) {
+                                           const RowParams* params,
+                                           const int32_t* draft_tokens, CpuSampleOutputs outputs) {
   if (!config_ok || hidden_states == nullptr || params == nullptr ||
-      outputs.token_ids == nullptr || batch <= 0 || batch > kMaxInt32) {
+      outputs.token_ids == nullptr || batch <= 0 || batch > kMaxInt32 ||
+      (draft_tokens != nullptr && outputs.draft_logprobs == nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
+  bool any_draft = false;
+  if (draft_tokens != nullptr) {
+    for (int64_t b = 0; b < batch; ++b) {
+      if (draft_tokens[b] < -1 || draft_tokens[b] >= valid_vocab) return KernelStatus::kInvalidArgument;
+      any_draft = any_draft || draft_tokens[b] >= 0;
+    }
+  }
+  if (!any_draft) draft_tokens = nullptr;
   for (int64_t b = 0; b < batch; ++b) {
     if (!ValidSamplerTemperature(params[b].temperature)) return KernelStatus::kInvalidArgument;
   }
@@ -253,19 +276,22 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
     }
     tile_summaries.resize(static_cast<size_t>(num_tiles * batch));
     merged.resize(static_cast<size_t>(batch));
+    draft_logit.assign(static_cast<size_t>(batch), NAN);
   } catch (const std::bad_alloc&) {
     return KernelStatus::kOutOfMemory;
   }
 
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 
-  const bool want_lse = outputs.logz != nullptr || outputs.logprobs != nullptr;
+  // Draft rows need log Z for log p(x).
+  const bool want_lse =
+      outputs.logz != nullptr || outputs.logprobs != nullptr || draft_tokens != nullptr;
   const int64_t items = num_tiles * row_blocks;
   std::atomic<int64_t> next_item{0};
   pool.RunOnAll([&](int worker) {
     for (int64_t item = next_item.fetch_add(1, std::memory_order_relaxed); item < items;
          item = next_item.fetch_add(1, std::memory_order_relaxed)) {
-      RunItem(item, worker, hidden_states, batch, params, want_lse);
+      RunItem(item, worker, hidden_states, batch, params, draft_tokens, want_lse);
     }
   });
 
@@ -286,7 +312,14 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
       const float logz = SummaryLogZ(merged[b]);
       if (outputs.logz != nullptr) outputs.logz[b] = logz;
       if (outputs.logprobs != nullptr) outputs.logprobs[b] = merged[b].best_logit - logz;
+      if (outputs.draft_logprobs != nullptr) {
+        outputs.draft_logprobs[b] =
+            draft_tokens != nullptr && draft_tokens[b] >= 0 ? draft_logit[b] - logz : NAN;
+      }
     }
+  }
+  if (!want_lse && outputs.draft_logprobs != nullptr) {
+    std::fill(outputs.draft_logprobs, outputs.draft_logprobs + batch, NAN);
   }
   return KernelStatus::kOk;
 }
@@ -299,7 +332,13 @@ CpuTiledSampler::~CpuTiledSampler() = default;
 
 KernelStatus CpuTiledSampler::Sample(const float* hidden_states, int64_t batch,
                                      const RowParams* params, CpuSampleOutputs outputs) {
-  return impl_->Sample(hidden_states, batch, params, outputs);
+  return impl_->Sample(hidden_states, batch, params, nullptr, outputs);
+}
+
+KernelStatus CpuTiledSampler::Sample(const float* hidden_states, int64_t batch,
+                                     const RowParams* params, const int32_t* draft_tokens,
+                                     CpuSampleOutputs outputs) {
+  return impl_->Sample(hidden_states, batch, params, draft_tokens, outputs);
 }
 
 int CpuTiledSampler::num_threads() const { return impl_->pool.num_threads(); }

@@ -11,6 +11,15 @@
 // merged in tile order, so tokens, logz and logprobs are bit-identical for any
 // thread count. The [B, V] logits are never allocated.
 //
+// Draft rows (speculative verification, server/engine.h's contract): with
+// draft_tokens[b] = x >= 0, a sampled row (T > 0) takes its argmax over
+// i != x (a sample of the residual softmax restricted to i != x), a greedy row
+// its usual argmax, and draft_logprobs[b] = l'_x - log Z with log Z over every
+// token (x included); logz / logprobs keep their meaning (the full target
+// distribution, so logprobs is the residual sample's target log-probability).
+// A vocabulary of x alone leaves no residual: the row then returns x (and
+// p(x) = 1, so a verifier always accepts it).
+//
 // Pruning: tokens whose score cannot reach the best one seen so far are skipped
 // before their noise is drawn (kernels/cpu/tiled_sampler.cc); this is exact.
 //
@@ -43,6 +52,9 @@ struct CpuSampleOutputs {
   int32_t* token_ids = nullptr;  // [batch], required
   float* logz = nullptr;         // [batch], optional
   float* logprobs = nullptr;     // [batch], optional
+  // [batch], required when draft tokens are given: log p(x) per draft row,
+  // NaN for rows without a draft.
+  float* draft_logprobs = nullptr;
 };
 
 class CpuTiledSampler {
@@ -58,6 +70,10 @@ class CpuTiledSampler {
   // hidden_states: [batch, hidden] fp32 row-major; params: [batch].
   KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
                       CpuSampleOutputs outputs);
+  // The same with draft rows: draft_tokens [batch] (nullptr: none), each -1
+  // (plain row) or a token in [0, valid_vocab) (else kInvalidArgument).
+  KernelStatus Sample(const float* hidden_states, int64_t batch, const RowParams* params,
+                      const int32_t* draft_tokens, CpuSampleOutputs outputs);
 
   int num_threads() const;
 

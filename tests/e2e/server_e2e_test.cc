@@ -375,6 +375,144 @@ std::pair<int, std::string> RunCli(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// ---- Verify (speculative decoding) against the real binary ----
+
+v1::VerifySequence* AddVerifySequence(v1::VerifyRequest* r, const std::vector<float>& hidden,
+                                      const std::vector<int32_t>& drafts, float temperature,
+                                      uint64_t seed, uint64_t offset) {
+  v1::VerifySequence* s = r->add_sequences();
+  const int64_t rows = static_cast<int64_t>(hidden.size()) / kHidden;
+  *s->mutable_hidden_states() = MakeHiddenStates(hidden, rows, kHidden, v1::DTYPE_FP32);
+  for (int32_t x : drafts) s->add_draft_token_ids(x);
+  s->mutable_params()->set_temperature(temperature);
+  s->mutable_params()->set_seed(seed);
+  s->mutable_params()->set_offset(offset);
+  return s;
+}
+
+// gamma = 0 is exactly a Sample row with its own params entry.
+TEST_F(ServerE2E, VerifyWithoutDraftsEqualsSample) {
+  for (const float t : {0.0f, 0.7f, 1.0f}) {
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+      const std::vector<float> h = RandomValues(kHidden, 100 + seed);
+      v1::SampleRequest sample;
+      *sample.mutable_hidden_states() = MakeHiddenStates(h, 1, kHidden, v1::DTYPE_FP32);
+      v1::SamplingParams* p = sample.add_params();
+      p->set_temperature(t);
+      p->set_seed(seed);
+      p->set_offset(5);
+      absl::StatusOr<v1::SampleResponse> sampled = client_->Sample(sample);
+      ASSERT_TRUE(sampled.ok()) << sampled.status();
+      v1::VerifyRequest verify;
+      AddVerifySequence(&verify, h, {}, t, seed, 5);
+      absl::StatusOr<v1::VerifyResponse> verified = client_->Verify(verify);
+      ASSERT_TRUE(verified.ok()) << verified.status();
+      ASSERT_EQ(verified->sequences_size(), 1);
+      EXPECT_EQ(verified->sequences(0).num_accepted(), 0);
+      ASSERT_EQ(verified->sequences(0).token_ids_size(), 1);
+      EXPECT_EQ(verified->sequences(0).token_ids(0), sampled->token_ids(0)) << t << " " << seed;
+      EXPECT_EQ(verified->sequences(0).seed(), seed);
+    }
+  }
+}
+
+// A greedy draft equal to the argmax chain is accepted whole and gets the
+// bonus token; a wrong draft stops at the argmax. Mixed gamma in one request,
+// T > 0 sequences reproducible, every output field sized as documented.
+TEST_F(ServerE2E, VerifyAcceptsTheArgmaxChainAndIsReproducible) {
+  const std::vector<float> h = RandomValues(4 * kHidden, 77);
+  v1::SampleRequest greedy;
+  *greedy.mutable_hidden_states() = MakeHiddenStates(h, 4, kHidden, v1::DTYPE_FP32);
+  greedy.add_params()->set_temperature(0.0f);
+  absl::StatusOr<v1::SampleResponse> argmax = client_->Sample(greedy);
+  ASSERT_TRUE(argmax.ok()) << argmax.status();
+  const std::vector<int32_t> chain(argmax->token_ids().begin(), argmax->token_ids().end());
+
+  v1::VerifyRequest r;
+  AddVerifySequence(&r, h, {chain[0], chain[1], chain[2]}, 0.0f, 1, 0);
+  const int32_t wrong = (chain[1] + 1) % 1990;
+  AddVerifySequence(&r, h, {chain[0], wrong, chain[2]}, 0.0f, 1, 0);
+  AddVerifySequence(&r, std::vector<float>(h.begin(), h.begin() + 3 * kHidden), {3, 4}, 1.0f, 9, 0);
+  v1::VerifySequence* drawn = AddVerifySequence(&r, std::vector<float>(h.begin(), h.begin() + kHidden),
+                                                {}, 1.0f, 0, 0);
+  drawn->mutable_params()->clear_seed();
+  r.set_return_acceptance_probs(true);
+  r.set_return_logz(true);
+  r.set_request_id("verify-1");
+  absl::StatusOr<v1::VerifyResponse> first = client_->Verify(r);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->request_id(), "verify-1");
+  ASSERT_EQ(first->sequences_size(), 4);
+  const v1::VerifyResult& all = first->sequences(0);
+  EXPECT_EQ(all.num_accepted(), 3);
+  EXPECT_THAT(all.token_ids(), ::testing::ElementsAre(chain[0], chain[1], chain[2], chain[3]));
+  EXPECT_EQ(all.acceptance_probs_size(), 3);
+  EXPECT_EQ(all.logz_size(), 4);
+  const v1::VerifyResult& stop = first->sequences(1);
+  EXPECT_EQ(stop.num_accepted(), 1);
+  EXPECT_THAT(stop.token_ids(), ::testing::ElementsAre(chain[0], chain[1]));
+  const v1::VerifyResult& sampled = first->sequences(2);
+  EXPECT_EQ(sampled.token_ids_size(), sampled.num_accepted() + 1);
+  ASSERT_EQ(sampled.acceptance_probs_size(), 2);
+  for (float p : sampled.acceptance_probs()) {
+    EXPECT_GE(p, 0.0f);
+    EXPECT_LE(p, 1.0f);
+  }
+  EXPECT_EQ(sampled.logz_size(), 3);
+  EXPECT_EQ(sampled.seed(), 9u);
+  EXPECT_EQ(first->sequences(3).token_ids_size(), 1);
+
+  // The same request (the drawn seed pinned) gives the same response.
+  r.mutable_sequences(3)->mutable_params()->set_seed(first->sequences(3).seed());
+  absl::StatusOr<v1::VerifyResponse> second = client_->Verify(r);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->SerializeAsString(), first->SerializeAsString());
+}
+
+TEST_F(ServerE2E, VerifyBadInputsAreInvalidArgument) {
+  const std::vector<float> h2 = RandomValues(2 * kHidden, 3);
+  auto expect_invalid = [&](const v1::VerifyRequest& r, const std::string& fragment) {
+    absl::StatusOr<v1::VerifyResponse> response = client_->Verify(r);
+    ASSERT_FALSE(response.ok()) << "accepted a bad request expected to mention: " << fragment;
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << response.status();
+    EXPECT_THAT(std::string(response.status().message()), HasSubstr(fragment));
+  };
+  v1::VerifyRequest r;
+  expect_invalid(r, "sequences is empty");
+  r.Clear();
+  AddVerifySequence(&r, h2, {1990}, 1.0f, 1, 0);  // >= valid_vocab
+  expect_invalid(r, "draft_token_ids[0] is 1990");
+  r.Clear();
+  AddVerifySequence(&r, h2, {-3}, 1.0f, 1, 0);
+  expect_invalid(r, "draft_token_ids[0] is -3");
+  r.Clear();
+  AddVerifySequence(&r, h2, {1, 2}, 1.0f, 1, 0);  // 2 drafts, 2 rows
+  expect_invalid(r, "gamma + 1 = 3");
+  r.Clear();
+  AddVerifySequence(&r, h2, {}, 1.0f, 1, 0);  // 0 drafts, 2 rows
+  expect_invalid(r, "gamma + 1 = 1");
+  r.Clear();
+  AddVerifySequence(&r, h2, {1}, 1.0f, 1, 0)->mutable_hidden_states()->set_shape(1, kHidden + 1);
+  expect_invalid(r, "hidden size 64");
+  r.Clear();
+  AddVerifySequence(&r, h2, {1}, 1.0f, 1, 0)->mutable_hidden_states()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  expect_invalid(r, "dtype");
+  r.Clear();
+  AddVerifySequence(&r, RandomValues(40 * kHidden, 4), std::vector<int32_t>(39, 1), 1.0f, 1, 0);
+  AddVerifySequence(&r, RandomValues(30 * kHidden, 5), std::vector<int32_t>(29, 1), 1.0f, 1, 0);
+  expect_invalid(r, "over this server's limit of 64");
+  r.Clear();
+  AddVerifySequence(&r, h2, {1}, -1.0f, 1, 0);
+  expect_invalid(r, "temperature");
+  r.Clear();
+  AddVerifySequence(&r, h2, {1}, 1.0f, 1, 0)->mutable_params()->set_top_logprobs(1);
+  expect_invalid(r, "top_logprobs");
+  // Still serving.
+  r.Clear();
+  AddVerifySequence(&r, h2, {1}, 1.0f, 1, 0);
+  EXPECT_TRUE(client_->Verify(r).ok());
+}
+
 TEST_F(ServerE2E, CliSampleInfoHealth) {
   const std::string address = "--address=" + server_->address();
   auto [info_rc, info] = RunCli(address + " info");
@@ -403,6 +541,16 @@ TEST_F(ServerE2E, CliSampleInfoHealth) {
   EXPECT_EQ(controls_rc, 0) << controls;
   EXPECT_THAT(controls, HasSubstr("row 1: samples ["));
   EXPECT_THAT(controls, HasSubstr(" top ["));
+
+  auto [verify_rc, verify] =
+      RunCli(address + " verify --drafts=12,7,99 --temperature=0.8 --seed=4 --logz");
+  EXPECT_EQ(verify_rc, 0) << verify;
+  EXPECT_THAT(verify, HasSubstr("num_accepted: "));
+  EXPECT_THAT(verify, HasSubstr("acceptance_probs: ["));
+  EXPECT_THAT(verify, HasSubstr("seed: 4"));
+  auto [bad_verify_rc, bad_verify] = RunCli(address + " verify --drafts=5000");
+  EXPECT_EQ(bad_verify_rc, 1) << bad_verify;
+  EXPECT_THAT(bad_verify, HasSubstr("INVALID_ARGUMENT"));
 
   auto [bad_top_p_rc, bad_top_p] = RunCli(address + " sample --top_p=0");
   EXPECT_EQ(bad_top_p_rc, 1) << bad_top_p;

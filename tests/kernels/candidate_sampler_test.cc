@@ -145,5 +145,53 @@ TEST(SampleFromCandidates, TopPOverALargeSetCutsWhereAFullSortDoes) {
   }
 }
 
+// Draft tokens (speculative verification): log p(x) after the filters (-inf
+// when a filter removed x), x never drawn by sampled rows (in any sample),
+// greedy rows unchanged, and a kept set of x alone returns x with p(x) = 1.
+TEST(SampleFromCandidates, DraftTokenIsExcludedFromSampledRowsAndScored) {
+  const std::vector<Candidate> all = RandomCandidates(50, 9);
+  std::vector<Candidate> sorted = all;
+  std::sort(sorted.begin(), sorted.end(), CandidateBefore);
+  const int32_t best = sorted[0].id, third = sorted[2].id, last = sorted.back().id;
+  RowControls top3;
+  top3.top_k = 3;
+  top3.num_samples = 4;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const RowParams sampled{1.0f, seed, 0, 0};
+    Out out;
+    float draft_logprob = 0;
+    std::vector<Candidate> c = all;
+    ASSERT_EQ(SampleFromCandidates(&c, sampled, top3, nullptr, 0,
+                                   {&out.token, &out.logz, &out.logprob, &out.detail, &draft_logprob},
+                                   third),
+              KernelStatus::kOk);
+    EXPECT_NEAR(draft_logprob, sorted[2].logit - out.logz, 1e-5);
+    for (int32_t t : out.detail.token_ids) EXPECT_NE(t, third);
+    c = all;
+    ASSERT_EQ(SampleFromCandidates(&c, sampled, top3, nullptr, 0,
+                                   {&out.token, &out.logz, &out.logprob, &out.detail, &draft_logprob},
+                                   last),
+              KernelStatus::kOk);
+    EXPECT_EQ(draft_logprob, -INFINITY);  // filtered out: p(x) = 0
+  }
+  Out out;
+  float draft_logprob = 0;
+  std::vector<Candidate> c = all;
+  ASSERT_EQ(SampleFromCandidates(&c, RowParams{0.0f, 1, 0, 0}, RowControls{}, nullptr, 0,
+                                 {&out.token, &out.logz, &out.logprob, nullptr, &draft_logprob}, best),
+            KernelStatus::kOk);
+  EXPECT_EQ(out.token, best);  // greedy: the argmax, the draft included
+  std::vector<Candidate> one = {Candidate{1.5f, 7}};
+  ASSERT_EQ(SampleFromCandidates(&one, RowParams{1.0f, 1, 0, 0}, RowControls{}, nullptr, 0,
+                                 {&out.token, &out.logz, &out.logprob, nullptr, &draft_logprob}, 7),
+            KernelStatus::kOk);
+  EXPECT_EQ(out.token, 7);
+  EXPECT_EQ(draft_logprob, 0.0f);
+  c = all;  // a draft without a place for its log-probability
+  EXPECT_EQ(SampleFromCandidates(&c, RowParams{}, RowControls{}, nullptr, 0,
+                                 {&out.token, nullptr, nullptr, nullptr}, 3),
+            KernelStatus::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace flashsampler::kernels

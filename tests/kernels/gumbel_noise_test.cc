@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <climits>
 #include <vector>
 
 namespace flashsampler {
@@ -238,6 +239,64 @@ TEST(GumbelNoiseTest, EmpiricalDistributionIsGumbel) {
   }
   // KS critical value at alpha = 1e-4: sqrt(-ln(alpha / 2) / 2) / sqrt(N) = 2.23 / sqrt(N).
   EXPECT_LT(d, 2.23 / std::sqrt(static_cast<double>(kN)));
+}
+
+// The acceptance stream of speculative verification: word 0 of the block at
+// counter word 0 = 0xFFFFFFFF. Pinned words from the same independent Python
+// Philox; the last line is Random123's KAT 2 (all-ones counter and key), read
+// through the acceptance layout. u is the exact cell centre in double.
+struct PinnedAccept {
+  uint64_t seed, offset;
+  uint32_t stream;
+  uint32_t bits;
+};
+constexpr PinnedAccept kPinnedAccept[] = {
+    {0x0, 0x0, 0x0, 0xc5b20a9d},
+    {42, 7, 3, 0xe5f70efd},
+    {0x0123456789abcdefull, 0xfedcba9876543210ull, 5, 0x321c31f8},
+    {0xffffffffffffffffull, 0xffffffffffffffffull, 0xffffffff, 0x408f276d},
+};
+
+TEST(GumbelNoiseTest, VerifyAcceptUniformPinnedValues) {
+  EXPECT_EQ(kPinnedAccept[3].bits, kPhiloxKat[1].expected[0]);
+  for (const PinnedAccept& p : kPinnedAccept) {
+    const double u = VerifyAcceptUniform(p.seed, p.offset, p.stream);
+    EXPECT_EQ(u, (static_cast<double>(p.bits >> 8) + 0.5) * 0x1p-24) << std::hex << p.bits;
+    EXPECT_EQ(PhiloxNoiseBlock(p.seed, p.offset, p.stream, kVerifyAcceptBlock).v[0], p.bits);
+  }
+  EXPECT_DOUBLE_EQ(VerifyAcceptUniform(0, 0, 0), 0.7722479403018951);
+  EXPECT_DOUBLE_EQ(VerifyAcceptUniform(42, 7, 3), 0.8983010351657867);
+}
+
+// The acceptance block is unreachable for noise: the largest vocabulary index
+// (INT32_MAX) uses block 2^29 - 1. And the uniform changes with each field.
+TEST(GumbelNoiseTest, VerifyAcceptStreamIsDisjointFromNoise) {
+  EXPECT_LT(static_cast<uint32_t>(INT32_MAX) >> 2, kVerifyAcceptBlock);
+  const double base = VerifyAcceptUniform(7, 11, 13);
+  EXPECT_NE(VerifyAcceptUniform(8, 11, 13), base);
+  EXPECT_NE(VerifyAcceptUniform(7, 12, 13), base);
+  EXPECT_NE(VerifyAcceptUniform(7, 11, 14), base);
+  EXPECT_NE(VerifyAcceptUniform(7, 11 + (1ull << 32), 13), base);
+}
+
+// u is a uniform on (0, 1): never 0 or 1, mean 1/2, and P(u < p) = p (KS).
+TEST(GumbelNoiseTest, VerifyAcceptUniformIsUniform) {
+  constexpr int kN = 200000;
+  std::vector<double> u(kN);
+  for (int i = 0; i < kN; ++i) {
+    u[i] = VerifyAcceptUniform(1234, static_cast<uint64_t>(i), static_cast<uint32_t>(i % 3));
+    ASSERT_GT(u[i], 0.0);
+    ASSERT_LT(u[i], 1.0);
+  }
+  std::sort(u.begin(), u.end());
+  double d = 0.0;
+  for (int i = 0; i < kN; ++i) {
+    d = std::max({d, u[i] - static_cast<double>(i) / kN, static_cast<double>(i + 1) / kN - u[i]});
+  }
+  EXPECT_LT(d, 2.23 / std::sqrt(static_cast<double>(kN)));  // KS, alpha = 1e-4
+  // Extreme cells: r = 0 and r = 2^32 - 1 give 2^-25 and 1 - 2^-25 exactly.
+  EXPECT_EQ((static_cast<double>(0u >> 8) + 0.5) * 0x1p-24, 0x1p-25);
+  EXPECT_EQ((static_cast<double>(0xffffffffu >> 8) + 0.5) * 0x1p-24, 1.0 - 0x1p-25);
 }
 
 }  // namespace

@@ -323,6 +323,79 @@ TEST(TiledSamplerTest, GreedyIsArgmaxWithLowestIndexTies) {
 }
 
 // ---------------------------------------------------------------------------
+// Draft rows (speculative verification). A sampled row with draft x returns
+// exactly the token a plain row returns when x's logit is pushed out of reach
+// (same noise for every other token), for any tile size and thread count;
+// greedy rows are unchanged; draft_logprobs is l'_x - log Z over all tokens.
+TEST(TiledSamplerTest, DraftRowsSampleTheResidualAndScoreTheDraft) {
+  constexpr int64_t kVocab = 300;
+  std::vector<float> w(kVocab);
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : w) x = normal(rng);
+  w[123] = 5.0f;  // the argmax, a likely draft
+  std::vector<float> w_without = w;
+  w_without[123] = -1e30f;
+  constexpr int64_t kBatch = 64;
+  const std::vector<float> h(kBatch, 1.0f);
+  std::vector<RowParams> params(kBatch);
+  std::vector<int32_t> drafts(kBatch, 123);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    params[b] = RowParams{b % 8 == 0 ? 0.0f : 0.7f, 1000 + static_cast<uint64_t>(b), 2, 0};
+    if (b % 5 == 4) drafts[b] = -1;
+  }
+  double m = -INFINITY, sum = 0;
+  for (float x : w) m = std::max(m, static_cast<double>(x));
+  for (float x : w) sum += std::exp(x - m);
+  const double ref_logz_t1 = m + std::log(sum);
+  for (int threads : {1, 3}) {
+    for (int64_t tile : {7, 64, 1024}) {
+      CpuTiledSampler sampler(w.data(), kVocab, kVocab, 1, {threads, tile});
+      CpuTiledSampler without(w_without.data(), kVocab, kVocab, 1, {threads, tile});
+      const Outputs plain = RunSampler(sampler, h, kBatch, params);
+      const Outputs excluded = RunSampler(without, h, kBatch, params);
+      std::vector<int32_t> tokens(kBatch, -7);
+      std::vector<float> logz(kBatch), draft_logprobs(kBatch);
+      ASSERT_EQ(sampler.Sample(h.data(), kBatch, params.data(), drafts.data(),
+                               {tokens.data(), logz.data(), nullptr, draft_logprobs.data()}),
+                KernelStatus::kOk);
+      for (int64_t b = 0; b < kBatch; ++b) {
+        EXPECT_EQ(logz[b], plain.logz[b]) << b;  // log Z covers every token, x included
+        if (drafts[b] < 0) {
+          EXPECT_EQ(tokens[b], plain.tokens[b]);
+          EXPECT_TRUE(std::isnan(draft_logprobs[b]));
+        } else if (params[b].temperature == 0.0f) {
+          EXPECT_EQ(tokens[b], plain.tokens[b]);  // greedy: the argmax (here x itself)
+          EXPECT_EQ(tokens[b], 123);
+          EXPECT_NEAR(draft_logprobs[b], 5.0 - ref_logz_t1, 1e-5);
+        } else {
+          EXPECT_EQ(tokens[b], excluded.tokens[b]) << b << " " << threads << " " << tile;
+          EXPECT_NE(tokens[b], 123);
+          EXPECT_NEAR(draft_logprobs[b], 5.0f * (1.0f / 0.7f) - logz[b], 1e-6);
+        }
+      }
+    }
+  }
+  // A draft outside [0, valid_vocab), or drafts without the output, is refused.
+  CpuTiledSampler sampler(w.data(), kVocab, 200, 1, {kThreads, 64});
+  std::vector<int32_t> tokens(1);
+  std::vector<float> lp(1);
+  const RowParams p{1.0f, 1, 0, 0};
+  const int32_t bad = 200, ok = 5;
+  EXPECT_EQ(sampler.Sample(h.data(), 1, &p, &bad, {tokens.data(), nullptr, nullptr, lp.data()}),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(sampler.Sample(h.data(), 1, &p, &ok, {tokens.data(), nullptr, nullptr, nullptr}),
+            KernelStatus::kInvalidArgument);
+  // A vocabulary of x alone: no residual, x is returned with p(x) = 1.
+  CpuTiledSampler single(w.data(), kVocab, 1, 1, {kThreads, 64});
+  const int32_t zero = 0;
+  ASSERT_EQ(single.Sample(h.data(), 1, &p, &zero, {tokens.data(), nullptr, nullptr, lp.data()}),
+            KernelStatus::kOk);
+  EXPECT_EQ(tokens[0], 0);
+  EXPECT_EQ(lp[0], 0.0f);
+}
+
+// ---------------------------------------------------------------------------
 // (d) Invariances.
 
 // Thread count: bit-identical tokens, logz and logprobs (random fp32 inputs:

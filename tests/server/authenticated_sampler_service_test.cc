@@ -38,6 +38,14 @@ class FakeSampler final : public v1::Sampler::CallbackService {
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context, const v1::VerifyRequest*,
+                                   v1::VerifyResponse* response) override {
+    ++calls;
+    response->add_sequences()->set_num_accepted(1);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
   std::atomic<int> calls{0};
 };
 
@@ -55,7 +63,7 @@ class AuthenticatedSamplerServiceTest : public ::testing::Test {
   }
   void TearDown() override { server_->Shutdown(); }
 
-  // The three RPCs' codes with `authorization` (none when empty).
+  // The four RPCs' codes with `authorization` (none when empty).
   std::vector<grpc::StatusCode> CallAll(const std::string& authorization) {
     std::vector<grpc::StatusCode> codes;
     auto prepare = [&](grpc::ClientContext* c) {
@@ -80,6 +88,12 @@ class AuthenticatedSamplerServiceTest : public ::testing::Test {
       v1::ModelInfo info;
       codes.push_back(stub_->GetModelInfo(&c, v1::GetModelInfoRequest(), &info).error_code());
     }
+    {
+      grpc::ClientContext c;
+      prepare(&c);
+      v1::VerifyResponse r;
+      codes.push_back(stub_->Verify(&c, v1::VerifyRequest(), &r).error_code());
+    }
     return codes;
   }
 
@@ -92,12 +106,12 @@ class AuthenticatedSamplerServiceTest : public ::testing::Test {
 
 TEST_F(AuthenticatedSamplerServiceTest, ForwardsOnlyAuthenticatedCalls) {
   using grpc::StatusCode;
-  const std::vector<StatusCode> refused(3, StatusCode::UNAUTHENTICATED);
+  const std::vector<StatusCode> refused(4, StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(CallAll(""), refused);
   EXPECT_EQ(CallAll("Bearer wrong"), refused);
   EXPECT_EQ(inner_.calls, 0);  // refused calls never reach the service
-  EXPECT_EQ(CallAll("Bearer right"), std::vector<StatusCode>(3, StatusCode::OK));
-  EXPECT_EQ(inner_.calls, 3);
+  EXPECT_EQ(CallAll("Bearer right"), std::vector<StatusCode>(4, StatusCode::OK));
+  EXPECT_EQ(inner_.calls, 4);
 }
 
 }  // namespace

@@ -176,6 +176,35 @@ TEST(BatchAssembly, PlanNeverMixesControlledAndPlainRequests) {
   EXPECT_EQ(PlanLaunch({queue.begin() + 3, queue.end()}, 100).size(), 1u);
 }
 
+TEST(BatchAssembly, PlanKeepsDraftedRequestsApartOnlyWhereTheMixingForbidsIt) {
+  const SampleBatch plain = Request(1, 1, false, false);
+  SampleBatch drafted = Request(2, 2, false, false);
+  drafted.draft_tokens = {5, -1};
+  SampleBatch controlled_drafted = Controlled(3, 2);
+  controlled_drafted.draft_tokens = {7, -1};
+  const SampleBatch controlled = Controlled(4, 1);
+  const std::vector<PendingRequest> plain_queue = {{&plain, 0}, {&drafted, 0}};
+  const std::vector<PendingRequest> controlled_queue = {{&controlled_drafted, 0}, {&controlled, 0}};
+  // Mixing allowed (the default): one launch per control kind.
+  EXPECT_EQ(PlanLaunch(plain_queue, 100).size(), 2u);
+  EXPECT_EQ(PlanLaunch(controlled_queue, 100).size(), 2u);
+  // Drafts served without controls only (the CUDA engine): plain launches mix,
+  // controlled launches split.
+  DraftMixing cuda;
+  cuda.controlled = false;
+  EXPECT_EQ(PlanLaunch(plain_queue, 100, cuda).size(), 2u);
+  const std::vector<RowSlice> first = PlanLaunch(controlled_queue, 100, cuda);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].batch, &controlled_drafted);
+  // No drafts served at all: a plain launch also ends at the drafted request.
+  DraftMixing none;
+  none.plain = false;
+  none.controlled = false;
+  const std::vector<RowSlice> plain_first = PlanLaunch(plain_queue, 100, none);
+  ASSERT_EQ(plain_first.size(), 1u);
+  EXPECT_EQ(plain_first[0].batch, &plain);
+}
+
 TEST(BatchAssembly, PlanIsEmptyOnlyForAnEmptyQueueOrNoCapacity) {
   const SampleBatch a = Request(1, 2, false, false);
   EXPECT_TRUE(PlanLaunch({}, 8).empty());

@@ -9,6 +9,7 @@
 #include "server/dynamic_batcher.h"
 
 #include <atomic>
+#include <cmath>
 #include <random>
 #include <thread>
 #include <vector>
@@ -61,8 +62,16 @@ class FakeEngine final : public Engine {
     for (size_t row = 0; row < batch.controls.size(); ++row) {
       r.details.push_back(RowSampleDetail{{r.token_ids[row]}, {}, {}, {}});
     }
+    // With drafts, every row gets a draft log-probability: -draft (NaN: none).
+    if (!ignores_drafts_) {
+      for (int32_t x : batch.draft_tokens) r.draft_logprobs.push_back(x >= 0 ? -float(x) : NAN);
+    }
     return r;
   }
+  bool serves_draft_rows(bool /*with_controls*/) const override { return serves_drafts_; }
+  void set_serves_draft_rows(bool serves) { serves_drafts_ = serves; }
+  // Breaks the contract: returns no draft_logprobs for a batch with drafts.
+  void set_ignores_drafts(bool ignores) { ignores_drafts_ = ignores; }
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "fake"; }
   bool healthy() const override { return healthy_; }
@@ -78,6 +87,8 @@ class FakeEngine final : public Engine {
   const bool hold_first_;
   const bool fail_;
   std::atomic<bool> healthy_{true};
+  std::atomic<bool> serves_drafts_{false};
+  std::atomic<bool> ignores_drafts_{false};
   ModelShape shape_;
   absl::Notification first_started_, release_;
   mutable absl::Mutex mu_;
@@ -226,6 +237,58 @@ TEST(DynamicBatcher, RequestsWithControlsNeverShareALaunchWithPlainOnes) {
   ASSERT_EQ(outcomes[2].result->details.size(), 1u);
   EXPECT_THAT(outcomes[2].result->details[0].token_ids, ElementsAre(20));
   EXPECT_TRUE(outcomes[3].result->details.empty());
+}
+
+// Verification rows (draft_tokens) join plain rows in one launch on a
+// backend that serves them, and run apart on one that does not.
+TEST(DynamicBatcher, DraftRowsShareALaunchOnlyWithAnEngineThatServesThem) {
+  for (const bool serves : {true, false}) {
+    DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+    SampleBatch first = Batch(1, 1000);
+    Outcome first_outcome;
+    FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+    engine->set_serves_draft_rows(serves);
+    SampleBatch plain_a = Batch(2, 0), verify = Batch(3, 10), plain_b = Batch(1, 20);
+    verify.draft_tokens = {4, 5, -1};
+    std::vector<Outcome> outcomes(3);
+    batcher.Submit(&plain_a, outcomes[0].Callback());
+    batcher.Submit(&verify, outcomes[1].Callback());
+    batcher.Submit(&plain_b, outcomes[2].Callback());
+    engine->Release();
+    for (Outcome& o : outcomes) ASSERT_EQ(o.code(), absl::StatusCode::kOk);
+    ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
+    if (serves) {
+      EXPECT_THAT(engine->launches(), ElementsAre(1, 6));
+    } else {
+      EXPECT_THAT(engine->launches(), ElementsAre(1, 2, 3, 1));
+    }
+    // Each request gets its own rows back; draft_logprobs only where asked.
+    EXPECT_THAT(outcomes[1].result->token_ids, ElementsAre(10, 11, 12));
+    ASSERT_EQ(outcomes[1].result->draft_logprobs.size(), 3u);
+    EXPECT_EQ(outcomes[1].result->draft_logprobs[1], -5.0f);
+    EXPECT_TRUE(std::isnan(outcomes[1].result->draft_logprobs[2]));
+    EXPECT_TRUE(outcomes[0].result->draft_logprobs.empty());
+    EXPECT_THAT(outcomes[2].result->token_ids, ElementsAre(20));
+  }
+}
+
+// A backend that ignores draft rows fails only the launch holding them
+// (UNIMPLEMENTED), never hands out unverified tokens, and stays healthy.
+TEST(DynamicBatcher, DraftRowsIgnoredByTheEngineAreUnimplemented) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  engine->set_ignores_drafts(true);
+  SampleBatch plain = Batch(2, 0), verify = Batch(2, 10);
+  verify.draft_tokens = {3, -1};
+  Outcome plain_outcome, verify_outcome;
+  batcher.Submit(&plain, plain_outcome.Callback());
+  batcher.Submit(&verify, verify_outcome.Callback());
+  engine->Release();
+  EXPECT_EQ(plain_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(verify_outcome.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(batcher.ready());
 }
 
 TEST(DynamicBatcher, RefusesAtOnceWhenTheQueueIsFullAndRecovers) {

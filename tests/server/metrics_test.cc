@@ -18,11 +18,12 @@ using ::testing::Not;
 
 TEST(ServerMetrics, RecordsRequestsLaunchesAndModelInfo) {
   ServerMetrics metrics(/*max_batch_rows=*/64);
-  for (int i = 0; i < 3; ++i) metrics.RequestStarted();
+  for (int i = 0; i < 4; ++i) metrics.RequestStarted();
   metrics.RequestFinished(RpcMethod::kSample, grpc::StatusCode::OK, 5, absl::Microseconds(300));
   metrics.RequestFinished(RpcMethod::kSample, grpc::StatusCode::RESOURCE_EXHAUSTED, 7,
                           absl::Microseconds(20));
   metrics.RequestFinished(RpcMethod::kSampleStream, grpc::StatusCode::OK, 2, absl::Seconds(20));
+  metrics.RequestFinished(RpcMethod::kVerify, grpc::StatusCode::OK, 9, absl::Microseconds(500));
   metrics.RequestStarted();  // still in flight
   metrics.RecordLaunch(7, 0.002);
   metrics.RecordLaunch(64, 0.004);
@@ -46,6 +47,9 @@ TEST(ServerMetrics, RecordsRequestsLaunchesAndModelInfo) {
   // Rows of refused requests are not counted.
   EXPECT_THAT(text, HasSubstr("flashsampler_rows_total{method=\"Sample\"} 5"));
   EXPECT_THAT(text, HasSubstr("flashsampler_rows_total{method=\"SampleStream\"} 2"));
+  // Verify: counted like Sample, its rows are its positions (sum of gamma + 1).
+  EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"OK\",method=\"Verify\"} 1"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_rows_total{method=\"Verify\"} 9"));
   EXPECT_THAT(text, HasSubstr("flashsampler_inflight_requests 1"));
   EXPECT_THAT(text, HasSubstr("flashsampler_queue_rows 12"));
   // Buckets: 50 us is the first bound; 20 s lands only in +Inf.

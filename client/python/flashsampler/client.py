@@ -37,6 +37,16 @@ class SampleResult:
     response: sampler_pb2.SampleResponse  # the whole message (fields added later)
 
 
+@dataclasses.dataclass
+class VerifyResult:
+    """One sequence of a Verify call (see sampler.proto's VerifyRequest)."""
+    num_accepted: int
+    token_ids: np.ndarray                  # [num_accepted + 1] int32
+    seed: int                              # the seed the sequence used
+    acceptance_probs: np.ndarray | None    # [gamma] float32 when asked
+    logz: np.ndarray | None                # [gamma + 1] float32 when asked
+
+
 def _read(value) -> bytes | None:
     """PEM given as bytes, or a path to a file holding it."""
     if value is None or isinstance(value, bytes):
@@ -101,6 +111,37 @@ def to_result(response: sampler_pb2.SampleResponse) -> SampleResult:
     )
 
 
+def make_verify_request(sequences, *, dtype: str | None = None, return_acceptance_probs=False,
+                        return_logz=False, request_id: str = "") -> sampler_pb2.VerifyRequest:
+    """Builds a VerifyRequest. `sequences`: an iterable of (hidden, draft_token_ids,
+    params) with hidden [gamma + 1, D], gamma draft ids and params a dict of
+    SamplingParams fields, a SamplingParams or None (greedy)."""
+    built = []
+    for hidden, drafts, params in sequences:
+        if params is None:
+            params = sampler_pb2.SamplingParams()
+        elif not isinstance(params, sampler_pb2.SamplingParams):
+            params = sampler_pb2.SamplingParams(**params)
+        built.append(sampler_pb2.VerifySequence(
+            hidden_states=to_wire_tensor(hidden, dtype),
+            draft_token_ids=[int(x) for x in drafts],
+            params=params))
+    return sampler_pb2.VerifyRequest(sequences=built,
+                                     return_acceptance_probs=return_acceptance_probs,
+                                     return_logz=return_logz, request_id=request_id)
+
+
+def to_verify_results(response: sampler_pb2.VerifyResponse) -> list[VerifyResult]:
+    return [VerifyResult(
+        num_accepted=s.num_accepted,
+        token_ids=np.asarray(s.token_ids, dtype=np.int32),
+        seed=s.seed,
+        acceptance_probs=(np.asarray(s.acceptance_probs, dtype=np.float32)
+                          if len(s.acceptance_probs) else None),
+        logz=np.asarray(s.logz, dtype=np.float32) if len(s.logz) else None,
+    ) for s in response.sequences]
+
+
 class _ClientBase:
     def __init__(self, token, token_file):
         token = _token(token, token_file)
@@ -138,6 +179,16 @@ class SamplerClient(_ClientBase):
         request = make_request(hidden, params, dtype=dtype, return_logz=return_logz,
                                return_logprobs=return_logprobs, request_id=request_id)
         return to_result(self._stub.Sample(request, timeout=timeout, metadata=self._metadata))
+
+    def verify(self, sequences, *, dtype=None, return_acceptance_probs=False, return_logz=False,
+               request_id="", timeout: float | None = 60.0) -> list[VerifyResult]:
+        """Speculative verification of greedy drafts; one VerifyResult per sequence
+        (see make_verify_request for `sequences`)."""
+        request = make_verify_request(sequences, dtype=dtype,
+                                      return_acceptance_probs=return_acceptance_probs,
+                                      return_logz=return_logz, request_id=request_id)
+        return to_verify_results(self._stub.Verify(request, timeout=timeout,
+                                                   metadata=self._metadata))
 
     def sample_stream(self, requests: Iterable[sampler_pb2.SampleRequest],
                       timeout: float | None = None) -> Iterator[SampleResult]:
@@ -188,6 +239,15 @@ class AsyncSamplerClient(_ClientBase):
                                return_logprobs=return_logprobs, request_id=request_id)
         return to_result(await self._stub.Sample(request, timeout=timeout,
                                                  metadata=self._metadata))
+
+    async def verify(self, sequences, *, dtype=None, return_acceptance_probs=False,
+                     return_logz=False, request_id="",
+                     timeout: float | None = 60.0) -> list[VerifyResult]:
+        request = make_verify_request(sequences, dtype=dtype,
+                                      return_acceptance_probs=return_acceptance_probs,
+                                      return_logz=return_logz, request_id=request_id)
+        return to_verify_results(await self._stub.Verify(request, timeout=timeout,
+                                                         metadata=self._metadata))
 
     async def sample_stream(self, requests, timeout: float | None = None):
         """Async iterator over the results of one SampleStream, in request order.

@@ -96,6 +96,36 @@ def test_async_client_matches_sync(server):
         np.testing.assert_array_equal(result.token_ids, want)
 
 
+def test_verify_sync_and_async(server):
+    """Greedy drafts equal to the argmax chain are all accepted (plus the bonus
+    token); gamma = 0 equals sample(); async equals sync; bad drafts raise."""
+    hidden = random_hidden(4, seed=21)
+    with flashsampler.SamplerClient(server["address"]) as client:
+        chain = client.sample(hidden, {"temperature": 0.0}).token_ids
+        sampled = client.sample(hidden[:1], [{"temperature": 0.9, "seed": 5, "offset": 3}])
+        sequences = [(hidden, chain[:3], {"temperature": 0.0}),
+                     (hidden[:1], [], {"temperature": 0.9, "seed": 5, "offset": 3}),
+                     (hidden[:3], [1, 2], {"temperature": 1.0, "seed": 8})]
+        results = client.verify(sequences, return_acceptance_probs=True, return_logz=True)
+        with pytest.raises(grpc.RpcError) as error:
+            client.verify([(hidden[:2], [VOCAB], None)])
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert results[0].num_accepted == 3
+    np.testing.assert_array_equal(results[0].token_ids, chain)
+    assert results[0].acceptance_probs.shape == (3,) and results[0].logz.shape == (4,)
+    assert results[1].num_accepted == 0 and results[1].seed == 5
+    np.testing.assert_array_equal(results[1].token_ids, sampled.token_ids)
+    assert len(results[2].token_ids) == results[2].num_accepted + 1
+
+    async def run():
+        async with flashsampler.AsyncSamplerClient(server["address"]) as client:
+            return await client.verify(sequences, return_acceptance_probs=True)
+
+    for got, want in zip(asyncio.run(run()), results):
+        np.testing.assert_array_equal(got.token_ids, want.token_ids)
+        np.testing.assert_array_equal(got.acceptance_probs, want.acceptance_probs)
+
+
 def test_bad_request_raises_invalid_argument(server):
     with flashsampler.SamplerClient(server["address"]) as client:
         with pytest.raises(grpc.RpcError) as error:
