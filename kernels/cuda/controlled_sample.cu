@@ -1,0 +1,713 @@
+// Controlled sampling, materialized path (what and why: controlled_sample.h).
+// Reads top to bottom: host flattening of the controls, the order-preserving
+// keys and the kept-prefix "cut", the block-wide building blocks (reductions,
+// radix selects by count and by mass, the sample draw), the row kernel, the
+// launchers.
+#include "kernels/cuda/controlled_sample.h"
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/sample_summary.h"
+#include "kernels/cuda/logits_gemm.h"
+#include "kernels/cuda/sample_reduce.cuh"
+
+namespace flashsampler::kernels {
+namespace {
+
+using cuda_internal::DeviceGumbelNoise;
+using cuda_internal::DeviceLogitScale;
+using cuda_internal::kFullWarpMask;
+using cuda_internal::StatusFromCuda;
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// ---- Keys and cuts ---------------------------------------------------------------
+// DescKey(x) ascends as x descends: the canonical order (l' desc, id asc) is
+// (DescKey asc, id asc). -0 is folded into +0 (the CPU compares them equal, so
+// they tie and go by id).
+__device__ __forceinline__ uint32_t DescKey(float x) {
+  if (x == 0.0f) x = 0.0f;
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t key = (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
+  return ~key;
+}
+
+__device__ __forceinline__ float FloatOfDescKey(uint32_t d) {
+  const uint32_t key = ~d;
+  const uint32_t u = (key & 0x80000000u) != 0u ? (key & 0x7fffffffu) : ~key;
+  return __uint_as_float(u);
+}
+
+// A prefix of the canonical order: token (key d, id i) is kept iff
+// d < key || (d == key && i <= id).
+struct Cut {
+  uint32_t key;
+  int32_t id;
+};
+
+__device__ __forceinline__ bool Kept(uint32_t d, int32_t i, Cut c) {
+  return d < c.key || (d == c.key && i <= c.id);
+}
+
+// Every token with a value above -inf (the l' buffer holds -inf for every
+// non-finite value).
+__device__ __forceinline__ Cut AllFinite() { return Cut{DescKey(-INFINITY), -1}; }
+
+// ---- Block-wide building blocks --------------------------------------------------
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048;  // 11-bit digits; levels: bits 31..21, 20..10, 9..0
+constexpr int kBinsPerThread = kBins / kThreads;
+constexpr int kLevels = 3;
+__device__ __constant__ int kLevelShift[kLevels] = {21, 10, 0};
+__device__ __constant__ uint32_t kLevelMask[kLevels] = {0x7ffu, 0x7ffu, 0x3ffu};
+
+struct Shared {
+  union {
+    cub::BlockReduce<float, kThreads>::TempStorage reduce_float;
+    cub::BlockReduce<int, kThreads>::TempStorage reduce_int;
+    cub::BlockReduce<double, kThreads>::TempStorage reduce_double;
+    cub::BlockScan<int, kThreads>::TempStorage scan_int;
+    cub::BlockScan<unsigned long long, kThreads>::TempStorage scan_u64;
+  } cub;
+  unsigned int count[kBins];
+  unsigned long long mass[kBins];
+  // Broadcast slots.
+  float f;
+  int i0;
+  int i1;
+  double d;
+  unsigned long long u0;
+  float warp_score[kWarps];
+  int warp_token[kWarps];
+  int top_n;
+  int top_token[kMaxTopLogprobs];
+  float top_value[kMaxTopLogprobs];
+};
+
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Every helper below is called by all threads of the block with uniform
+// arguments and returns the same value to all of them.
+__device__ float BlockMax(float v, Shared& sh) {
+  const float r = cub::BlockReduce<float, kThreads>(sh.cub.reduce_float).Reduce(v, MaxOp());
+  if (threadIdx.x == 0) sh.f = r;
+  __syncthreads();
+  const float out = sh.f;
+  __syncthreads();
+  return out;
+}
+
+__device__ int BlockSumInt(int v, Shared& sh) {
+  const int r = cub::BlockReduce<int, kThreads>(sh.cub.reduce_int).Sum(v);
+  if (threadIdx.x == 0) sh.i0 = r;
+  __syncthreads();
+  const int out = sh.i0;
+  __syncthreads();
+  return out;
+}
+
+// Fixed-shape tree: the same inputs give the same sum on every launch.
+__device__ double BlockSumDouble(double v, Shared& sh) {
+  const double r = cub::BlockReduce<double, kThreads>(sh.cub.reduce_double).Sum(v);
+  if (threadIdx.x == 0) sh.d = r;
+  __syncthreads();
+  const double out = sh.d;
+  __syncthreads();
+  return out;
+}
+
+// Max over kept values and their count.
+__device__ void MaxAndCount(const float* vals, int n, Cut cut, Shared& sh, float* max_out,
+                            int* count_out) {
+  float m = -INFINITY;
+  int c = 0;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float x = vals[i];
+    if (Kept(DescKey(x), i, cut)) {
+      m = fmaxf(m, x);
+      ++c;
+    }
+  }
+  *max_out = BlockMax(m, sh);
+  *count_out = BlockSumInt(c, sh);
+}
+
+// The id of the rank-th (1-based) token in id order whose key is d: an
+// in-order pass with a block scan per chunk of kThreads tokens, stopping at
+// the chunk that holds it.
+__device__ int NthTieId(const float* vals, int n, uint32_t d, int rank, Shared& sh) {
+  if (threadIdx.x == 0) sh.i1 = INT_MAX;
+  __syncthreads();
+  int seen = 0;
+  for (int base = 0; base < n && seen < rank; base += kThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    const int flag = i < n && DescKey(vals[i]) == d ? 1 : 0;
+    int before = 0, total = 0;
+    cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(flag, before, total);
+    if (flag != 0 && seen + before == rank - 1) sh.i1 = i;
+    seen += total;
+    __syncthreads();  // scan storage reuse
+  }
+  const int out = sh.i1;
+  __syncthreads();
+  return out;
+}
+
+// After a descent ended at key d with `rank` (1-based) of the `count_eq` kept
+// ties wanted: the new cut.
+__device__ Cut TieCut(const float* vals, int n, Cut cut, uint32_t d, int rank, int count_eq,
+                      Shared& sh) {
+  if (rank >= count_eq) return Cut{d, cut.key == d ? cut.id : INT_MAX};
+  return Cut{d, NthTieId(vals, n, d, rank, sh)};
+}
+
+// The cut keeping exactly the first `rank` kept tokens (1 <= rank <= kept
+// count): radix select on DescKey, three levels of shared-memory histograms.
+__device__ Cut SelectNth(const float* vals, int n, Cut cut, int rank, Shared& sh) {
+  uint32_t prefix = 0, prefix_mask = 0;
+  int remaining = rank;
+  int count_eq = 0;
+  for (int level = 0; level < kLevels; ++level) {
+    const int shift = kLevelShift[level];
+    const uint32_t mask = kLevelMask[level];
+    for (int b = threadIdx.x; b < kBins; b += kThreads) sh.count[b] = 0;
+    if (threadIdx.x == 0) sh.i0 = -1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t d = DescKey(vals[i]);
+      if ((d & prefix_mask) == prefix && Kept(d, i, cut)) atomicAdd(&sh.count[(d >> shift) & mask], 1u);
+    }
+    __syncthreads();
+    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+    int mine = 0;
+    for (int b = 0; b < kBinsPerThread; ++b) mine += static_cast<int>(sh.count[first + b]);
+    int before = 0;
+    cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(mine, before);
+    for (int b = 0; b < kBinsPerThread; ++b) {
+      const int c = static_cast<int>(sh.count[first + b]);
+      if (before < remaining && remaining <= before + c) {
+        sh.i0 = first + b;
+        sh.i1 = before;
+      }
+      before += c;
+    }
+    __syncthreads();
+    const int bin = sh.i0;
+    if (bin < 0) return cut;  // unreachable for 1 <= rank <= kept count
+    remaining -= sh.i1;
+    count_eq = static_cast<int>(sh.count[bin]);
+    prefix |= static_cast<uint32_t>(bin) << shift;
+    prefix_mask |= mask << shift;
+    __syncthreads();
+  }
+  return TieCut(vals, n, cut, prefix, remaining, count_eq, sh);
+}
+
+// Fixed-point mass of a value: exp(double(x) - max) in units of 2^-frac_bits.
+__device__ __forceinline__ unsigned long long FixedMass(float x, double max, double unit) {
+  return __double2ull_rz(exp(static_cast<double>(x) - max) * unit);
+}
+
+// top_p: the cut keeping every kept token whose fixed-point mass strictly
+// before it (canonical order) is < top_p * total: the same three-level radix
+// descent, on per-bin masses.
+__device__ Cut SelectTopP(const float* vals, int n, Cut cut, float top_p, double max,
+                          int frac_bits, Shared& sh) {
+  const double unit = ldexp(1.0, frac_bits);
+  uint32_t prefix = 0, prefix_mask = 0;
+  unsigned long long mass_before = 0;  // of the kept tokens before the current prefix
+  double target = 0.0;
+  int count_eq = 0;
+  for (int level = 0; level < kLevels; ++level) {
+    const int shift = kLevelShift[level];
+    const uint32_t mask = kLevelMask[level];
+    for (int b = threadIdx.x; b < kBins; b += kThreads) {
+      sh.count[b] = 0;
+      sh.mass[b] = 0;
+    }
+    if (threadIdx.x == 0) sh.i0 = -1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float x = vals[i];
+      const uint32_t d = DescKey(x);
+      if ((d & prefix_mask) == prefix && Kept(d, i, cut)) {
+        const uint32_t bin = (d >> shift) & mask;
+        atomicAdd(&sh.count[bin], 1u);
+        atomicAdd(&sh.mass[bin], FixedMass(x, max, unit));
+      }
+    }
+    __syncthreads();
+    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+    unsigned long long mine = 0;
+    for (int b = 0; b < kBinsPerThread; ++b) mine += sh.mass[first + b];
+    unsigned long long before = 0, total = 0;
+    cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before, total);
+    if (level == 0) target = static_cast<double>(top_p) * static_cast<double>(total);
+    before += mass_before;
+    for (int b = 0; b < kBinsPerThread; ++b) {
+      const unsigned long long m = sh.mass[first + b];
+      if (static_cast<double>(before) < target && static_cast<double>(before + m) >= target) {
+        sh.i0 = first + b;
+        sh.u0 = before;
+      }
+      before += m;
+    }
+    __syncthreads();
+    const int bin = sh.i0;
+    if (bin < 0) return cut;  // unreachable: the level-0 bins reach total > target
+    mass_before = sh.u0;
+    count_eq = static_cast<int>(sh.count[bin]);
+    prefix |= static_cast<uint32_t>(bin) << shift;
+    prefix_mask |= mask << shift;
+    __syncthreads();
+  }
+  // The count_eq ties at value v: tie t (0-based, id order) has mass_before +
+  // t * e before it; the kept ones are t < keep.
+  const unsigned long long e = FixedMass(FloatOfDescKey(prefix), max, unit);
+  long long keep = count_eq;
+  if (e > 0) {
+    const auto fails = [&](long long t) {
+      return static_cast<double>(mass_before + static_cast<unsigned long long>(t) * e) >= target;
+    };
+    keep = static_cast<long long>(ceil((target - static_cast<double>(mass_before)) / static_cast<double>(e)));
+    keep = keep < 1 ? 1 : (keep > count_eq ? count_eq : keep);
+    while (keep > 1 && fails(keep - 1)) --keep;
+    while (keep < count_eq && !fails(keep)) ++keep;
+  }
+  return TieCut(vals, n, cut, prefix, static_cast<int>(keep), count_eq, sh);
+}
+
+// argmax over kept i of (l'_i + noise on `stream`) (greedy: l'_i), ties to the
+// lower id; optionally the float64 sum of exp(l' - max) over kept tokens.
+__device__ int DrawSample(const float* lp, int n, Cut cut, RowParams p, bool sampled,
+                          uint32_t stream, double max, double* sum_out, Shared& sh) {
+  p.stream = stream;
+  float best_score = -INFINITY;
+  int best = -1;
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float x = lp[i];
+    if (!Kept(DescKey(x), i, cut)) continue;
+    if (sum_out != nullptr) sum += exp(static_cast<double>(x) - max);
+    float score = x;
+    if (sampled) {
+      // Exact pruning: l' + any noise < best score cannot win or tie.
+      if (best >= 0 && x + kGumbelMax < best_score) continue;
+      score = __fadd_rn(x, DeviceGumbelNoise(p, static_cast<uint32_t>(i)));
+    }
+    if (ScoreBeats(score, i, best_score, best)) {
+      best_score = score;
+      best = i;
+    }
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) {
+    const float s = __shfl_xor_sync(kFullWarpMask, best_score, m);
+    const int t = __shfl_xor_sync(kFullWarpMask, best, m);
+    if (ScoreBeats(s, t, best_score, best)) {
+      best_score = s;
+      best = t;
+    }
+  }
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  if (lane == 0) {
+    sh.warp_score[warp] = best_score;
+    sh.warp_token[warp] = best;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = sh.warp_score[0];
+    int t = sh.warp_token[0];
+    for (int w = 1; w < kWarps; ++w) {
+      if (ScoreBeats(sh.warp_score[w], sh.warp_token[w], s, t)) {
+        s = sh.warp_score[w];
+        t = sh.warp_token[w];
+      }
+    }
+    sh.i0 = t;
+  }
+  __syncthreads();
+  const int token = sh.i0;
+  if (sum_out != nullptr) *sum_out = BlockSumDouble(sum, sh);
+  __syncthreads();
+  return token;
+}
+
+// vLLM's rank: kept values >= v.
+__device__ int RankOf(const float* vals, int n, Cut cut, float v, Shared& sh) {
+  int c = 0;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float x = vals[i];
+    if (Kept(DescKey(x), i, cut) && x >= v) ++c;
+  }
+  return BlockSumInt(c, sh);
+}
+
+// log sum exp over kept values with maximum `max` (float64).
+__device__ double LogSumExp(const float* vals, int n, Cut cut, float max, Shared& sh) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float x = vals[i];
+    if (Kept(DescKey(x), i, cut)) sum += exp(static_cast<double>(x) - static_cast<double>(max));
+  }
+  return static_cast<double>(max) + log(BlockSumDouble(sum, sh));
+}
+
+// The first `top` kept tokens in canonical order, with value - logz.
+__device__ void WriteTopList(const float* vals, int n, Cut cut, int kept, int top, double logz,
+                             int32_t* ids_out, float* logprobs_out, int32_t* count_out,
+                             Shared& sh) {
+  top = top < kept ? top : kept;
+  const Cut top_cut = SelectNth(vals, n, cut, top, sh);
+  if (threadIdx.x == 0) sh.top_n = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float x = vals[i];
+    if (Kept(DescKey(x), i, top_cut)) {
+      const int slot = atomicAdd(&sh.top_n, 1);
+      if (slot < kMaxTopLogprobs) {
+        sh.top_token[slot] = i;
+        sh.top_value[slot] = x;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int m = sh.top_n < kMaxTopLogprobs ? sh.top_n : kMaxTopLogprobs;
+    // Insertion sort into (value desc, id asc).
+    for (int a = 1; a < m; ++a) {
+      const int t = sh.top_token[a];
+      const float v = sh.top_value[a];
+      int b = a - 1;
+      while (b >= 0 && (sh.top_value[b] < v || (sh.top_value[b] == v && sh.top_token[b] > t))) {
+        sh.top_token[b + 1] = sh.top_token[b];
+        sh.top_value[b + 1] = sh.top_value[b];
+        --b;
+      }
+      sh.top_token[b + 1] = t;
+      sh.top_value[b + 1] = v;
+    }
+    for (int a = 0; a < m; ++a) {
+      ids_out[a] = sh.top_token[a];
+      logprobs_out[a] = static_cast<float>(static_cast<double>(sh.top_value[a]) - logz);
+    }
+    *count_out = m;
+  }
+  __syncthreads();
+}
+
+// ---- The row kernel -------------------------------------------------------------
+// Block r: row row0 + r, raw logits raw_all + r * n, l' buffer lp_all + r * n.
+__global__ void __launch_bounds__(kThreads)
+    ControlledRowKernel(const float* __restrict__ raw_all, float* __restrict__ lp_all, int n,
+                        int64_t row0, const RowParams* __restrict__ params,
+                        ControlledDeviceControls controls, ControlledSampleOutputs out,
+                        int frac_bits) {
+  __shared__ Shared sh;
+  const int64_t row = row0 + blockIdx.x;
+  const float* raw = raw_all + static_cast<int64_t>(blockIdx.x) * n;
+  float* lp = lp_all + static_cast<int64_t>(blockIdx.x) * n;
+  const ControlledRowDesc c = controls.rows[row];
+  const RowParams p = params[row];
+  const float scale = DeviceLogitScale(p.temperature);
+  const bool sampled = p.temperature > 0.0f;
+  const uint32_t* mask = c.bitmask_begin >= 0 ? controls.bitmask + c.bitmask_begin : nullptr;
+
+  // ---- Steps 1-4: l' (non-finite -> -inf), then the touched tokens.
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const bool allowed = mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u) != 0u;
+    const float y = allowed ? cuda_internal::TransformLogit(raw[i], scale) : -INFINITY;
+    lp[i] = isfinite(y) ? y : -INFINITY;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < c.touched_count; e += kThreads) {
+    const TouchedToken t = controls.touched[c.touched_begin + e];
+    if (t.id < 0 || t.id >= n) continue;
+    const bool allowed = mask == nullptr || ((mask[t.id >> 5] >> (t.id & 31)) & 1u) != 0u;
+    float y = -INFINITY;
+    if (allowed && t.banned == 0) {
+      y = TouchedLogit(raw[t.id], t, c.repetition_penalty, c.frequency_penalty,
+                       c.presence_penalty, scale);
+    }
+    lp[t.id] = isfinite(y) ? y : -INFINITY;
+  }
+  __syncthreads();
+
+  // ---- Steps 5-7: the kept prefix.
+  Cut cut = AllFinite();
+  float max = -INFINITY;
+  int kept = 0;
+  MaxAndCount(lp, n, cut, sh, &max, &kept);
+  if (kept == 0) {
+    if (threadIdx.x == 0) {
+      out.row_status[row] = 1;
+      out.token_ids[row] = -1;
+    }
+    return;
+  }
+  const double dmax = static_cast<double>(max);
+  if (c.min_p > 0.0f) {
+    // The smallest float t with exp(double(t) - max) >= min_p; max itself
+    // passes (exp(0) = 1 > min_p). Start at the analytic value and step ulps.
+    if (threadIdx.x == 0) {
+      const auto passes = [&](float t) {
+        return exp(static_cast<double>(t) - dmax) >= static_cast<double>(c.min_p);
+      };
+      float t = static_cast<float>(dmax + log(static_cast<double>(c.min_p)));
+      if (!(t <= max)) t = max;
+      for (int s = 0; s < 64 && t > -INFINITY && passes(t); ++s) t = nextafterf(t, -INFINITY);
+      for (int s = 0; s < 128 && !passes(t); ++s) t = nextafterf(t, INFINITY);
+      sh.f = t;
+    }
+    __syncthreads();
+    const float threshold = sh.f;
+    __syncthreads();
+    cut = Cut{DescKey(threshold), INT_MAX};
+    float unused = 0.0f;
+    MaxAndCount(lp, n, cut, sh, &unused, &kept);
+  }
+  if (c.top_k > 0 && kept > c.top_k) {
+    cut = SelectNth(lp, n, cut, c.top_k, sh);
+    kept = c.top_k;
+  }
+  if (c.top_p < 1.0f) {
+    cut = SelectTopP(lp, n, cut, c.top_p, dmax, frac_bits, sh);
+    float unused = 0.0f;
+    MaxAndCount(lp, n, cut, sh, &unused, &kept);
+  }
+
+  // ---- Step 8: the samples; logz from the first draw's pass.
+  double sum = 0.0;
+  for (int j = 0; j < c.num_samples; ++j) {
+    const uint32_t stream = p.stream + static_cast<uint32_t>(j) * c.sample_stream_stride;
+    const int token = DrawSample(lp, n, cut, p, sampled, stream, dmax, j == 0 ? &sum : nullptr, sh);
+    if (threadIdx.x == 0) out.sample_tokens[c.sample_begin + j] = token;
+  }
+  const double logz = dmax + log(sum);
+  __syncthreads();  // sample_tokens written by thread 0 are read below
+  const int token0 = out.sample_tokens[c.sample_begin];
+  if (threadIdx.x == 0) {
+    out.token_ids[row] = token0;
+    out.row_status[row] = 0;
+    if (out.logz != nullptr) out.logz[row] = static_cast<float>(logz);
+    if (out.logprobs != nullptr) {
+      out.logprobs[row] = static_cast<float>(static_cast<double>(lp[token0]) - logz);
+    }
+  }
+  if (c.top_logprobs <= 0) return;
+
+  // ---- Details: each sample's logprob and rank, and the top list.
+  const bool raw_mode = c.logprobs_mode == static_cast<int32_t>(LogprobsMode::kRaw);
+  const float* vals = raw_mode ? raw : lp;
+  Cut detail_cut = cut;
+  double detail_logz = logz;
+  int detail_kept = kept;
+  if (raw_mode) {
+    // Every raw logit of the valid vocabulary (the CPU takes the raw row as is).
+    detail_cut = Cut{0xffffffffu, INT_MAX};
+    float raw_max = -INFINITY;
+    MaxAndCount(raw, n, detail_cut, sh, &raw_max, &detail_kept);
+    detail_logz = LogSumExp(raw, n, detail_cut, raw_max, sh);
+  }
+  for (int j = 0; j < c.num_samples; ++j) {
+    const int token = out.sample_tokens[c.sample_begin + j];
+    const float v = vals[token];
+    const int rank = RankOf(vals, n, detail_cut, v, sh);
+    if (threadIdx.x == 0) {
+      out.sample_logprobs[c.sample_begin + j] =
+          static_cast<float>(static_cast<double>(v) - detail_logz);
+      out.sample_ranks[c.sample_begin + j] = rank;
+    }
+  }
+  WriteTopList(vals, n, detail_cut, detail_kept, c.top_logprobs, detail_logz,
+               out.top_ids + row * kMaxTopLogprobs, out.top_logprobs + row * kMaxTopLogprobs,
+               out.top_counts + row, sh);
+}
+
+// F = 63 - ceil(log2(n + 1)): n masses of at most 2^F sum below 2^63.
+int FracBits(int64_t n) {
+  int bits = 0;
+  while ((int64_t{1} << bits) < n + 1) ++bits;
+  return 63 - bits;
+}
+
+bool ValidOutputs(const ControlledSampleOutputs& o) {
+  return o.token_ids != nullptr && o.row_status != nullptr && o.sample_tokens != nullptr &&
+         o.sample_logprobs != nullptr && o.sample_ranks != nullptr && o.top_ids != nullptr &&
+         o.top_logprobs != nullptr && o.top_counts != nullptr;
+}
+
+KernelStatus LaunchRows(const float* raw, float* lp, int64_t rows, int64_t row0, int64_t n,
+                        const RowParams* params, const ControlledDeviceControls& controls,
+                        const ControlledSampleOutputs& outputs, cudaStream_t stream) {
+  ControlledRowKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      raw, lp, static_cast<int>(n), row0, params, controls, outputs, FracBits(n));
+  return StatusFromCuda(cudaGetLastError());
+}
+
+}  // namespace
+
+// ---- Host flattening ------------------------------------------------------------
+size_t FlatControls::PackedBytes() const {
+  return AlignUp(rows.size() * sizeof(ControlledRowDesc)) +
+         AlignUp(touched.size() * sizeof(TouchedToken)) + AlignUp(bitmask.size() * sizeof(uint32_t));
+}
+
+void FlatControls::PackTo(void* host) const {
+  auto* base = static_cast<char*>(host);
+  std::memcpy(base, rows.data(), rows.size() * sizeof(ControlledRowDesc));
+  base += AlignUp(rows.size() * sizeof(ControlledRowDesc));
+  if (!touched.empty()) std::memcpy(base, touched.data(), touched.size() * sizeof(TouchedToken));
+  base += AlignUp(touched.size() * sizeof(TouchedToken));
+  if (!bitmask.empty()) std::memcpy(base, bitmask.data(), bitmask.size() * sizeof(uint32_t));
+}
+
+ControlledDeviceControls FlatControls::DeviceView(const void* device) const {
+  const auto* base = static_cast<const char*>(device);
+  ControlledDeviceControls v;
+  v.rows = reinterpret_cast<const ControlledRowDesc*>(base);
+  base += AlignUp(rows.size() * sizeof(ControlledRowDesc));
+  v.touched = reinterpret_cast<const TouchedToken*>(base);
+  base += AlignUp(touched.size() * sizeof(TouchedToken));
+  v.bitmask = reinterpret_cast<const uint32_t*>(base);
+  return v;
+}
+
+KernelStatus FlattenControls(const RowControls* controls, int64_t batch, int64_t vocab,
+                             int64_t valid_vocab, FlatControls* out) {
+  if (controls == nullptr || out == nullptr || batch < 1 || batch > kMaxInt32 || valid_vocab < 1 ||
+      valid_vocab > vocab || vocab > kMaxInt32) {
+    return KernelStatus::kInvalidArgument;
+  }
+  *out = FlatControls{};
+  out->rows.resize(static_cast<size_t>(batch));
+  const size_t words = static_cast<size_t>((valid_vocab + 31) / 32);
+  for (int64_t b = 0; b < batch; ++b) {
+    const RowControls& c = controls[b];
+    if (!ValidRowControls(c, vocab, valid_vocab)) return KernelStatus::kInvalidArgument;
+    ControlledRowDesc& d = out->rows[b];
+    d.top_k = c.top_k;
+    d.top_p = c.top_p;
+    d.min_p = c.min_p;
+    d.repetition_penalty = c.repetition_penalty;
+    d.presence_penalty = c.presence_penalty;
+    d.frequency_penalty = c.frequency_penalty;
+    const std::vector<TouchedToken> touched = MergeTouchedTokens(c);
+    d.touched_begin = static_cast<int32_t>(out->touched.size());
+    d.touched_count = static_cast<int32_t>(touched.size());
+    out->touched.insert(out->touched.end(), touched.begin(), touched.end());
+    if (!c.allowed_bitmask.empty()) {
+      d.bitmask_begin = static_cast<int32_t>(out->bitmask.size());
+      out->bitmask.insert(out->bitmask.end(), c.allowed_bitmask.begin(),
+                          c.allowed_bitmask.begin() + static_cast<std::ptrdiff_t>(words));
+    }
+    d.top_logprobs = c.top_logprobs;
+    d.logprobs_mode = static_cast<int32_t>(c.logprobs_mode);
+    d.num_samples = c.num_samples;
+    d.sample_stream_stride = c.sample_stream_stride;
+    d.sample_begin = static_cast<int32_t>(out->total_samples);
+    out->total_samples += c.num_samples;
+    if (out->touched.size() > static_cast<size_t>(kMaxInt32) ||
+        out->bitmask.size() > static_cast<size_t>(kMaxInt32) || out->total_samples > kMaxInt32) {
+      return KernelStatus::kInvalidArgument;
+    }
+  }
+  return KernelStatus::kOk;
+}
+
+// ---- Launchers ------------------------------------------------------------------
+size_t ControlledFromLogitsWorkspaceBytes(int64_t batch, int64_t valid_vocab) {
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kMaxInt32) return 0;
+  return AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(valid_vocab) * sizeof(float));
+}
+
+KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowParams* params,
+                                              int64_t batch, int64_t valid_vocab,
+                                              const ControlledDeviceControls& controls,
+                                              const ControlledSampleOutputs& outputs,
+                                              void* workspace, size_t workspace_bytes,
+                                              cudaStream_t stream) {
+  const size_t need = ControlledFromLogitsWorkspaceBytes(batch, valid_vocab);
+  if (logits == nullptr || params == nullptr || controls.rows == nullptr ||
+      controls.touched == nullptr || !ValidOutputs(outputs) || workspace == nullptr || need == 0 ||
+      workspace_bytes < need) {
+    return KernelStatus::kInvalidArgument;
+  }
+  return LaunchRows(logits, static_cast<float*>(workspace), batch, 0, valid_vocab, params,
+                    controls, outputs, stream);
+}
+
+namespace {
+struct Layout {
+  size_t raw = 0, lp = 0, cast = 0, total = 0;
+};
+Layout ControlledLayout(int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
+                        CudaWeightDType dtype) {
+  Layout l;
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kMaxInt32 ||
+      hidden_dim < 1 || hidden_dim > kMaxInt32 || CudaWeightDTypeBytes(dtype) == 0) {
+    return l;
+  }
+  const int64_t chunk = batch < kControlledChunkRows ? batch : kControlledChunkRows;
+  const size_t logits = AlignUp(static_cast<size_t>(chunk) * static_cast<size_t>(valid_vocab) * sizeof(float));
+  l.raw = 0;
+  l.lp = logits;
+  l.cast = 2 * logits;
+  l.total = 2 * logits + AlignUp(LogitsGemmCastBytes(chunk, hidden_dim, dtype));
+  return l;
+}
+}  // namespace
+
+size_t ControlledSampleWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
+                                      CudaWeightDType weight_dtype) {
+  return ControlledLayout(batch, valid_vocab, hidden_dim, weight_dtype).total;
+}
+
+KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHandle_t cublas,
+                                    cudaStream_t stream) {
+  const Layout layout = ControlledLayout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
+  if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
+      args.params == nullptr || args.controls.rows == nullptr || args.controls.touched == nullptr ||
+      !ValidOutputs(args.outputs) || args.workspace == nullptr || layout.total == 0 ||
+      args.workspace_bytes < layout.total || args.valid_vocab > args.vocab ||
+      reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {
+    return KernelStatus::kInvalidArgument;
+  }
+  char* ws = static_cast<char*>(args.workspace);
+  float* raw = reinterpret_cast<float*>(ws + layout.raw);
+  float* lp = reinterpret_cast<float*>(ws + layout.lp);
+  for (int64_t row0 = 0; row0 < args.batch; row0 += kControlledChunkRows) {
+    const int64_t rows = args.batch - row0 < kControlledChunkRows ? args.batch - row0 : kControlledChunkRows;
+    LogitsGemmArgs gemm;
+    gemm.weight = args.weight;
+    gemm.weight_dtype = args.weight_dtype;
+    gemm.hidden = args.hidden + row0 * args.hidden_dim;
+    gemm.batch = rows;
+    gemm.valid_vocab = args.valid_vocab;
+    gemm.hidden_dim = args.hidden_dim;
+    gemm.cast_hidden = ws + layout.cast;
+    gemm.logits = raw;
+    if (const KernelStatus s = LaunchLogitsGemm(gemm, cublas, stream); s != KernelStatus::kOk) return s;
+    if (const KernelStatus s = LaunchRows(raw, lp, rows, row0, args.valid_vocab, args.params,
+                                          args.controls, args.outputs, stream);
+        s != KernelStatus::kOk) {
+      return s;
+    }
+  }
+  return KernelStatus::kOk;
+}
+
+}  // namespace flashsampler::kernels
