@@ -7,7 +7,8 @@
 #
 # PHASE: info (GPU, SASS instruction counts of the stage-1 kernels), tests (all
 # gpu-labelled test binaries, then compute-sanitizer memcheck on small cases),
-# bench (flashsampler-kernel-bench, both shapes, B = 1..256), peers
+# bench (flashsampler-kernel-bench, both shapes, B = 1..256), controls (the
+# controlled materialized path and vLLM's sort-based filters), peers
 # (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), ncu (Nsight
 # Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936).
 # Each phase appends to one log under OUT_DIR (the device tool returns at most
@@ -36,7 +37,7 @@ for phase in "$@"; do
     tests)
       : > "$out/tests.log"
       for t in fused_sample_gpu_test fused_sample_exactness_gpu_test materialized_sample_gpu_test \
-               cuda_engine_gpu_test; do
+               cuda_engine_gpu_test controlled_sample_gpu_test cuda_engine_controls_gpu_test; do
         timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
         rc=$?
         summary+=("test $t rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/tests.log" | tail -1)")
@@ -53,6 +54,18 @@ for phase in "$@"; do
       timeout 400 "$bin/flashsampler-kernel-bench" --backend=cuda \
         --json="$out/bench${BENCH_TAG:-}.json" ${BENCH_ARGS:-} > "$out/bench${BENCH_TAG:-}.log" 2>&1
       summary+=("bench${BENCH_TAG:-} rc=$?")
+      ;;
+    controls)
+      # The materialized controlled path (flashsampler-kernel-bench --controls)
+      # and vLLM's sort-based filters (peers.py --controls), D=4096 V=151936.
+      timeout 300 "$bin/flashsampler-kernel-bench" --backend=cuda --controls=all \
+        --shapes=4096x151936 --batches=1,2,4,8,16,32,64,128,256 \
+        --json="$out/bench_controls.json" > "$out/bench_controls.log" 2>&1
+      summary+=("bench_controls rc=$?")
+      PYTHONUNBUFFERED=1 timeout 300 python3 "${PEERS:-kernels/bench/peers.py}" --controls=all \
+        --shapes=4096x151936 --batches=1,2,4,8,16,32,64,128,256 \
+        --json="$out/peers_controls.json" > "$out/peers_controls.log" 2>&1
+      summary+=("peers_controls rc=$?")
       ;;
     peers)
       PYTHONUNBUFFERED=1 timeout 420 python3 "${PEERS:-kernels/bench/peers.py}" \
