@@ -95,6 +95,30 @@ struct Shared {
   float top_value[kMaxTopLogprobs];
 };
 
+// Calls f(i, vals[i]) for this thread's tokens of [0, n), always in the same
+// order (deterministic per-thread partial sums). 16-byte loads when the row
+// allows them, unrolled so that each thread keeps several loads in flight: a
+// row is swept by one block, so the sweep is latency-bound without them.
+template <class F>
+__device__ __forceinline__ void ForEach(const float* vals, int n, F&& f) {
+  if ((n & 3) == 0 && (reinterpret_cast<uintptr_t>(vals) & 15u) == 0) {
+    const float4* v4 = reinterpret_cast<const float4*>(vals);
+    const int n4 = n >> 2;
+#pragma unroll 4
+    for (int q = threadIdx.x; q < n4; q += kThreads) {
+      const float4 x = v4[q];
+      const int i = q << 2;
+      f(i, x.x);
+      f(i + 1, x.y);
+      f(i + 2, x.z);
+      f(i + 3, x.w);
+    }
+  } else {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += kThreads) f(i, vals[i]);
+  }
+}
+
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
@@ -134,13 +158,12 @@ __device__ void MaxAndCount(const float* vals, int n, Cut cut, Shared& sh, float
                             int* count_out) {
   float m = -INFINITY;
   int c = 0;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float x = vals[i];
+  ForEach(vals, n, [&](int i, float x) {
     if (Kept(DescKey(x), i, cut)) {
       m = fmaxf(m, x);
       ++c;
     }
-  }
+  });
   *max_out = BlockMax(m, sh);
   *count_out = BlockSumInt(c, sh);
 }
@@ -186,10 +209,10 @@ __device__ Cut SelectNth(const float* vals, int n, Cut cut, int rank, Shared& sh
     for (int b = threadIdx.x; b < kBins; b += kThreads) sh.count[b] = 0;
     if (threadIdx.x == 0) sh.i0 = -1;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const uint32_t d = DescKey(vals[i]);
+    ForEach(vals, n, [&](int i, float x) {
+      const uint32_t d = DescKey(x);
       if ((d & prefix_mask) == prefix && Kept(d, i, cut)) atomicAdd(&sh.count[(d >> shift) & mask], 1u);
-    }
+    });
     __syncthreads();
     const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
     int mine = 0;
@@ -240,15 +263,14 @@ __device__ Cut SelectTopP(const float* vals, int n, Cut cut, float top_p, double
     }
     if (threadIdx.x == 0) sh.i0 = -1;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float x = vals[i];
+    ForEach(vals, n, [&](int i, float x) {
       const uint32_t d = DescKey(x);
       if ((d & prefix_mask) == prefix && Kept(d, i, cut)) {
         const uint32_t bin = (d >> shift) & mask;
         atomicAdd(&sh.count[bin], 1u);
         atomicAdd(&sh.mass[bin], FixedMass(x, max, unit));
       }
-    }
+    });
     __syncthreads();
     const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
     unsigned long long mine = 0;
@@ -298,21 +320,21 @@ __device__ int DrawSample(const float* lp, int n, Cut cut, RowParams p, bool sam
   float best_score = -INFINITY;
   int best = -1;
   double sum = 0.0;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float x = lp[i];
-    if (!Kept(DescKey(x), i, cut)) continue;
-    if (sum_out != nullptr) sum += exp(static_cast<double>(x) - max);
+  const bool want_sum = sum_out != nullptr;
+  ForEach(lp, n, [&](int i, float x) {
+    if (!Kept(DescKey(x), i, cut)) return;
+    if (want_sum) sum += exp(static_cast<double>(x) - max);
     float score = x;
     if (sampled) {
       // Exact pruning: l' + any noise < best score cannot win or tie.
-      if (best >= 0 && x + kGumbelMax < best_score) continue;
+      if (best >= 0 && x + kGumbelMax < best_score) return;
       score = __fadd_rn(x, DeviceGumbelNoise(p, static_cast<uint32_t>(i)));
     }
     if (ScoreBeats(score, i, best_score, best)) {
       best_score = score;
       best = i;
     }
-  }
+  });
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) {
     const float s = __shfl_xor_sync(kFullWarpMask, best_score, m);
@@ -349,20 +371,18 @@ __device__ int DrawSample(const float* lp, int n, Cut cut, RowParams p, bool sam
 // vLLM's rank: kept values >= v.
 __device__ int RankOf(const float* vals, int n, Cut cut, float v, Shared& sh) {
   int c = 0;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float x = vals[i];
+  ForEach(vals, n, [&](int i, float x) {
     if (Kept(DescKey(x), i, cut) && x >= v) ++c;
-  }
+  });
   return BlockSumInt(c, sh);
 }
 
 // log sum exp over kept values with maximum `max` (float64).
 __device__ double LogSumExp(const float* vals, int n, Cut cut, float max, Shared& sh) {
   double sum = 0.0;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float x = vals[i];
+  ForEach(vals, n, [&](int i, float x) {
     if (Kept(DescKey(x), i, cut)) sum += exp(static_cast<double>(x) - static_cast<double>(max));
-  }
+  });
   return static_cast<double>(max) + log(BlockSumDouble(sum, sh));
 }
 
@@ -374,8 +394,7 @@ __device__ void WriteTopList(const float* vals, int n, Cut cut, int kept, int to
   const Cut top_cut = SelectNth(vals, n, cut, top, sh);
   if (threadIdx.x == 0) sh.top_n = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float x = vals[i];
+  ForEach(vals, n, [&](int i, float x) {
     if (Kept(DescKey(x), i, top_cut)) {
       const int slot = atomicAdd(&sh.top_n, 1);
       if (slot < kMaxTopLogprobs) {
@@ -383,7 +402,7 @@ __device__ void WriteTopList(const float* vals, int n, Cut cut, int kept, int to
         sh.top_value[slot] = x;
       }
     }
-  }
+  });
   __syncthreads();
   if (threadIdx.x == 0) {
     const int m = sh.top_n < kMaxTopLogprobs ? sh.top_n : kMaxTopLogprobs;
@@ -412,7 +431,7 @@ __device__ void WriteTopList(const float* vals, int n, Cut cut, int kept, int to
 // ---- The row kernel -------------------------------------------------------------
 // Block r: row row0 + r, raw logits raw_all + r * n, l' buffer lp_all + r * n.
 __global__ void __launch_bounds__(kThreads)
-    ControlledRowKernel(const float* __restrict__ raw_all, float* __restrict__ lp_all, int n,
+    ControlledRowKernel(const float* __restrict__ raw_all, float* lp_all, int n,
                         int64_t row0, const RowParams* __restrict__ params,
                         ControlledDeviceControls controls, ControlledSampleOutputs out,
                         int frac_bits) {
@@ -427,10 +446,24 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t* mask = c.bitmask_begin >= 0 ? controls.bitmask + c.bitmask_begin : nullptr;
 
   // ---- Steps 1-4: l' (non-finite -> -inf), then the touched tokens.
-  for (int i = threadIdx.x; i < n; i += kThreads) {
+  const auto transform = [&](int i, float x) {
     const bool allowed = mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u) != 0u;
-    const float y = allowed ? cuda_internal::TransformLogit(raw[i], scale) : -INFINITY;
-    lp[i] = isfinite(y) ? y : -INFINITY;
+    const float y = allowed ? cuda_internal::TransformLogit(x, scale) : -INFINITY;
+    return isfinite(y) ? y : -INFINITY;
+  };
+  if ((n & 3) == 0 && (reinterpret_cast<uintptr_t>(raw) & 15u) == 0 &&
+      (reinterpret_cast<uintptr_t>(lp) & 15u) == 0) {
+    const float4* raw4 = reinterpret_cast<const float4*>(raw);
+    float4* lp4 = reinterpret_cast<float4*>(lp);
+#pragma unroll 4
+    for (int q = threadIdx.x; q < (n >> 2); q += kThreads) {
+      const float4 x = raw4[q];
+      const int i = q << 2;
+      lp4[q] = make_float4(transform(i, x.x), transform(i + 1, x.y), transform(i + 2, x.z),
+                           transform(i + 3, x.w));
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += kThreads) lp[i] = transform(i, raw[i]);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < c.touched_count; e += kThreads) {
