@@ -50,9 +50,11 @@
 // unspecified): the caller fails the request with FailedPrecondition, as the
 // CPU backend does (KernelStatus::kFailedPrecondition).
 //
-// Performance: one block per row makes a handful of passes over its logits
-// (transform, max, 3 per radix select, one per sample); at small batches a row
-// occupies one SM only (splitting a row across a cluster is future work).
+// Performance: one block of 512 threads per row makes a handful of sweeps over
+// its logits (transform, max, 3 per radix select, one per sample; 16-byte
+// loads, 4 in flight per thread); at small batches a row occupies one SM only
+// (splitting a row across a cluster is future work), and the logits make one
+// round trip through memory (the fused path for controls is not built yet).
 //
 // Thread safety: enqueues work on `stream`, keeps no state; binds the cuBLAS
 // handle to `stream`. Distinct launches need distinct workspaces and outputs.

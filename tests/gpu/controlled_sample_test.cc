@@ -31,6 +31,7 @@
 
 #include "kernels/cpu/controlled_sampler.h"
 #include "kernels/cuda/materialized_sample.h"
+#include "tests/common/controls_fit_cases.h"
 #include "tests/common/controls_reference.h"
 #include "tests/common/goodness_of_fit.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -49,6 +50,8 @@ struct Outputs {
   std::vector<int32_t> row_status;
   std::vector<RowSampleDetail> details;
 };
+
+struct RandomProblem;  // below: random inputs and controls
 
 // The controlled sampler on a [vocab, 1] fp32 LM head `w` (valid_vocab =
 // vocab) with hidden values h [rows]: flattens the controls, uploads
@@ -140,6 +143,9 @@ class ControlledSampleTest : public GpuTest {
     return out;
   }
 
+  // The GPU against the CPU backend on `p` (defined below the problem maker).
+  void CompareWithCpu(const RandomProblem& p);
+
   cublasHandle_t cublas_ = nullptr;
 };
 
@@ -161,50 +167,12 @@ Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
 }
 
 // ---- Goodness of fit against the float64 reference ---------------------------
-// The CPU suite's vocabulary of 24 (controlled_sampler_test.cc): three head
-// tokens, a tail in [-2, 0].
-std::vector<float> TestLogits() {
-  std::vector<float> l(24);
-  std::mt19937 rng(77);
-  std::uniform_real_distribution<float> tail(-2.0f, 0.0f);
-  for (float& x : l) x = tail(rng);
-  l[0] = 3.0f;
-  l[13] = 2.95f;
-  l[23] = 2.9f;
-  return l;
-}
-
+// The CPU suite's cases (tests/common/controls_fit_cases.h).
+using FitCase = testing::ControlsFitCase;
+std::vector<float> TestLogits() { return testing::ControlsTestLogits(); }
 RowControls Controls(int32_t top_k, float top_p, float min_p) {
-  RowControls c;
-  c.top_k = top_k;
-  c.top_p = top_p;
-  c.min_p = min_p;
-  return c;
+  return testing::FilterControls(top_k, top_p, min_p);
 }
-
-RowControls Penalised() {
-  RowControls c;
-  c.repetition_penalty = 1.1f;
-  c.presence_penalty = 0.2f;
-  c.frequency_penalty = 0.2f;
-  c.prompt_token_ids = {0, 7};
-  c.output_token_ids = {13, 9, 13};
-  return c;
-}
-
-RowControls Masked() {
-  RowControls c;
-  c.logit_bias = {{1, 4.0f}, {0, -0.1f}};
-  c.banned_token_ids = {13};
-  c.allowed_bitmask = {0xFFFFFFFFu & ~(1u << 23) & ~(1u << 2)};
-  return c;
-}
-
-struct FitCase {
-  std::string name;
-  float temperature;
-  RowControls controls;
-};
 void PrintTo(const FitCase& c, std::ostream* os) { *os << c.name; }
 
 class ControlledSampleFit : public ControlledSampleTest,
@@ -247,17 +215,7 @@ TEST_P(ControlledSampleFit, MatchesTheFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(
     EveryControl, ControlledSampleFit,
-    ::testing::Values(
-        FitCase{"TemperatureOnly", 0.8f, [] { RowControls c; c.top_logprobs = 2; return c; }()},
-        FitCase{"TopK", 1.0f, Controls(6, 1.0f, 0.0f)},
-        FitCase{"TopKAboveVocab", 1.0f, Controls(100, 1.0f, 0.0f)},
-        FitCase{"TopP", 1.3f, Controls(0, 0.85f, 0.0f)},
-        FitCase{"MinP", 0.9f, Controls(0, 1.0f, 0.01f)},
-        FitCase{"TopKTopPMinP", 1.5f, Controls(8, 0.95f, 0.02f)},
-        FitCase{"Penalties", 0.9f, Penalised()},
-        FitCase{"PenaltiesWithTopK", 0.9f, [] { RowControls c = Penalised(); c.top_k = 7; return c; }()},
-        FitCase{"BiasBansBitmask", 1.0f, Masked()},
-        FitCase{"BiasBansBitmaskTopP", 1.0f, [] { RowControls c = Masked(); c.top_p = 0.9f; return c; }()}),
+    ::testing::ValuesIn(testing::EveryControlFitCase()),
     [](const ::testing::TestParamInfo<FitCase>& info) { return info.param.name; });
 
 // ---- The GPU against the CPU backend ---------------------------------------------
@@ -347,15 +305,18 @@ void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p
   EXPECT_LE(mismatches, rows / 1000) << mismatches << " of " << rows << " rows differ";
 }
 
+void ControlledSampleTest::CompareWithCpu(const RandomProblem& p) {
+  const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
+  ASSERT_EQ(cpu.launch, KernelStatus::kOk);
+  const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
+  ASSERT_EQ(gpu.launch, KernelStatus::kOk);
+  ExpectAgrees(gpu, cpu, p);
+}
+
 TEST_F(ControlledSampleTest, MatchesTheCpuBackendOnRandomControls) {
   for (uint32_t seed : {1u, 2u, 3u, 4u}) {
     SCOPED_TRACE(seed);
-    const RandomProblem p = MakeRandomProblem(30000, 512, 0.0f, seed);
-    const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
-    ASSERT_EQ(cpu.launch, KernelStatus::kOk);
-    const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
-    ASSERT_EQ(gpu.launch, KernelStatus::kOk);
-    ExpectAgrees(gpu, cpu, p);
+    CompareWithCpu(MakeRandomProblem(30000, 512, 0.0f, seed));
   }
 }
 
@@ -365,23 +326,13 @@ TEST_F(ControlledSampleTest, MatchesTheCpuBackendOnRandomControls) {
 TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithHeavyTies) {
   for (uint32_t seed : {11u, 12u}) {
     SCOPED_TRACE(seed);
-    const RandomProblem p = MakeRandomProblem(30000, 512, 0.25f, seed);
-    const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
-    ASSERT_EQ(cpu.launch, KernelStatus::kOk);
-    const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
-    ASSERT_EQ(gpu.launch, KernelStatus::kOk);
-    ExpectAgrees(gpu, cpu, p);
+    CompareWithCpu(MakeRandomProblem(30000, 512, 0.25f, seed));
   }
 }
 
 // A batch of more than kControlledChunkRows rows (two GEMM + row-kernel chunks).
 TEST_F(ControlledSampleTest, MatchesTheCpuBackendAcrossChunks) {
-  const RandomProblem p = MakeRandomProblem(4000, kControlledChunkRows + 77, 0.0f, 21);
-  const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
-  ASSERT_EQ(cpu.launch, KernelStatus::kOk);
-  const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
-  ASSERT_EQ(gpu.launch, KernelStatus::kOk);
-  ExpectAgrees(gpu, cpu, p);
+  CompareWithCpu(MakeRandomProblem(4000, kControlledChunkRows + 77, 0.0f, 21));
 }
 
 // ---- Edge cases of issue 3 ---------------------------------------------------------
