@@ -11,6 +11,7 @@
 // tokens (five chi-square bins) in every case.
 #pragma once
 
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -66,6 +67,9 @@ struct ControlsFitCase {
   float temperature;
   RowControls controls;
 };
+
+// GoogleTest prints a case by its name.
+inline void PrintTo(const ControlsFitCase& c, std::ostream* os) { *os << c.name; }
 
 inline std::vector<ControlsFitCase> EveryControlFitCase() {
   RowControls temperature_only;

@@ -173,8 +173,6 @@ std::vector<float> TestLogits() { return testing::ControlsTestLogits(); }
 RowControls Controls(int32_t top_k, float top_p, float min_p) {
   return testing::FilterControls(top_k, top_p, min_p);
 }
-void PrintTo(const FitCase& c, std::ostream* os) { *os << c.name; }
-
 class ControlledSampleFit : public ControlledSampleTest,
                             public ::testing::WithParamInterface<FitCase> {};
 

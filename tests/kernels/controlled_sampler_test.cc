@@ -90,8 +90,6 @@ RowControls Controls(int32_t top_k, float top_p, float min_p) {
   return testing::FilterControls(top_k, top_p, min_p);
 }
 
-void PrintTo(const FitCase& c, std::ostream* os) { *os << c.name; }
-
 class ControlledSamplerFit : public ::testing::TestWithParam<FitCase> {};
 
 // Power: a 1% relative error (detectable_error = 0.01) in any token with
