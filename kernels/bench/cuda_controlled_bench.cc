@@ -8,10 +8,11 @@
 //   top_k_top_p  top_k = 50, top_p = 0.9
 //   min_p        min_p = 0.1
 // Variants:
-//   filter       LaunchControlledSampleFromLogits on fp32 logits [B, V]
+//   filter       LaunchControlledSampleFromLogits (8-block cluster per row) on fp32 logits [B, V]
 //                computed once by cuBLAS (the part that kernels/bench/peers.py
 //                --controls times for vLLM's sort-based top-k / top-p and min-p
 //                on logits of the same law): l', the filters, one sample, logz.
+//   filter1      the same with one block per row.
 //   full         LaunchControlledSample: the cuBLAS GEMM (H cast to bf16) and
 //                the above, from H to tokens.
 //   plain_mat    LaunchMaterializedSample (no controls), for reference.
@@ -123,8 +124,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   std::printf("flashsampler-kernel-bench backend=cuda controls  %s  %s  commit %s  T=%g "
               "logit_std=%g iterations=%d (median ms, CUDA events)\n",
               prop.name, o.date.c_str(), o.commit.c_str(), o.temperature, o.logit_std, o.iterations);
-  std::printf("%-12s %4s %-12s %10s %10s %10s\n", "DxV", "B", "controls", "filter_ms", "full_ms",
-              "plain_mat_ms");
+  std::printf("%-12s %4s %-12s %10s %10s %10s %10s\n", "DxV", "B", "controls", "filter_ms",
+              "filter1_ms", "full_ms", "plain_mat_ms");
   for (const CudaShape& shape : o.shapes) {
     const int64_t d = shape.hidden, v = shape.vocab;
     Buf w, h, logits, params, ws_from, ws_full, ws_mat, controls_buf;
@@ -183,6 +184,10 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           return LaunchControlledSampleFromLogits(logits.as<float>(), params.as<RowParams>(), batch, v, dc,
                                                   out, ws_from.p, ws_from.bytes, stream);
         };
+        auto filter_g1 = [&] {
+          return LaunchControlledSampleFromLogits(logits.as<float>(), params.as<RowParams>(), batch, v, dc,
+                                                  out, ws_from.p, ws_from.bytes, stream, 1);
+        };
         auto full = [&] {
           ControlledSampleArgs a;
           a.weight = w.p;
@@ -222,7 +227,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
             return 1;
           }
         }
-        std::vector<std::function<KernelStatus()>> variants = {filter, full, plain};
+        std::vector<std::function<KernelStatus()>> variants = {filter, filter_g1, full, plain};
         for (auto& fn : variants) {
           for (int i = 0; i < o.warmup; ++i) CB_CHECK(fn());
         }
@@ -238,7 +243,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           }
         }
         CB_CHECK(cudaStreamSynchronize(stream));
-        double med[3];
+        double med[4];
         for (size_t k = 0; k < variants.size(); ++k) {
           std::vector<double> ms(runs);
           for (int i = 0; i < runs; ++i) {
@@ -251,12 +256,12 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         for (cudaEvent_t e : ev) cudaEventDestroy(e);
         char dxv[32];
         std::snprintf(dxv, sizeof dxv, "%lldx%lld", static_cast<long long>(d), static_cast<long long>(v));
-        std::printf("%-12s %4lld %-12s %10.3f %10.3f %10.3f\n", dxv, static_cast<long long>(batch),
-                    set.name.c_str(), med[0], med[1], med[2]);
+        std::printf("%-12s %4lld %-12s %10.3f %10.3f %10.3f %10.3f\n", dxv,
+                    static_cast<long long>(batch), set.name.c_str(), med[0], med[1], med[2], med[3]);
         std::fflush(stdout);
         results.push_back({{"hidden", d}, {"vocab", v}, {"batch", batch}, {"controls", set.name},
-                           {"filter_median_ms", med[0]}, {"full_median_ms", med[1]},
-                           {"plain_materialized_median_ms", med[2]}});
+                           {"filter_median_ms", med[0]}, {"filter_one_block_median_ms", med[1]},
+                           {"full_median_ms", med[2]}, {"plain_materialized_median_ms", med[3]}});
       }
     }
   }
@@ -273,7 +278,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
     j["logit_std"] = o.logit_std;
     j["iterations"] = o.iterations;
     j["weight_dtype"] = "bf16";
-    j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits"},
+    j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits, 8 blocks per row"},
+                     {"filter_one_block", "the same, one block per row"},
                      {"full", "LaunchControlledSample (GEMM + filter + sample)"},
                      {"plain_materialized", "LaunchMaterializedSample, no controls"}};
     j["results"] = results;

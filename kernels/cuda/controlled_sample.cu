@@ -5,6 +5,7 @@
 // launchers.
 #include "kernels/cuda/controlled_sample.h"
 
+#include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -63,12 +64,21 @@ __device__ __forceinline__ bool Kept(uint32_t d, int32_t i, Cut c) {
 // non-finite value).
 __device__ __forceinline__ Cut AllFinite() { return Cut{DescKey(-INFINITY), -1}; }
 
-// ---- Block-wide building blocks --------------------------------------------------
+// ---- Cluster-wide building blocks ---------------------------------------------
+// A row is served by a cluster of G blocks (G = 1, 2, 4 or 8; one block per
+// cluster when G = 1): block `rank` sweeps the 4-aligned slice [lo, hi) of the
+// row, and every reduction combines the blocks' partial results in rank order
+// through distributed shared memory, so all blocks of the cluster get the same
+// value and the result does not depend on timing (deterministic). Histograms
+// hold integers (order-free). Every helper is called by all threads of all
+// blocks of the cluster with uniform arguments and returns the same value to
+// all of them.
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;  // 11-bit digits; levels: bits 31..21, 20..10, 9..0
 constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kLevels = 3;
+constexpr int kMaxCluster = 8;
 __device__ __constant__ int kLevelShift[kLevels] = {21, 10, 0};
 __device__ __constant__ uint32_t kLevelMask[kLevels] = {0x7ffu, 0x7ffu, 0x3ffu};
 
@@ -82,49 +92,74 @@ struct Shared {
   } cub;
   unsigned int count[kBins];
   unsigned long long mass[kBins];
-  // Broadcast slots.
+  // Broadcast slots inside the block.
   float f;
   int i0;
   int i1;
   double d;
   unsigned long long u0;
+  // Per-block partials read by the other blocks of the cluster.
+  float part_f;
+  int part_i;
+  double part_d;
   float warp_score[kWarps];
   int warp_token[kWarps];
   int top_n;
   int top_token[kMaxTopLogprobs];
   float top_value[kMaxTopLogprobs];
+  int samples[kMaxNumSamples];
 };
 
-// Calls f(i, vals[i]) for this thread's tokens of [0, n), always in the same
-// order (deterministic per-thread partial sums). 16-byte loads when the row
-// allows them, unrolled so that each thread keeps several loads in flight: a
-// row is swept by one block, so the sweep is latency-bound without them.
+// This block's place in its row's cluster.
+struct Slice {
+  int rank;  // 0 .. g - 1
+  int g;     // blocks per row
+  int lo;    // this block's tokens: [lo, hi)
+  int hi;
+};
+
+__device__ __forceinline__ void ClusterSync(const Slice& s) {
+  if (s.g > 1) {
+    cooperative_groups::this_cluster().sync();
+  } else {
+    __syncthreads();
+  }
+}
+
+// `p` (in this block's shared memory) as seen in block `rank` of the cluster.
+template <class T>
+__device__ __forceinline__ T* InBlock(T* p, int rank, const Slice& s) {
+  return s.g > 1 ? cooperative_groups::this_cluster().map_shared_rank(p, rank) : p;
+}
+
+// Calls f(i, vals[i]) for this thread's tokens of [lo, hi), always in the same
+// order (deterministic per-thread partial sums). 16-byte loads where the row
+// allows them, unrolled so that each thread keeps several loads in flight.
 template <class F>
-__device__ __forceinline__ void ForEach(const float* vals, int n, F&& f) {
-  if ((n & 3) == 0 && (reinterpret_cast<uintptr_t>(vals) & 15u) == 0) {
-    const float4* v4 = reinterpret_cast<const float4*>(vals);
-    const int n4 = n >> 2;
+__device__ __forceinline__ void ForEach(const float* vals, int lo, int hi, F&& f) {
+  int scalar_from = lo;
+  if ((lo & 3) == 0 && (reinterpret_cast<uintptr_t>(vals) & 15u) == 0) {
+    const float4* v4 = reinterpret_cast<const float4*>(vals + lo);
+    const int n4 = (hi - lo) >> 2;
 #pragma unroll 4
     for (int q = threadIdx.x; q < n4; q += kThreads) {
       const float4 x = v4[q];
-      const int i = q << 2;
+      const int i = lo + (q << 2);
       f(i, x.x);
       f(i + 1, x.y);
       f(i + 2, x.z);
       f(i + 3, x.w);
     }
-  } else {
-#pragma unroll 4
-    for (int i = threadIdx.x; i < n; i += kThreads) f(i, vals[i]);
+    scalar_from = lo + (n4 << 2);
   }
+  for (int i = scalar_from + static_cast<int>(threadIdx.x); i < hi; i += kThreads) f(i, vals[i]);
 }
 
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Every helper below is called by all threads of the block with uniform
-// arguments and returns the same value to all of them.
+// Block-level reductions (every thread gets the result).
 __device__ float BlockMax(float v, Shared& sh) {
   const float r = cub::BlockReduce<float, kThreads>(sh.cub.reduce_float).Reduce(v, MaxOp());
   if (threadIdx.x == 0) sh.f = r;
@@ -153,102 +188,201 @@ __device__ double BlockSumDouble(double v, Shared& sh) {
   return out;
 }
 
-// Max over kept values and their count.
-__device__ void MaxAndCount(const float* vals, int n, Cut cut, Shared& sh, float* max_out,
-                            int* count_out) {
+// Cluster combinations of block values, in rank order.
+__device__ float ClusterMax(float block_value, Shared& sh, const Slice& s) {
+  if (s.g == 1) return block_value;
+  if (threadIdx.x == 0) sh.part_f = block_value;
+  ClusterSync(s);
+  float r = -INFINITY;
+  for (int q = 0; q < s.g; ++q) r = fmaxf(r, *InBlock(&sh.part_f, q, s));
+  ClusterSync(s);  // every block has read the partials before they change
+  return r;
+}
+
+__device__ int ClusterSumInt(int block_value, Shared& sh, const Slice& s) {
+  if (s.g == 1) return block_value;
+  if (threadIdx.x == 0) sh.part_i = block_value;
+  ClusterSync(s);
+  int r = 0;
+  for (int q = 0; q < s.g; ++q) r += *InBlock(&sh.part_i, q, s);
+  ClusterSync(s);
+  return r;
+}
+
+// Sum of the blocks ranked below this one (an exclusive prefix over ranks).
+__device__ int ClusterPrefixInt(int block_value, Shared& sh, const Slice& s) {
+  if (s.g == 1) return 0;
+  if (threadIdx.x == 0) sh.part_i = block_value;
+  ClusterSync(s);
+  int r = 0;
+  for (int q = 0; q < s.rank; ++q) r += *InBlock(&sh.part_i, q, s);
+  ClusterSync(s);
+  return r;
+}
+
+__device__ int ClusterMinInt(int block_value, Shared& sh, const Slice& s) {
+  if (s.g == 1) return block_value;
+  if (threadIdx.x == 0) sh.part_i = block_value;
+  ClusterSync(s);
+  int r = INT_MAX;
+  for (int q = 0; q < s.g; ++q) r = min(r, *InBlock(&sh.part_i, q, s));
+  ClusterSync(s);
+  return r;
+}
+
+__device__ double ClusterSumDouble(double block_value, Shared& sh, const Slice& s) {
+  if (s.g == 1) return block_value;
+  if (threadIdx.x == 0) sh.part_d = block_value;
+  ClusterSync(s);
+  double r = 0.0;
+  for (int q = 0; q < s.g; ++q) r += *InBlock(&sh.part_d, q, s);
+  ClusterSync(s);
+  return r;
+}
+
+// Max over kept values of the row and their count.
+__device__ void MaxAndCount(const float* vals, Cut cut, Shared& sh, const Slice& s,
+                            float* max_out, int* count_out) {
   float m = -INFINITY;
   int c = 0;
-  ForEach(vals, n, [&](int i, float x) {
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
     if (Kept(DescKey(x), i, cut)) {
       m = fmaxf(m, x);
       ++c;
     }
   });
-  *max_out = BlockMax(m, sh);
-  *count_out = BlockSumInt(c, sh);
+  *max_out = ClusterMax(BlockMax(m, sh), sh, s);
+  *count_out = ClusterSumInt(BlockSumInt(c, sh), sh, s);
 }
 
-// The id of the rank-th (1-based) token in id order whose key is d: an
-// in-order pass with a block scan per chunk of kThreads tokens, stopping at
-// the chunk that holds it.
-__device__ int NthTieId(const float* vals, int n, uint32_t d, int rank, Shared& sh) {
-  if (threadIdx.x == 0) sh.i1 = INT_MAX;
-  __syncthreads();
-  int seen = 0;
-  for (int base = 0; base < n && seen < rank; base += kThreads) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    const int flag = i < n && DescKey(vals[i]) == d ? 1 : 0;
-    int before = 0, total = 0;
-    cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(flag, before, total);
-    if (flag != 0 && seen + before == rank - 1) sh.i1 = i;
-    seen += total;
-    __syncthreads();  // scan storage reuse
+// The id of the rank-th (1-based) token of the row, in id order, whose key is
+// d: each block counts its slice's ties, the block whose share of the order
+// holds it scans its slice in order (a block scan per chunk of kThreads).
+__device__ int NthTieId(const float* vals, uint32_t d, int rank, Shared& sh, const Slice& s) {
+  int mine = 0;
+  ForEach(vals, s.lo, s.hi, [&](int, float x) { mine += DescKey(x) == d ? 1 : 0; });
+  const int in_block = BlockSumInt(mine, sh);
+  const int before = ClusterPrefixInt(in_block, sh, s);
+  int found = INT_MAX;
+  if (before < rank && rank <= before + in_block) {
+    const int want = rank - before;  // 1-based within this slice
+    if (threadIdx.x == 0) sh.i1 = INT_MAX;
+    __syncthreads();
+    int seen = 0;
+    for (int base = s.lo; base < s.hi && seen < want; base += kThreads) {
+      const int i = base + static_cast<int>(threadIdx.x);
+      const int flag = i < s.hi && DescKey(vals[i]) == d ? 1 : 0;
+      int prefix = 0, total = 0;
+      cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(flag, prefix, total);
+      if (flag != 0 && seen + prefix == want - 1) sh.i1 = i;
+      seen += total;
+      __syncthreads();  // scan storage reuse
+    }
+    found = sh.i1;
+    __syncthreads();
   }
-  const int out = sh.i1;
-  __syncthreads();
-  return out;
+  return ClusterMinInt(found, sh, s);
 }
 
 // After a descent ended at key d with `rank` (1-based) of the `count_eq` kept
-// ties wanted: the new cut.
-__device__ Cut TieCut(const float* vals, int n, Cut cut, uint32_t d, int rank, int count_eq,
-                      Shared& sh) {
+// ties wanted: the new cut. Kept ties are always the lowest ids among the
+// row's ties at d, so the rank-th kept tie is the rank-th tie of the row.
+__device__ Cut TieCut(const float* vals, Cut cut, uint32_t d, int rank, int count_eq, Shared& sh,
+                      const Slice& s) {
   if (rank >= count_eq) return Cut{d, cut.key == d ? cut.id : INT_MAX};
-  return Cut{d, NthTieId(vals, n, d, rank, sh)};
+  return Cut{d, NthTieId(vals, d, rank, sh, s)};
+}
+
+// One level of a radix descent: the histogram of the kept tokens whose key
+// matches `prefix` on `prefix_mask`, by digit (key >> shift) & mask, with
+// counts and (when with_mass) fixed-point masses; then each thread's totals
+// over the cluster for its kBinsPerThread bins, in registers.
+__device__ __forceinline__ unsigned long long FixedMass(float x, double max, double unit) {
+  return __double2ull_rz(exp(static_cast<double>(x) - max) * unit);
+}
+
+template <bool kWithMass>
+__device__ void Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t prefix_mask,
+                          int shift, uint32_t mask, double max, double unit, Shared& sh,
+                          const Slice& s, unsigned int (&count)[kBinsPerThread],
+                          unsigned long long (&mass)[kBinsPerThread]) {
+  for (int b = threadIdx.x; b < kBins; b += kThreads) {
+    sh.count[b] = 0;
+    if (kWithMass) sh.mass[b] = 0;
+  }
+  __syncthreads();
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
+    const uint32_t d = DescKey(x);
+    if ((d & prefix_mask) == prefix && Kept(d, i, cut)) {
+      const uint32_t bin = (d >> shift) & mask;
+      atomicAdd(&sh.count[bin], 1u);
+      if (kWithMass) atomicAdd(&sh.mass[bin], FixedMass(x, max, unit));
+    }
+  });
+  ClusterSync(s);
+  const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    count[b] = 0;
+    mass[b] = 0;
+  }
+  for (int q = 0; q < s.g; ++q) {
+    const unsigned int* cq = InBlock(sh.count, q, s);
+    const unsigned long long* mq = InBlock(sh.mass, q, s);
+    for (int b = 0; b < kBinsPerThread; ++b) {
+      count[b] += cq[first + b];
+      if (kWithMass) mass[b] += mq[first + b];
+    }
+  }
+  ClusterSync(s);  // every block has read the histograms before they are zeroed again
 }
 
 // The cut keeping exactly the first `rank` kept tokens (1 <= rank <= kept
-// count): radix select on DescKey, three levels of shared-memory histograms.
-__device__ Cut SelectNth(const float* vals, int n, Cut cut, int rank, Shared& sh) {
+// count): radix select on DescKey, three levels of histograms.
+__device__ Cut SelectNth(const float* vals, Cut cut, int rank, Shared& sh, const Slice& s) {
   uint32_t prefix = 0, prefix_mask = 0;
   int remaining = rank;
   int count_eq = 0;
   for (int level = 0; level < kLevels; ++level) {
     const int shift = kLevelShift[level];
     const uint32_t mask = kLevelMask[level];
-    for (int b = threadIdx.x; b < kBins; b += kThreads) sh.count[b] = 0;
-    if (threadIdx.x == 0) sh.i0 = -1;
-    __syncthreads();
-    ForEach(vals, n, [&](int i, float x) {
-      const uint32_t d = DescKey(x);
-      if ((d & prefix_mask) == prefix && Kept(d, i, cut)) atomicAdd(&sh.count[(d >> shift) & mask], 1u);
-    });
-    __syncthreads();
-    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+    unsigned int count[kBinsPerThread];
+    unsigned long long unused[kBinsPerThread];
+    Histogram<false>(vals, cut, prefix, prefix_mask, shift, mask, 0.0, 0.0, sh, s, count, unused);
     int mine = 0;
-    for (int b = 0; b < kBinsPerThread; ++b) mine += static_cast<int>(sh.count[first + b]);
+    for (int b = 0; b < kBinsPerThread; ++b) mine += static_cast<int>(count[b]);
     int before = 0;
+    if (threadIdx.x == 0) sh.i0 = -1;
     cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(mine, before);
+    __syncthreads();  // sh.i0 reset before any winner writes it
+    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
     for (int b = 0; b < kBinsPerThread; ++b) {
-      const int c = static_cast<int>(sh.count[first + b]);
+      const int c = static_cast<int>(count[b]);
       if (before < remaining && remaining <= before + c) {
         sh.i0 = first + b;
         sh.i1 = before;
+        sh.u0 = c;
       }
       before += c;
     }
     __syncthreads();
     const int bin = sh.i0;
-    if (bin < 0) return cut;  // unreachable for 1 <= rank <= kept count
-    remaining -= sh.i1;
-    count_eq = static_cast<int>(sh.count[bin]);
+    const int bin_before = sh.i1;
+    const int bin_count = static_cast<int>(sh.u0);
+    __syncthreads();
+    if (bin < 0) return cut;  // unreachable for 1 <= rank <= kept count (uniform)
+    remaining -= bin_before;
+    count_eq = bin_count;
     prefix |= static_cast<uint32_t>(bin) << shift;
     prefix_mask |= mask << shift;
-    __syncthreads();
   }
-  return TieCut(vals, n, cut, prefix, remaining, count_eq, sh);
-}
-
-// Fixed-point mass of a value: exp(double(x) - max) in units of 2^-frac_bits.
-__device__ __forceinline__ unsigned long long FixedMass(float x, double max, double unit) {
-  return __double2ull_rz(exp(static_cast<double>(x) - max) * unit);
+  return TieCut(vals, cut, prefix, remaining, count_eq, sh, s);
 }
 
 // top_p: the cut keeping every kept token whose fixed-point mass strictly
 // before it (canonical order) is < top_p * total: the same three-level radix
 // descent, on per-bin masses.
-__device__ Cut SelectTopP(const float* vals, int n, Cut cut, float top_p, double max,
-                          int frac_bits, Shared& sh) {
+__device__ Cut SelectTopP(const float* vals, Cut cut, float top_p, double max, int frac_bits,
+                          Shared& sh, const Slice& s) {
   const double unit = ldexp(1.0, frac_bits);
   uint32_t prefix = 0, prefix_mask = 0;
   unsigned long long mass_before = 0;  // of the kept tokens before the current prefix
@@ -257,44 +391,37 @@ __device__ Cut SelectTopP(const float* vals, int n, Cut cut, float top_p, double
   for (int level = 0; level < kLevels; ++level) {
     const int shift = kLevelShift[level];
     const uint32_t mask = kLevelMask[level];
-    for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      sh.count[b] = 0;
-      sh.mass[b] = 0;
-    }
-    if (threadIdx.x == 0) sh.i0 = -1;
-    __syncthreads();
-    ForEach(vals, n, [&](int i, float x) {
-      const uint32_t d = DescKey(x);
-      if ((d & prefix_mask) == prefix && Kept(d, i, cut)) {
-        const uint32_t bin = (d >> shift) & mask;
-        atomicAdd(&sh.count[bin], 1u);
-        atomicAdd(&sh.mass[bin], FixedMass(x, max, unit));
-      }
-    });
-    __syncthreads();
-    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+    unsigned int count[kBinsPerThread];
+    unsigned long long mass[kBinsPerThread];
+    Histogram<true>(vals, cut, prefix, prefix_mask, shift, mask, max, unit, sh, s, count, mass);
     unsigned long long mine = 0;
-    for (int b = 0; b < kBinsPerThread; ++b) mine += sh.mass[first + b];
+    for (int b = 0; b < kBinsPerThread; ++b) mine += mass[b];
     unsigned long long before = 0, total = 0;
+    if (threadIdx.x == 0) sh.i0 = -1;
     cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before, total);
+    __syncthreads();
     if (level == 0) target = static_cast<double>(top_p) * static_cast<double>(total);
     before += mass_before;
+    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
     for (int b = 0; b < kBinsPerThread; ++b) {
-      const unsigned long long m = sh.mass[first + b];
+      const unsigned long long m = mass[b];
       if (static_cast<double>(before) < target && static_cast<double>(before + m) >= target) {
         sh.i0 = first + b;
+        sh.i1 = static_cast<int>(count[b]);
         sh.u0 = before;
       }
       before += m;
     }
     __syncthreads();
     const int bin = sh.i0;
-    if (bin < 0) return cut;  // unreachable: the level-0 bins reach total > target
-    mass_before = sh.u0;
-    count_eq = static_cast<int>(sh.count[bin]);
+    const int bin_count = sh.i1;
+    const unsigned long long bin_before = sh.u0;
+    __syncthreads();
+    if (bin < 0) return cut;  // unreachable: the level-0 bins reach total > target (uniform)
+    mass_before = bin_before;
+    count_eq = bin_count;
     prefix |= static_cast<uint32_t>(bin) << shift;
     prefix_mask |= mask << shift;
-    __syncthreads();
   }
   // The count_eq ties at value v: tie t (0-based, id order) has mass_before +
   // t * e before it; the kept ones are t < keep.
@@ -309,21 +436,26 @@ __device__ Cut SelectTopP(const float* vals, int n, Cut cut, float top_p, double
     while (keep > 1 && fails(keep - 1)) --keep;
     while (keep < count_eq && !fails(keep)) ++keep;
   }
-  return TieCut(vals, n, cut, prefix, static_cast<int>(keep), count_eq, sh);
+  return TieCut(vals, cut, prefix, static_cast<int>(keep), count_eq, sh, s);
 }
 
 // argmax over kept i of (l'_i + noise on `stream`) (greedy: l'_i), ties to the
-// lower id; optionally the float64 sum of exp(l' - max) over kept tokens.
-__device__ int DrawSample(const float* lp, int n, Cut cut, RowParams p, bool sampled,
-                          uint32_t stream, double max, double* sum_out, Shared& sh) {
+// lower id; optionally the float64 sum of exp(l' - max) over the kept tokens
+// and their count.
+__device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, uint32_t stream,
+                          double max, double* sum_out, int* count_out, Shared& sh, const Slice& s) {
   p.stream = stream;
   float best_score = -INFINITY;
   int best = -1;
   double sum = 0.0;
+  int kept = 0;
   const bool want_sum = sum_out != nullptr;
-  ForEach(lp, n, [&](int i, float x) {
+  ForEach(lp, s.lo, s.hi, [&](int i, float x) {
     if (!Kept(DescKey(x), i, cut)) return;
-    if (want_sum) sum += exp(static_cast<double>(x) - max);
+    if (want_sum) {
+      sum += exp(static_cast<double>(x) - max);
+      ++kept;
+    }
     float score = x;
     if (sampled) {
       // Exact pruning: l' + any noise < best score cannot win or tie.
@@ -337,11 +469,11 @@ __device__ int DrawSample(const float* lp, int n, Cut cut, RowParams p, bool sam
   });
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) {
-    const float s = __shfl_xor_sync(kFullWarpMask, best_score, m);
-    const int t = __shfl_xor_sync(kFullWarpMask, best, m);
-    if (ScoreBeats(s, t, best_score, best)) {
-      best_score = s;
-      best = t;
+    const float os = __shfl_xor_sync(kFullWarpMask, best_score, m);
+    const int ot = __shfl_xor_sync(kFullWarpMask, best, m);
+    if (ScoreBeats(os, ot, best_score, best)) {
+      best_score = os;
+      best = ot;
     }
   }
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -351,50 +483,65 @@ __device__ int DrawSample(const float* lp, int n, Cut cut, RowParams p, bool sam
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float s = sh.warp_score[0];
-    int t = sh.warp_token[0];
+    float bs = sh.warp_score[0];
+    int bt = sh.warp_token[0];
     for (int w = 1; w < kWarps; ++w) {
-      if (ScoreBeats(sh.warp_score[w], sh.warp_token[w], s, t)) {
-        s = sh.warp_score[w];
-        t = sh.warp_token[w];
+      if (ScoreBeats(sh.warp_score[w], sh.warp_token[w], bs, bt)) {
+        bs = sh.warp_score[w];
+        bt = sh.warp_token[w];
       }
     }
-    sh.i0 = t;
+    sh.part_f = bs;
+    sh.part_i = bt;
   }
-  __syncthreads();
-  const int token = sh.i0;
-  if (sum_out != nullptr) *sum_out = BlockSumDouble(sum, sh);
-  __syncthreads();
-  return token;
+  ClusterSync(s);
+  // Every thread combines the blocks' winners in rank order.
+  float bs = *InBlock(&sh.part_f, 0, s);
+  int bt = *InBlock(&sh.part_i, 0, s);
+  for (int q = 1; q < s.g; ++q) {
+    const float qs = *InBlock(&sh.part_f, q, s);
+    const int qt = *InBlock(&sh.part_i, q, s);
+    if (ScoreBeats(qs, qt, bs, bt)) {
+      bs = qs;
+      bt = qt;
+    }
+  }
+  ClusterSync(s);
+  if (want_sum) {
+    *sum_out = ClusterSumDouble(BlockSumDouble(sum, sh), sh, s);
+    *count_out = ClusterSumInt(BlockSumInt(kept, sh), sh, s);
+  }
+  return bt;
 }
 
 // vLLM's rank: kept values >= v.
-__device__ int RankOf(const float* vals, int n, Cut cut, float v, Shared& sh) {
+__device__ int RankOf(const float* vals, Cut cut, float v, Shared& sh, const Slice& s) {
   int c = 0;
-  ForEach(vals, n, [&](int i, float x) {
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
     if (Kept(DescKey(x), i, cut) && x >= v) ++c;
   });
-  return BlockSumInt(c, sh);
+  return ClusterSumInt(BlockSumInt(c, sh), sh, s);
 }
 
 // log sum exp over kept values with maximum `max` (float64).
-__device__ double LogSumExp(const float* vals, int n, Cut cut, float max, Shared& sh) {
+__device__ double LogSumExp(const float* vals, Cut cut, float max, Shared& sh, const Slice& s) {
   double sum = 0.0;
-  ForEach(vals, n, [&](int i, float x) {
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
     if (Kept(DescKey(x), i, cut)) sum += exp(static_cast<double>(x) - static_cast<double>(max));
   });
-  return static_cast<double>(max) + log(BlockSumDouble(sum, sh));
+  return static_cast<double>(max) + log(ClusterSumDouble(BlockSumDouble(sum, sh), sh, s));
 }
 
-// The first `top` kept tokens in canonical order, with value - logz.
-__device__ void WriteTopList(const float* vals, int n, Cut cut, int kept, int top, double logz,
+// The first `top` kept tokens in canonical order, with value - logz, written
+// by block 0 of the cluster.
+__device__ void WriteTopList(const float* vals, Cut cut, int kept, int top, double logz,
                              int32_t* ids_out, float* logprobs_out, int32_t* count_out,
-                             Shared& sh) {
+                             Shared& sh, const Slice& s) {
   top = top < kept ? top : kept;
-  const Cut top_cut = SelectNth(vals, n, cut, top, sh);
+  const Cut top_cut = SelectNth(vals, cut, top, sh, s);
   if (threadIdx.x == 0) sh.top_n = 0;
   __syncthreads();
-  ForEach(vals, n, [&](int i, float x) {
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
     if (Kept(DescKey(x), i, top_cut)) {
       const int slot = atomicAdd(&sh.top_n, 1);
       if (slot < kMaxTopLogprobs) {
@@ -403,72 +550,95 @@ __device__ void WriteTopList(const float* vals, int n, Cut cut, int kept, int to
       }
     }
   });
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int m = sh.top_n < kMaxTopLogprobs ? sh.top_n : kMaxTopLogprobs;
+  ClusterSync(s);
+  if (s.rank == 0 && threadIdx.x == 0) {
+    int tokens[kMaxTopLogprobs];
+    float values[kMaxTopLogprobs];
+    int m = 0;
+    for (int q = 0; q < s.g; ++q) {
+      const Shared* o = InBlock(&sh, q, s);
+      const int nq = o->top_n < kMaxTopLogprobs ? o->top_n : kMaxTopLogprobs;
+      for (int a = 0; a < nq && m < kMaxTopLogprobs; ++a, ++m) {
+        tokens[m] = o->top_token[a];
+        values[m] = o->top_value[a];
+      }
+    }
     // Insertion sort into (value desc, id asc).
     for (int a = 1; a < m; ++a) {
-      const int t = sh.top_token[a];
-      const float v = sh.top_value[a];
+      const int t = tokens[a];
+      const float v = values[a];
       int b = a - 1;
-      while (b >= 0 && (sh.top_value[b] < v || (sh.top_value[b] == v && sh.top_token[b] > t))) {
-        sh.top_token[b + 1] = sh.top_token[b];
-        sh.top_value[b + 1] = sh.top_value[b];
+      while (b >= 0 && (values[b] < v || (values[b] == v && tokens[b] > t))) {
+        tokens[b + 1] = tokens[b];
+        values[b + 1] = values[b];
         --b;
       }
-      sh.top_token[b + 1] = t;
-      sh.top_value[b + 1] = v;
+      tokens[b + 1] = t;
+      values[b + 1] = v;
     }
     for (int a = 0; a < m; ++a) {
-      ids_out[a] = sh.top_token[a];
-      logprobs_out[a] = static_cast<float>(static_cast<double>(sh.top_value[a]) - logz);
+      ids_out[a] = tokens[a];
+      logprobs_out[a] = static_cast<float>(static_cast<double>(values[a]) - logz);
     }
     *count_out = m;
   }
-  __syncthreads();
+  ClusterSync(s);
 }
 
 // ---- The row kernel -------------------------------------------------------------
-// Block r: row row0 + r, raw logits raw_all + r * n, l' buffer lp_all + r * n.
+// Cluster r (blocks r * g .. r * g + g - 1): row row0 + r, raw logits
+// raw_all + r * n, l' buffer lp_all + r * n.
 __global__ void __launch_bounds__(kThreads)
-    ControlledRowKernel(const float* __restrict__ raw_all, float* lp_all, int n,
-                        int64_t row0, const RowParams* __restrict__ params,
-                        ControlledDeviceControls controls, ControlledSampleOutputs out,
-                        int frac_bits) {
+    ControlledRowKernel(const float* __restrict__ raw_all, float* lp_all, int n, int64_t row0,
+                        const RowParams* __restrict__ params, ControlledDeviceControls controls,
+                        ControlledSampleOutputs out, int frac_bits, int g) {
   __shared__ Shared sh;
-  const int64_t row = row0 + blockIdx.x;
-  const float* raw = raw_all + static_cast<int64_t>(blockIdx.x) * n;
-  float* lp = lp_all + static_cast<int64_t>(blockIdx.x) * n;
+  Slice s;
+  s.g = g;
+  s.rank = static_cast<int>(blockIdx.x % g);
+  const int per = (((n + g - 1) / g) + 3) & ~3;  // 4-aligned share of the row
+  s.lo = min(n, s.rank * per);
+  s.hi = min(n, s.lo + per);
+  const int64_t local_row = blockIdx.x / g;
+  const int64_t row = row0 + local_row;
+  const float* raw = raw_all + local_row * n;
+  float* lp = lp_all + local_row * n;
   const ControlledRowDesc c = controls.rows[row];
   const RowParams p = params[row];
   const float scale = DeviceLogitScale(p.temperature);
   const bool sampled = p.temperature > 0.0f;
   const uint32_t* mask = c.bitmask_begin >= 0 ? controls.bitmask + c.bitmask_begin : nullptr;
+  const bool leader = s.rank == 0 && threadIdx.x == 0;
 
-  // ---- Steps 1-4: l' (non-finite -> -inf), then the touched tokens.
+  // ---- Steps 1-4 on this block's slice: l' (non-finite -> -inf), then the
+  // touched tokens that fall in it.
   const auto transform = [&](int i, float x) {
     const bool allowed = mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u) != 0u;
     const float y = allowed ? cuda_internal::TransformLogit(x, scale) : -INFINITY;
     return isfinite(y) ? y : -INFINITY;
   };
-  if ((n & 3) == 0 && (reinterpret_cast<uintptr_t>(raw) & 15u) == 0 &&
+  int scalar_from = s.lo;
+  if ((s.lo & 3) == 0 && (reinterpret_cast<uintptr_t>(raw) & 15u) == 0 &&
       (reinterpret_cast<uintptr_t>(lp) & 15u) == 0) {
-    const float4* raw4 = reinterpret_cast<const float4*>(raw);
-    float4* lp4 = reinterpret_cast<float4*>(lp);
+    const float4* raw4 = reinterpret_cast<const float4*>(raw + s.lo);
+    float4* lp4 = reinterpret_cast<float4*>(lp + s.lo);
+    const int n4 = (s.hi - s.lo) >> 2;
 #pragma unroll 4
-    for (int q = threadIdx.x; q < (n >> 2); q += kThreads) {
+    for (int q = threadIdx.x; q < n4; q += kThreads) {
       const float4 x = raw4[q];
-      const int i = q << 2;
+      const int i = s.lo + (q << 2);
       lp4[q] = make_float4(transform(i, x.x), transform(i + 1, x.y), transform(i + 2, x.z),
                            transform(i + 3, x.w));
     }
-  } else {
-    for (int i = threadIdx.x; i < n; i += kThreads) lp[i] = transform(i, raw[i]);
+    scalar_from = s.lo + (n4 << 2);
+  }
+  for (int i = scalar_from + static_cast<int>(threadIdx.x); i < s.hi; i += kThreads) {
+    lp[i] = transform(i, raw[i]);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < c.touched_count; e += kThreads) {
     const TouchedToken t = controls.touched[c.touched_begin + e];
-    if (t.id < 0 || t.id >= n) continue;
+    if (t.id < s.lo || t.id >= s.hi) continue;
     const bool allowed = mask == nullptr || ((mask[t.id >> 5] >> (t.id & 31)) & 1u) != 0u;
     float y = -INFINITY;
     if (allowed && t.banned == 0) {
@@ -477,32 +647,34 @@ __global__ void __launch_bounds__(kThreads)
     }
     lp[t.id] = isfinite(y) ? y : -INFINITY;
   }
+  __threadfence();  // l' of this slice visible to the cluster's blocks (tokens read across slices)
   __syncthreads();
 
   // ---- Steps 5-7: the kept prefix.
   Cut cut = AllFinite();
   float max = -INFINITY;
   int kept = 0;
-  MaxAndCount(lp, n, cut, sh, &max, &kept);
+  MaxAndCount(lp, cut, sh, s, &max, &kept);
   if (kept == 0) {
-    if (threadIdx.x == 0) {
+    if (leader) {
       out.row_status[row] = 1;
       out.token_ids[row] = -1;
     }
-    return;
+    return;  // uniform over the cluster; no shared memory is read remotely any more
   }
   const double dmax = static_cast<double>(max);
   if (c.min_p > 0.0f) {
     // The smallest float t with exp(double(t) - max) >= min_p; max itself
     // passes (exp(0) = 1 > min_p). Start at the analytic value and step ulps.
+    // Every block computes the same t.
     if (threadIdx.x == 0) {
       const auto passes = [&](float t) {
         return exp(static_cast<double>(t) - dmax) >= static_cast<double>(c.min_p);
       };
       float t = static_cast<float>(dmax + log(static_cast<double>(c.min_p)));
       if (!(t <= max)) t = max;
-      for (int s = 0; s < 64 && t > -INFINITY && passes(t); ++s) t = nextafterf(t, -INFINITY);
-      for (int s = 0; s < 128 && !passes(t); ++s) t = nextafterf(t, INFINITY);
+      for (int k = 0; k < 64 && t > -INFINITY && passes(t); ++k) t = nextafterf(t, -INFINITY);
+      for (int k = 0; k < 128 && !passes(t); ++k) t = nextafterf(t, INFINITY);
       sh.f = t;
     }
     __syncthreads();
@@ -510,29 +682,27 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     cut = Cut{DescKey(threshold), INT_MAX};
     float unused = 0.0f;
-    MaxAndCount(lp, n, cut, sh, &unused, &kept);
+    MaxAndCount(lp, cut, sh, s, &unused, &kept);
   }
   if (c.top_k > 0 && kept > c.top_k) {
-    cut = SelectNth(lp, n, cut, c.top_k, sh);
+    cut = SelectNth(lp, cut, c.top_k, sh, s);
     kept = c.top_k;
   }
-  if (c.top_p < 1.0f) {
-    cut = SelectTopP(lp, n, cut, c.top_p, dmax, frac_bits, sh);
-    float unused = 0.0f;
-    MaxAndCount(lp, n, cut, sh, &unused, &kept);
-  }
+  if (c.top_p < 1.0f) cut = SelectTopP(lp, cut, c.top_p, dmax, frac_bits, sh, s);
 
-  // ---- Step 8: the samples; logz from the first draw's pass.
+  // ---- Step 8: the samples; logz and the kept count from the first draw's pass.
   double sum = 0.0;
   for (int j = 0; j < c.num_samples; ++j) {
     const uint32_t stream = p.stream + static_cast<uint32_t>(j) * c.sample_stream_stride;
-    const int token = DrawSample(lp, n, cut, p, sampled, stream, dmax, j == 0 ? &sum : nullptr, sh);
-    if (threadIdx.x == 0) out.sample_tokens[c.sample_begin + j] = token;
+    const int token = DrawSample(lp, cut, p, sampled, stream, dmax, j == 0 ? &sum : nullptr,
+                                 j == 0 ? &kept : nullptr, sh, s);
+    if (threadIdx.x == 0) sh.samples[j] = token;
+    if (leader) out.sample_tokens[c.sample_begin + j] = token;
   }
+  __syncthreads();
   const double logz = dmax + log(sum);
-  __syncthreads();  // sample_tokens written by thread 0 are read below
-  const int token0 = out.sample_tokens[c.sample_begin];
-  if (threadIdx.x == 0) {
+  const int token0 = sh.samples[0];
+  if (leader) {
     out.token_ids[row] = token0;
     out.row_status[row] = 0;
     if (out.logz != nullptr) out.logz[row] = static_cast<float>(logz);
@@ -552,22 +722,21 @@ __global__ void __launch_bounds__(kThreads)
     // Every raw logit of the valid vocabulary (the CPU takes the raw row as is).
     detail_cut = Cut{0xffffffffu, INT_MAX};
     float raw_max = -INFINITY;
-    MaxAndCount(raw, n, detail_cut, sh, &raw_max, &detail_kept);
-    detail_logz = LogSumExp(raw, n, detail_cut, raw_max, sh);
+    MaxAndCount(raw, detail_cut, sh, s, &raw_max, &detail_kept);
+    detail_logz = LogSumExp(raw, detail_cut, raw_max, sh, s);
   }
   for (int j = 0; j < c.num_samples; ++j) {
-    const int token = out.sample_tokens[c.sample_begin + j];
-    const float v = vals[token];
-    const int rank = RankOf(vals, n, detail_cut, v, sh);
-    if (threadIdx.x == 0) {
+    const float v = vals[sh.samples[j]];
+    const int rank = RankOf(vals, detail_cut, v, sh, s);
+    if (leader) {
       out.sample_logprobs[c.sample_begin + j] =
           static_cast<float>(static_cast<double>(v) - detail_logz);
       out.sample_ranks[c.sample_begin + j] = rank;
     }
   }
-  WriteTopList(vals, n, detail_cut, detail_kept, c.top_logprobs, detail_logz,
+  WriteTopList(vals, detail_cut, detail_kept, c.top_logprobs, detail_logz,
                out.top_ids + row * kMaxTopLogprobs, out.top_logprobs + row * kMaxTopLogprobs,
-               out.top_counts + row, sh);
+               out.top_counts + row, sh, s);
 }
 
 // F = 63 - ceil(log2(n + 1)): n masses of at most 2^F sum below 2^63.
@@ -583,12 +752,26 @@ bool ValidOutputs(const ControlledSampleOutputs& o) {
          o.top_logprobs != nullptr && o.top_counts != nullptr;
 }
 
+bool ValidCluster(int g) { return g == 1 || g == 2 || g == 4 || g == kMaxCluster; }
+
+// One cluster of g blocks per row (a plain launch for g = 1).
 KernelStatus LaunchRows(const float* raw, float* lp, int64_t rows, int64_t row0, int64_t n,
                         const RowParams* params, const ControlledDeviceControls& controls,
-                        const ControlledSampleOutputs& outputs, cudaStream_t stream) {
-  ControlledRowKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      raw, lp, static_cast<int>(n), row0, params, controls, outputs, FracBits(n));
-  return StatusFromCuda(cudaGetLastError());
+                        const ControlledSampleOutputs& outputs, int g, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(rows * g));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(g);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = g > 1 ? 1 : 0;
+  return StatusFromCuda(cudaLaunchKernelEx(&config, ControlledRowKernel, raw, lp, static_cast<int>(n),
+                                           row0, params, controls, outputs, FracBits(n), g));
 }
 
 }  // namespace
@@ -672,15 +855,16 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                                               const ControlledDeviceControls& controls,
                                               const ControlledSampleOutputs& outputs,
                                               void* workspace, size_t workspace_bytes,
-                                              cudaStream_t stream) {
+                                              cudaStream_t stream, int cluster_blocks) {
   const size_t need = ControlledFromLogitsWorkspaceBytes(batch, valid_vocab);
   if (logits == nullptr || params == nullptr || controls.rows == nullptr ||
       controls.touched == nullptr || !ValidOutputs(outputs) || workspace == nullptr || need == 0 ||
-      workspace_bytes < need) {
+      workspace_bytes < need || !ValidCluster(cluster_blocks) ||
+      reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return KernelStatus::kInvalidArgument;
   }
   return LaunchRows(logits, static_cast<float*>(workspace), batch, 0, valid_vocab, params,
-                    controls, outputs, stream);
+                    controls, outputs, cluster_blocks, stream);
 }
 
 namespace {
@@ -715,6 +899,7 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
   if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
       args.params == nullptr || args.controls.rows == nullptr || args.controls.touched == nullptr ||
       !ValidOutputs(args.outputs) || args.workspace == nullptr || layout.total == 0 ||
+      !ValidCluster(args.cluster_blocks) ||
       args.workspace_bytes < layout.total || args.valid_vocab > args.vocab ||
       reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {
     return KernelStatus::kInvalidArgument;
@@ -735,7 +920,8 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
     gemm.logits = raw;
     if (const KernelStatus s = LaunchLogitsGemm(gemm, cublas, stream); s != KernelStatus::kOk) return s;
     if (const KernelStatus s = LaunchRows(raw, lp, rows, row0, args.valid_vocab, args.params,
-                                          args.controls, args.outputs, stream);
+                                          args.controls, args.outputs, args.cluster_blocks,
+                                          stream);
         s != KernelStatus::kOk) {
       return s;
     }

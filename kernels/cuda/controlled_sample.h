@@ -4,7 +4,9 @@
 // both modes), with the same semantics as the CPU backend
 // (kernels/cpu/controlled_sampler.h).
 //
-// What it computes, per row b (one thread block per row):
+// What it computes, per row b (one cluster of cluster_blocks thread blocks per
+// row, each sweeping a slice of it; every reduction combines the blocks'
+// partials in rank order through distributed shared memory):
 //   0. L = H W^T by cuBLAS (logits_gemm.h), fp32, written once to the
 //      workspace (LaunchControlledSample; LaunchControlledSampleFromLogits
 //      starts from given logits).
@@ -50,11 +52,11 @@
 // unspecified): the caller fails the request with FailedPrecondition, as the
 // CPU backend does (KernelStatus::kFailedPrecondition).
 //
-// Performance: one block of 512 threads per row makes a handful of sweeps over
-// its logits (transform, max, 3 per radix select, one per sample; 16-byte
-// loads, 4 in flight per thread); at small batches a row occupies one SM only
-// (splitting a row across a cluster is future work), and the logits make one
-// round trip through memory (the fused path for controls is not built yet).
+// Performance: a cluster of 8 blocks of 512 threads per row makes a handful
+// of sweeps over its logits (transform, max, 3 per radix select, one per
+// sample; 16-byte loads, 4 in flight per thread), so even one row keeps 8 SMs
+// busy; the logits make one round trip through memory (the fused path for
+// controls is not built yet).
 //
 // Thread safety: enqueues work on `stream`, keeps no state; binds the cuBLAS
 // handle to `stream`. Distinct launches need distinct workspaces and outputs.
@@ -137,6 +139,11 @@ struct ControlledSampleOutputs {
   int32_t* top_counts = nullptr;       // [batch]: entries of the row's top list
 };
 
+// Blocks per row (a thread-block cluster sharing the row's sweeps through
+// distributed shared memory): 1, 2, 4 or 8. The results do not depend on it
+// except for the float64 rounding of logz (summed in rank order).
+inline constexpr int kControlledClusterBlocks = 8;
+
 struct ControlledSampleArgs {
   const void* weight = nullptr;  // device [vocab, hidden_dim]
   CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
@@ -150,6 +157,7 @@ struct ControlledSampleArgs {
   ControlledSampleOutputs outputs;
   void* workspace = nullptr;  // device, 256-byte aligned
   size_t workspace_bytes = 0;
+  int cluster_blocks = kControlledClusterBlocks;
 };
 
 // Rows per chunk: the launch processes the batch in chunks of at most this
@@ -173,6 +181,7 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                                               const ControlledDeviceControls& controls,
                                               const ControlledSampleOutputs& outputs,
                                               void* workspace, size_t workspace_bytes,
-                                              cudaStream_t stream);
+                                              cudaStream_t stream,
+                                              int cluster_blocks = kControlledClusterBlocks);
 
 }  // namespace flashsampler::kernels

@@ -113,6 +113,7 @@ class ControlledSampleTest : public GpuTest {
                                            top_counts.data()};
     args.workspace = workspace.data();
     args.workspace_bytes = ws_bytes;
+    args.cluster_blocks = cluster_blocks_;
     out.launch = LaunchControlledSample(args, cublas_, nullptr);
     const cudaError_t sync = cudaDeviceSynchronize();
     EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
@@ -147,6 +148,7 @@ class ControlledSampleTest : public GpuTest {
   void CompareWithCpu(const RandomProblem& p);
 
   cublasHandle_t cublas_ = nullptr;
+  int cluster_blocks_ = kControlledClusterBlocks;  // blocks per row
 };
 
 // The CPU backend on the same problem (materialized path: it serves every row).
@@ -326,6 +328,40 @@ TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithHeavyTies) {
     SCOPED_TRACE(seed);
     CompareWithCpu(MakeRandomProblem(30000, 512, 0.25f, seed));
   }
+}
+
+// One block per row (no cluster) against the CPU as well: both launch shapes
+// of the row kernel are checked.
+TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithOneBlockPerRow) {
+  cluster_blocks_ = 1;
+  CompareWithCpu(MakeRandomProblem(30000, 512, 0.25f, 13));
+}
+
+// Every cluster size samples the same tokens with the same details (logz may
+// differ in float64 summation order only).
+TEST_F(ControlledSampleTest, ClusterSizesGiveTheSameResults) {
+  const RandomProblem p = MakeRandomProblem(20000, 256, 0.25f, 14);
+  cluster_blocks_ = 8;
+  const Outputs ref = Run(p.w, p.h, p.params, p.controls);
+  ASSERT_EQ(ref.launch, KernelStatus::kOk);
+  for (int g : {1, 2, 4}) {
+    SCOPED_TRACE(g);
+    cluster_blocks_ = g;
+    const Outputs o = Run(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(o.launch, KernelStatus::kOk);
+    EXPECT_EQ(o.tokens, ref.tokens);
+    for (size_t r = 0; r < ref.tokens.size(); ++r) {
+      EXPECT_EQ(o.details[r].token_ids, ref.details[r].token_ids) << r;
+      EXPECT_EQ(o.details[r].ranks, ref.details[r].ranks) << r;
+      ASSERT_EQ(o.details[r].top.size(), ref.details[r].top.size()) << r;
+      for (size_t i = 0; i < ref.details[r].top.size(); ++i) {
+        EXPECT_EQ(o.details[r].top[i].token_id, ref.details[r].top[i].token_id) << r;
+      }
+      EXPECT_NEAR(o.logz[r], ref.logz[r], 1e-6f * std::max(1.0f, std::fabs(ref.logz[r]))) << r;
+    }
+  }
+  cluster_blocks_ = 3;
+  EXPECT_EQ(Run(p.w, p.h, p.params, p.controls).launch, KernelStatus::kInvalidArgument);
 }
 
 // A batch of more than kControlledChunkRows rows (two GEMM + row-kernel chunks).
