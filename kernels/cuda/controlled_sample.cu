@@ -1,7 +1,7 @@
 // Controlled sampling, materialized path (what and why: controlled_sample.h).
-// Reads top to bottom: host flattening of the controls, the order-preserving
-// keys and the kept-prefix "cut", the block-wide building blocks (reductions,
-// radix selects by count and by mass, the sample draw), the row kernel, the
+// Reads top to bottom: the order-preserving keys and the kept-prefix "cut",
+// the cluster-wide building blocks (reductions, radix selects by count and by
+// mass, the sample draw), the row kernel, host flattening of the controls, the
 // launchers.
 #include "kernels/cuda/controlled_sample.h"
 
