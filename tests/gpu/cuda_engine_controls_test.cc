@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/cuda_controlled_runner.h"
 #include "server/engine.h"
 
 namespace flashsampler {
@@ -78,6 +79,23 @@ Engines MakeEngines(int64_t max_rows) {
   if (cuda.ok()) e.cuda = std::move(*cuda);
   if (cpu.ok()) e.cpu = std::move(*cpu);
   return e;
+}
+
+// The planner needs no device: controls anywhere in the batch pick the
+// controlled path; neutral controls and plain batches keep the size rule.
+TEST(CudaPlanner, ControlsPickTheControlledPath) {
+  SampleBatch batch;
+  batch.rows = 8;
+  EXPECT_EQ(PlanCudaSamplerPath(batch, 4), CudaSamplerPath::kMaterialized);
+  batch.rows = 4;
+  EXPECT_EQ(PlanCudaSamplerPath(batch, 4), CudaSamplerPath::kFused);
+  batch.controls.assign(4, RowControls{});
+  EXPECT_EQ(PlanCudaSamplerPath(batch, 4), CudaSamplerPath::kFused);
+  batch.controls[3].num_samples = 2;
+  EXPECT_EQ(PlanCudaSamplerPath(batch, 4), CudaSamplerPath::kControlled);
+  batch.controls[3] = RowControls{};
+  batch.controls[1].top_p = 0.5f;
+  EXPECT_EQ(PlanCudaSamplerPath(batch, 4), CudaSamplerPath::kControlled);
 }
 
 TEST(CudaEngineControls, MatchesTheCpuEngine) {
