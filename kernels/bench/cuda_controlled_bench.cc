@@ -180,14 +180,12 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
                                         sranks.as<int32_t>(), top_ids.as<int32_t>(), top_lp.as<float>(),
                                         top_counts.as<int32_t>()};
       for (int64_t batch : o.batches) {
-        auto filter = [&] {
+        auto filter_with = [&](int cluster_blocks) {
           return LaunchControlledSampleFromLogits(logits.as<float>(), params.as<RowParams>(), batch, v, dc,
-                                                  out, ws_from.p, ws_from.bytes, stream);
+                                                  out, ws_from.p, ws_from.bytes, stream, cluster_blocks);
         };
-        auto filter_g1 = [&] {
-          return LaunchControlledSampleFromLogits(logits.as<float>(), params.as<RowParams>(), batch, v, dc,
-                                                  out, ws_from.p, ws_from.bytes, stream, 1);
-        };
+        auto filter = [&] { return filter_with(kControlledClusterBlocks); };
+        auto filter_g1 = [&] { return filter_with(1); };
         auto full = [&] {
           ControlledSampleArgs a;
           a.weight = w.p;

@@ -188,56 +188,34 @@ __device__ double BlockSumDouble(double v, Shared& sh) {
   return out;
 }
 
-// Cluster combinations of block values, in rank order.
-__device__ float ClusterMax(float block_value, Shared& sh, const Slice& s) {
-  if (s.g == 1) return block_value;
-  if (threadIdx.x == 0) sh.part_f = block_value;
+// Cluster combinations of block values: op(...op(op(init, v_0), v_1)...) over
+// the blocks of ranks [0, upto), in rank order, the same in every block.
+template <class T, class Op>
+__device__ T ClusterCombine(T block_value, T* slot, T init, int upto, Op op, const Slice& s) {
+  if (s.g == 1) return upto == 1 ? op(init, block_value) : init;
+  if (threadIdx.x == 0) *slot = block_value;
   ClusterSync(s);
-  float r = -INFINITY;
-  for (int q = 0; q < s.g; ++q) r = fmaxf(r, *InBlock(&sh.part_f, q, s));
-  ClusterSync(s);  // every block has read the partials before they change
+  T r = init;
+  for (int q = 0; q < upto; ++q) r = op(r, *InBlock(slot, q, s));
+  ClusterSync(s);  // every block has read the slots before they change
   return r;
 }
 
-__device__ int ClusterSumInt(int block_value, Shared& sh, const Slice& s) {
-  if (s.g == 1) return block_value;
-  if (threadIdx.x == 0) sh.part_i = block_value;
-  ClusterSync(s);
-  int r = 0;
-  for (int q = 0; q < s.g; ++q) r += *InBlock(&sh.part_i, q, s);
-  ClusterSync(s);
-  return r;
+__device__ float ClusterMax(float v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_f, -INFINITY, s.g, [](float a, float b) { return fmaxf(a, b); }, s);
 }
-
+__device__ int ClusterSumInt(int v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_i, 0, s.g, [](int a, int b) { return a + b; }, s);
+}
 // Sum of the blocks ranked below this one (an exclusive prefix over ranks).
-__device__ int ClusterPrefixInt(int block_value, Shared& sh, const Slice& s) {
-  if (s.g == 1) return 0;
-  if (threadIdx.x == 0) sh.part_i = block_value;
-  ClusterSync(s);
-  int r = 0;
-  for (int q = 0; q < s.rank; ++q) r += *InBlock(&sh.part_i, q, s);
-  ClusterSync(s);
-  return r;
+__device__ int ClusterPrefixInt(int v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_i, 0, s.rank, [](int a, int b) { return a + b; }, s);
 }
-
-__device__ int ClusterMinInt(int block_value, Shared& sh, const Slice& s) {
-  if (s.g == 1) return block_value;
-  if (threadIdx.x == 0) sh.part_i = block_value;
-  ClusterSync(s);
-  int r = INT_MAX;
-  for (int q = 0; q < s.g; ++q) r = min(r, *InBlock(&sh.part_i, q, s));
-  ClusterSync(s);
-  return r;
+__device__ int ClusterMinInt(int v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_i, INT_MAX, s.g, [](int a, int b) { return a < b ? a : b; }, s);
 }
-
-__device__ double ClusterSumDouble(double block_value, Shared& sh, const Slice& s) {
-  if (s.g == 1) return block_value;
-  if (threadIdx.x == 0) sh.part_d = block_value;
-  ClusterSync(s);
-  double r = 0.0;
-  for (int q = 0; q < s.g; ++q) r += *InBlock(&sh.part_d, q, s);
-  ClusterSync(s);
-  return r;
+__device__ double ClusterSumDouble(double v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_d, 0.0, s.g, [](double a, double b) { return a + b; }, s);
 }
 
 // Max over kept values of the row and their count.
