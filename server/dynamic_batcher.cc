@@ -154,7 +154,7 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
   }
 
   // Requests with sampling controls and plain ones never share a launch: a
-  // backend that cannot serve controls (CUDA today: UNIMPLEMENTED), or a
+  // backend that cannot serve a control (UNIMPLEMENTED), or a
   // controlled row the engine rejects, must fail only the requests that asked
   // for controls, and plain rows keep their fast path. Arrival order is kept:
   // the launch ends at the first request of the other kind.
