@@ -57,7 +57,7 @@ struct PendingRequest {
 // The next launch: slices taken in arrival order from the front of `queue`,
 // slices[i] from queue[i], together at most `max_rows` rows. Requests with
 // sampling controls and plain ones never share a launch: a backend that cannot
-// serve controls (CUDA today: UNIMPLEMENTED), or a controlled row the engine
+// serve a control (UNIMPLEMENTED), or a controlled row the engine
 // rejects, must fail only the requests that asked for controls, and plain rows
 // keep their fast path; so the launch ends at the first request of the other
 // kind than queue[0] (kinds also split by drafts where `mixing` says so). A request that does not fit is cut: its first rows go

@@ -1,13 +1,17 @@
 // The CUDA Engine: W resident on one GPU, one stream, pinned host staging.
 //
 // Per batch: the fp32 hidden states and RowParams are copied into pinned
-// buffers, uploaded asynchronously, one sampler launch runs (the fused kernel up
-// to --cuda_fused_max_rows rows, the cuBLAS-materialized path above: whichever
-// measured faster for that batch size, BENCHMARKS.md), the results come back through pinned memory
+// buffers, uploaded asynchronously, one sampler launch runs (PlanCudaSamplerPath,
+// cuda_controlled_runner.h: batches with sampling controls take the controlled
+// materialized path; plain ones the fused kernel up to --cuda_fused_max_rows
+// rows, the cuBLAS-materialized path above: whichever measured faster for that
+// batch size, BENCHMARKS.md), the results come back through pinned memory
 // and the stream is synchronised. Speculative-verification rows
-// (SampleBatch::draft_tokens) ride in the same launch: their draft tokens are
-// uploaded beside the params and the kernels exclude / score them
-// (FusedSampleArgs::draft_tokens). Every CUDA call is checked: a failure marks
+// (SampleBatch::draft_tokens) ride in the same launch on the fused and
+// materialized paths: their draft tokens are uploaded beside the params and
+// the kernels exclude / score them (FusedSampleArgs::draft_tokens); the
+// controlled path does not take drafts (UNIMPLEMENTED, and serves_draft_rows
+// keeps such requests out of other requests' launches). Every CUDA call is checked: a failure marks
 // the engine unhealthy (health flips to NOT_SERVING) and the batch fails with
 // Internal; a sticky device error is not retried.
 #include <cublas_v2.h>
@@ -20,8 +24,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/controlled_sample.h"
 #include "kernels/cuda/fused_sample.h"
 #include "kernels/cuda/materialized_sample.h"
+#include "server/cuda_controlled_runner.h"
 #include "server/engine.h"
 
 namespace flashsampler {
@@ -108,9 +114,12 @@ class CudaEngine final : public Engine {
         kernels::FusedSampleWorkspaceBytes(fused_rows, shape_.valid_vocab, shape_.hidden_size),
         kernels::MaterializedSampleWorkspaceBytes(max_rows_, shape_.valid_vocab,
                                                   shape_.hidden_size, dtype));
+    workspace_bytes_ = std::max(workspace_bytes_,
+                                kernels::ControlledSampleWorkspaceBytes(
+                                    max_rows_, shape_.valid_vocab, shape_.hidden_size, dtype));
     if (workspace_bytes_ == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
-    return absl::OkStatus();
+    return controlled_.Init(max_rows_);
   }
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
@@ -123,12 +132,8 @@ class CudaEngine final : public Engine {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda engine: batch of ", batch.rows, " rows is inconsistent or over ", max_rows_));
     }
-    // The fused / materialized CUDA kernels implement plain rows only so far;
-    // controls are refused rather than silently ignored.
-    if (const std::string control = FirstRowControlName(batch); !control.empty()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "the cuda backend does not implement the sampling control '", control,
-          "' yet; run the server with --backend=cpu to use it"));
+    if (!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != batch.rows) {
+      return absl::InvalidArgumentError("cuda engine: controls must be empty or one per row");
     }
     absl::StatusOr<SampleResult> result = Run(batch);
     if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
@@ -138,6 +143,9 @@ class CudaEngine final : public Engine {
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "cuda"; }
   bool healthy() const override { return healthy_; }
+  // Draft rows ride the fused and materialized launches; the controlled path
+  // refuses them.
+  bool serves_draft_rows(bool with_controls) const override { return !with_controls; }
   // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
   // calling thread's current device, so this is safe next to a running Sample.
   std::vector<DeviceMemoryInfo> DeviceMemory() const override {
@@ -170,10 +178,23 @@ class CudaEngine final : public Engine {
                                             cudaMemcpyHostToDevice, stream_));
     FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(params_, host_params_, rows * sizeof(RowParams),
                                             cudaMemcpyHostToDevice, stream_));
+    const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
+    if (path == CudaSamplerPath::kControlled) {
+      if (drafts) {
+        return absl::UnimplementedError(
+            "the CUDA backend does not verify draft tokens together with sampling controls; "
+            "send Verify without controls, or use the CPU backend");
+      }
+      return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
+                             static_cast<const float*>(hidden_),
+                             static_cast<const RowParams*>(params_), workspace_, workspace_bytes_,
+                             cublas_, stream_);
+    }
     if (drafts) {
       std::memcpy(host_drafts_, batch.draft_tokens.data(), rows * sizeof(int32_t));
       FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(drafts_, host_drafts_, rows * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, stream_));
+    }
     }
     kernels::FusedSampleArgs args;
     args.weight = weight_;
@@ -191,7 +212,7 @@ class CudaEngine final : public Engine {
     args.workspace_bytes = workspace_bytes_;
     args.draft_tokens = drafts ? static_cast<const int32_t*>(drafts_) : nullptr;
     args.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_) : nullptr;
-    const KernelStatus status = rows <= options_.fused_max_rows
+    const KernelStatus status = path == CudaSamplerPath::kFused
                                     ? kernels::LaunchFusedSample(args, stream_)
                                     : kernels::LaunchMaterializedSample(args, cublas_, stream_);
     if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "cuda sampler launch");
@@ -258,6 +279,8 @@ class CudaEngine final : public Engine {
   void* host_logprobs_ = nullptr;
   void* host_drafts_ = nullptr;
   void* host_draft_logprobs_ = nullptr;
+  // Destroyed after ~CudaEngine's body has synchronized the stream.
+  CudaControlledRunner controlled_;
 };
 
 }  // namespace

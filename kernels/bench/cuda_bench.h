@@ -32,6 +32,11 @@ struct CudaBenchOptions {
 // Returns the process exit code (0 ok, 1 device or I/O error, 2 bad options).
 int RunCudaBench(const CudaBenchOptions& options);
 
+// The materialized controlled path (cuda_controlled_bench.cc) for the control
+// sets named in `which` ("all" or a comma list of top_p, top_k, top_k_top_p,
+// min_p). Same exit codes.
+int RunCudaControlledBench(const CudaBenchOptions& options, const std::string& which);
+
 // ---- Device helpers (cuda_bench_init.cu) ------------------------------------------
 // out[i] = bf16(scale * N_i) for i < n, N_i ~ N(0, 1) a hash of (seed, i)
 // (splitmix64 + Box-Muller). out is __nv_bfloat16*, passed as void*.

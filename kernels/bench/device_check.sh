@@ -7,7 +7,8 @@
 #
 # PHASE: info (GPU, SASS instruction counts of the stage-1 kernels), tests (all
 # gpu-labelled test binaries, then compute-sanitizer memcheck on small cases),
-# bench (flashsampler-kernel-bench, both shapes, B = 1..256), peers
+# bench (flashsampler-kernel-bench, both shapes, B = 1..256), controls (the
+# controlled materialized path and vLLM's sort-based filters), peers
 # (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), verify
 # (flashsampler-verify-bench + kernels/bench/verify_peers.py, VERIFY_ARGS), ncu (Nsight
 # Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936).
@@ -37,7 +38,8 @@ for phase in "$@"; do
     tests)
       : > "$out/tests.log"
       for t in fused_sample_gpu_test fused_sample_exactness_gpu_test materialized_sample_gpu_test \
-               draft_sample_gpu_test cuda_engine_gpu_test; do
+               draft_sample_gpu_test cuda_engine_gpu_test controlled_sample_gpu_test \
+               cuda_engine_controls_gpu_test; do
         timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
         rc=$?
         summary+=("test $t rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/tests.log" | tail -1)")
@@ -48,6 +50,18 @@ for phase in "$@"; do
         >> "$out/tests.log" 2>&1
       rc=$?
       summary+=("memcheck rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
+      # The controlled path: memcheck on small cases (chunks, ties, a masked
+      # row), racecheck (shared-memory histograms and broadcasts) on a small one.
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/controlled_sample_gpu_test" \
+        --gtest_filter='ControlledSampleTest.TopK*:ControlledSampleTest.Row*:ControlledSampleTest.Neutral*:ControlledSampleTest.MatchesTheCpuBackendAcrossChunks' \
+        >> "$out/tests.log" 2>&1
+      rc=$?
+      summary+=("memcheck controlled rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
+      timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/controlled_sample_gpu_test" \
+        --gtest_filter='ControlledSampleTest.RowWithEveryTokenMaskedReportsItsStatus' \
+        >> "$out/tests.log" 2>&1
+      rc=$?
+      summary+=("racecheck controlled rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/tests.log" | tail -1)")
       ;;
     bench)
       # BENCH_TAG names the output files (bench${BENCH_TAG}.log / .json).
@@ -64,6 +78,18 @@ for phase in "$@"; do
       PYTHONUNBUFFERED=1 timeout 300 python3 kernels/bench/verify_peers.py \
         --json="$out/verify_peers.json" ${VERIFY_ARGS:-} > "$out/verify_peers.log" 2>&1
       summary+=("verify_peers rc=$?")
+      ;;
+    controls)
+      # The materialized controlled path (flashsampler-kernel-bench --controls)
+      # and vLLM's sort-based filters (peers.py --controls), D=4096 V=151936.
+      timeout 300 "$bin/flashsampler-kernel-bench" --backend=cuda --controls=all \
+        --shapes=4096x151936 --batches=1,2,4,8,16,32,64,128,256 \
+        --json="$out/bench_controls.json" > "$out/bench_controls.log" 2>&1
+      summary+=("bench_controls rc=$?")
+      PYTHONUNBUFFERED=1 timeout 300 python3 "${PEERS:-kernels/bench/peers.py}" --controls=all \
+        --shapes=4096x151936 --batches=1,2,4,8,16,32,64,128,256 \
+        --json="$out/peers_controls.json" > "$out/peers_controls.log" 2>&1
+      summary+=("peers_controls rc=$?")
       ;;
     peers)
       PYTHONUNBUFFERED=1 timeout 420 python3 "${PEERS:-kernels/bench/peers.py}" \

@@ -5,6 +5,8 @@
 //       --hidden=1024 --threads=0 --iterations=50 --json=out.json]
 //   flashsampler-kernel-bench --backend=cuda [--shapes=4096x151936,8192x128256
 //       --batches=1,2,4,8,16,32,64,128,256 --iterations=100 --json=out.json]
+//   flashsampler-kernel-bench --backend=cuda --controls=all [--shapes=4096x151936 ...]
+//       (the materialized controlled path: cuda_controlled_bench.cc)
 //
 // The CUDA mode (built only with the CUDA backend) measures the device's copy
 // bandwidth and matmul rate, then times the fused sampler, cuBLAS's GEMM alone
@@ -75,6 +77,9 @@ ABSL_FLAG(std::string, commit, FLASHSAMPLER_BENCH_COMMIT, "commit recorded in th
 ABSL_FLAG(std::string, shapes, "4096x151936,8192x128256",
           "cuda: comma-separated DxV shapes (hidden x vocab) of the bf16 LM head");
 ABSL_FLAG(std::string, batches, "1,2,4,8,16,32,64,128,256", "cuda: comma-separated batch sizes");
+ABSL_FLAG(std::string, controls, "",
+          "cuda: time the controlled materialized path instead (all, or a comma list of top_p, "
+          "top_k, top_k_top_p, min_p; cuda_controlled_bench.cc)");
 ABSL_FLAG(int64_t, copy_mib, 2048, "cuda: MiB of the device-to-device copy that measures bandwidth");
 
 namespace flashsampler::kernels {
@@ -372,6 +377,9 @@ int RunCuda() {
   o.json_path = absl::GetFlag(FLAGS_json);
   o.commit = absl::GetFlag(FLAGS_commit);
   o.date = UtcNow();
+  if (const std::string controls = absl::GetFlag(FLAGS_controls); !controls.empty()) {
+    return bench::RunCudaControlledBench(o, controls);
+  }
   return bench::RunCudaBench(o);
 }
 

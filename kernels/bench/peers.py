@@ -27,6 +27,24 @@ row (except the matmuls):
                output cublasGemmEx writes in the C++ bench), where this PyTorch
                has out_dtype; otherwise reported as unavailable.
 
+With --controls (all, or a comma list of top_p, top_k, top_k_top_p, min_p) the
+script times instead vLLM's way of applying sampling filters, written here
+after vLLM v1's sampler (our own code, same algorithm), on fp32 logits
+(H @ W^T).float() computed once per (shape, batch) and not timed, beside
+flashsampler-kernel-bench --controls (its `filter` column starts from logits
+of the same law):
+
+  vllm_filter  logits * (1/T); top-k / top-p as vLLM's apply_top_k_top_p: one
+               full ascending sort of every row, the k-th largest gathered
+               from the sorted row and everything below it masked, softmax +
+               cumsum of the sorted row and every token whose cumulative
+               probability is <= 1 - top_p masked (the last one always kept),
+               scatter back; min-p as vLLM's: softmax, tokens with probability
+               < min_p * max probability masked; then vLLM's random sampling,
+               softmax fp32 and the exponential race argmax(probs / Exp(1)).
+               Control sets as in the C++ bench: top_p = 0.9, top_k = 50,
+               top_k = 50 + top_p = 0.9, min_p = 0.1.
+
 Timing: CUDA events around every run, variants round-robin (one run of each per
 round), all enqueued without host synchronization (an op that synchronizes
 inside, if any, is charged its own stall); warm-up first; median and minimum of
@@ -119,6 +137,93 @@ def vllm_race(h, w, inv_t):
     return probs.div_(q).argmax(dim=-1).view(-1)
 
 
+# ---- vLLM's sort-based filters (--controls) ----------------------------------------
+def vllm_top_k_top_p(logits, k, p):
+    """vLLM v1's apply_top_k_top_p: k, p are per-row tensors or None."""
+    if k is None and p is None:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        # Per row, the value at ascending position V - k is the k-th largest.
+        kth = sorted_logits.gather(1, (sorted_logits.size(1) - k.to(torch.long)).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    if p is not None:
+        cum = sorted_logits.softmax(dim=-1).cumsum_(dim=-1)
+        drop = cum <= (1 - p).unsqueeze(1)
+        drop[:, -1] = False  # the most likely token always stays
+        sorted_logits.masked_fill_(drop, float("-inf"))
+    return sorted_logits.scatter(dim=-1, index=order, src=sorted_logits)
+
+
+def vllm_min_p(logits, min_p):
+    probs = logits.softmax(dim=-1)
+    floor = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < floor, float("-inf"))
+
+
+def vllm_filter_sample(logits, inv_t, k, p, min_p):
+    x = logits * inv_t  # vLLM divides in place; out of place keeps the input for the next run
+    if min_p is not None:
+        x = vllm_min_p(x, min_p)
+    x = vllm_top_k_top_p(x, k, p)
+    probs = x.softmax(dim=-1, dtype=torch.float32)
+    q = torch.empty_like(probs).exponential_()
+    return probs.div_(q).argmax(dim=-1).view(-1)
+
+
+CONTROL_SETS = {
+    "top_p": dict(k=None, p=0.9, min_p=None),
+    "top_k": dict(k=50, p=None, min_p=None),
+    "top_k_top_p": dict(k=50, p=0.9, min_p=None),
+    "min_p": dict(k=None, p=None, min_p=0.1),
+}
+
+
+def run_controls(args, shapes, batches, inv_t):
+    names = list(CONTROL_SETS) if args.controls == "all" else [
+        c for c in args.controls.split(",") if c in CONTROL_SETS]
+    if not names:
+        sys.exit("peers.py: --controls wants all or a list of " + ", ".join(CONTROL_SETS))
+    props = torch.cuda.get_device_properties(0)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = {"backend": "pytorch", "mode": "controls", "device": props.name,
+              "torch": torch.__version__, "date": date, "commit": args.commit or commit(),
+              "temperature": args.temperature, "logit_std": args.logit_std,
+              "iterations": args.iterations, "warmup": args.warmup,
+              "variant": "vllm_filter: vLLM v1 apply_top_k_top_p / min_p (sort-based) + "
+                         "exponential-race sampling, on fp32 logits computed once",
+              "results": []}
+    print(f"peers.py --controls  {props.name}  {date}  torch {torch.__version__}  "
+          f"median of {args.iterations} runs, CUDA events; T={args.temperature}")
+    print(f"{'DxV':<12} {'B':>4} {'controls':<12} {'vllm_filter_ms':>14}")
+    for d, v in shapes:
+        w = torch.randn(v, d, device="cuda", dtype=torch.bfloat16) * (args.logit_std / math.sqrt(d))
+        h_all = torch.randn(max(batches), d, device="cuda", dtype=torch.bfloat16)
+        for b in batches:
+            logits = torch.matmul(h_all[:b], w.t()).float()
+            for name in names:
+                cs = CONTROL_SETS[name]
+                k = torch.full((b,), cs["k"], device="cuda", dtype=torch.int32) if cs["k"] else None
+                p = torch.full((b,), cs["p"], device="cuda") if cs["p"] else None
+                mp = torch.full((b,), cs["min_p"], device="cuda") if cs["min_p"] else None
+                fn = lambda: vllm_filter_sample(logits, inv_t, k, p, mp)
+                tok = fn()
+                torch.cuda.synchronize()
+                if tok.numel() != b or int(tok.min()) < 0 or int(tok.max()) >= v:
+                    raise RuntimeError(f"vllm_filter gave tokens out of range at B={b}")
+                stats = time_fn(fn, args.warmup, args.iterations)
+                row = {"hidden": d, "vocab": v, "batch": b, "controls": name, "vllm_filter": stats}
+                result["results"].append(row)
+                print(f"{str(d) + 'x' + str(v):<12} {b:>4} {name:<12} {stats['median_ms']:>14.3f}",
+                      flush=True)
+            del logits
+        del w, h_all
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
 def mm_bf16(h, w):
     return torch.matmul(h, w.t())
 
@@ -141,6 +246,8 @@ def main():
     ap.add_argument("--compile-budget-s", type=float, default=120.0,
                     help="after this many seconds spent compiling, run the rest eagerly")
     ap.add_argument("--json", default="")
+    ap.add_argument("--controls", default="",
+                    help="time vLLM's sort-based filters instead (all, or top_p,top_k,top_k_top_p,min_p)")
     ap.add_argument("--commit", default="",
                     help="commit recorded in the JSON (default: git describe, where git works)")
     args = ap.parse_args()
@@ -151,6 +258,10 @@ def main():
     shapes = parse_shapes(args.shapes)
     batches = parse_batches(args.batches)
     inv_t = 1.0 / args.temperature if args.temperature > 0 else 1.0
+    if args.controls:
+        torch.manual_seed(args.seed)
+        run_controls(args, shapes, batches, inv_t)
+        return
 
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                  "accumulated_recompile_limit"):

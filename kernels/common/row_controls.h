@@ -24,6 +24,8 @@
 // Thread safety: plain values and pure functions.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -78,6 +80,26 @@ inline bool HasFilters(const RowControls& c) {
 // path serves): processing, filters or extra outputs.
 inline bool HasAnyControl(const RowControls& c) {
   return HasLogitProcessing(c) || HasFilters(c) || c.top_logprobs > 0 || c.num_samples > 1;
+}
+
+// The checks the server's parser already made, repeated by every backend
+// because its kernels index memory by these values: ids in [0, vocab), finite
+// biases and penalties, parameter ranges, a bitmask covering valid_vocab.
+inline bool ValidRowControls(const RowControls& c, int64_t vocab, int64_t valid_vocab) {
+  const auto ids_in = [vocab](const std::vector<int32_t>& ids) {
+    return std::all_of(ids.begin(), ids.end(), [vocab](int32_t id) { return id >= 0 && id < vocab; });
+  };
+  for (const auto& [id, bias] : c.logit_bias) {
+    if (id < 0 || id >= vocab || !std::isfinite(bias)) return false;
+  }
+  return c.top_k >= 0 && c.top_p > 0.0f && c.top_p <= 1.0f && c.min_p >= 0.0f && c.min_p < 1.0f &&
+         std::isfinite(c.repetition_penalty) && c.repetition_penalty > 0.0f &&
+         std::isfinite(c.presence_penalty) && std::isfinite(c.frequency_penalty) &&
+         ids_in(c.banned_token_ids) && ids_in(c.output_token_ids) && ids_in(c.prompt_token_ids) &&
+         (c.allowed_bitmask.empty() ||
+          static_cast<int64_t>(c.allowed_bitmask.size()) * 32 >= valid_vocab) &&
+         c.top_logprobs >= 0 && c.top_logprobs <= kMaxTopLogprobs && c.num_samples >= 1 &&
+         c.num_samples <= kMaxNumSamples;
 }
 
 struct TokenLogprob {

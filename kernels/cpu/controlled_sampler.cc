@@ -32,27 +32,6 @@
 namespace flashsampler::kernels {
 namespace {
 
-bool IdsIn(const std::vector<int32_t>& ids, int64_t vocab) {
-  return std::all_of(ids.begin(), ids.end(), [vocab](int32_t id) { return id >= 0 && id < vocab; });
-}
-
-// The checks the server's parser already made, repeated because the
-// processor indexes by these values.
-bool ValidControls(const RowControls& c, int64_t vocab, int64_t valid_vocab) {
-  for (const auto& [id, bias] : c.logit_bias) {
-    if (id < 0 || id >= vocab || !std::isfinite(bias)) return false;
-  }
-  return c.top_k >= 0 && c.top_p > 0.0f && c.top_p <= 1.0f && c.min_p >= 0.0f && c.min_p < 1.0f &&
-         std::isfinite(c.repetition_penalty) && c.repetition_penalty > 0.0f &&
-         std::isfinite(c.presence_penalty) && std::isfinite(c.frequency_penalty) &&
-         IdsIn(c.banned_token_ids, vocab) && IdsIn(c.output_token_ids, vocab) &&
-         IdsIn(c.prompt_token_ids, vocab) &&
-         (c.allowed_bitmask.empty() ||
-          static_cast<int64_t>(c.allowed_bitmask.size()) * 32 >= valid_vocab) &&
-         c.top_logprobs >= 0 && c.top_logprobs <= kMaxTopLogprobs && c.num_samples >= 1 &&
-         c.num_samples <= kMaxNumSamples;
-}
-
 bool FusedServes(const RowControls& c) {
   return c.top_k >= 1 && c.top_k <= kCpuFusedMaxTopK &&
          !(c.top_logprobs > 0 && c.logprobs_mode == LogprobsMode::kRaw);
@@ -215,7 +194,7 @@ KernelStatus CpuControlledSampler::Impl::Sample(const float* hidden_states, int6
   }
   for (int64_t b = 0; b < batch; ++b) {
     if (!ValidSamplerTemperature(params[b].temperature) ||
-        !ValidControls(controls[b], vocab, valid_vocab)) {
+        !ValidRowControls(controls[b], vocab, valid_vocab)) {
       return KernelStatus::kInvalidArgument;
     }
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/common/row_controls.h"
+#include "kernels/common/touched_tokens.h"
 
 namespace flashsampler::kernels {
 
@@ -28,16 +29,9 @@ class RowLogitProcessor {
   void Process(int64_t token0, int64_t n, const float* raw, float* out) const;
 
  private:
-  struct TouchedToken {
-    int32_t id;
-    float bias;
-    int32_t output_count;
-    bool repeated;  // occurs in prompt or output (repetition penalty applies)
-    bool banned;
-  };
   bool Allowed(int64_t token) const;
 
-  std::vector<TouchedToken> touched_;  // sorted by id, ids distinct
+  std::vector<TouchedToken> touched_;  // MergeTouchedTokens: sorted by id, ids distinct
   const std::vector<uint32_t>* bitmask_;
   float scale_;
   float repetition_;

@@ -1,11 +1,9 @@
 // Materialized baseline: cuBLAS logits to device memory, then a standalone
 // Gumbel-max kernel. What it computes and why: materialized_sample.h. Reads top
-// to bottom: workspace layout, the hidden-state cast, the Gumbel-max kernel,
-// the launcher.
+// to bottom: workspace layout, the Gumbel-max kernel, the launcher (whose
+// GEMM step is logits_gemm.h's).
 #include "kernels/cuda/materialized_sample.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,6 +11,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/logits_gemm.h"
 #include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels {
@@ -63,18 +62,6 @@ WorkspaceLayout Layout(int64_t batch, int64_t vocab, int64_t hidden_dim, CudaWei
   return l;
 }
 
-// ---- Hidden states to the weight type (round to nearest even) ------------------------
-__device__ __forceinline__ void StoreAs(__nv_bfloat16* out, float x) { *out = __float2bfloat16_rn(x); }
-__device__ __forceinline__ void StoreAs(__half* out, float x) { *out = __float2half_rn(x); }
-
-template <class Out>
-__global__ void CastHiddenKernel(const float* __restrict__ in, Out* __restrict__ out, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    StoreAs(out + i, in[i]);
-  }
-}
-
 // ---- Gumbel-max over materialized logits ------------------------------------------
 // Block b handles row b / num_tiles and tokens [tile * 1024, tile * 1024 + 1024)
 // of it, tile = b % num_tiles. Thread t scores tokens t, t + 256, ... of the
@@ -115,10 +102,6 @@ __global__ void __launch_bounds__(kGumbelThreads)
   }
 }
 
-KernelStatus StatusFromCublas(cublasStatus_t s) {
-  return s == CUBLAS_STATUS_SUCCESS ? KernelStatus::kOk : KernelStatus::kDeviceError;
-}
-
 }  // namespace
 
 size_t MaterializedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_dim,
@@ -143,53 +126,20 @@ KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_
   float* logits = reinterpret_cast<float*>(ws + layout.logits_offset);
   SampleSummary* tile_summaries = reinterpret_cast<SampleSummary*>(ws + layout.summaries_offset);
 
-  // ---- 1. H in the weight type (16-bit weights): a grid-stride cast, 256
-  // threads per block, at most 4096 blocks.
-  const void* gemm_hidden = args.hidden;
-  const int64_t hidden_elems = args.batch * args.hidden_dim;
-  const int64_t cast_blocks_needed = (hidden_elems + 255) / 256;
-  const unsigned cast_blocks =
-      static_cast<unsigned>(cast_blocks_needed < 4096 ? cast_blocks_needed : 4096);
-  if (args.weight_dtype == CudaWeightDType::kBFloat16) {
-    auto* cast = reinterpret_cast<__nv_bfloat16*>(ws + layout.cast_offset);
-    CastHiddenKernel<<<cast_blocks, 256, 0, stream>>>(args.hidden, cast, hidden_elems);
-    gemm_hidden = cast;
-  } else if (args.weight_dtype == CudaWeightDType::kFloat16) {
-    auto* cast = reinterpret_cast<__half*>(ws + layout.cast_offset);
-    CastHiddenKernel<<<cast_blocks, 256, 0, stream>>>(args.hidden, cast, hidden_elems);
-    gemm_hidden = cast;
+  // ---- 1-2. H in the weight type (16-bit weights), then cuBLAS writes the
+  // logits [batch, valid_vocab] (logits_gemm.h).
+  LogitsGemmArgs gemm;
+  gemm.weight = args.weight;
+  gemm.weight_dtype = args.weight_dtype;
+  gemm.hidden = args.hidden;
+  gemm.batch = args.batch;
+  gemm.valid_vocab = args.valid_vocab;
+  gemm.hidden_dim = args.hidden_dim;
+  gemm.cast_hidden = ws + layout.cast_offset;
+  gemm.logits = logits;
+  if (const KernelStatus s = LaunchLogitsGemm(gemm, cublas, stream); s != KernelStatus::kOk) {
+    return s;
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return StatusFromCuda(err);
-
-  // ---- 2. logits [batch, valid_vocab] (row-major) = H W^T. In cuBLAS's
-  // column-major terms: C (valid_vocab x batch, ldc = valid_vocab) =
-  // op(A) * B with A = W seen as (hidden_dim x vocab, lda = hidden_dim),
-  // op = transpose, and B = H seen as (hidden_dim x batch, ldb = hidden_dim).
-  // Only the first valid_vocab rows of W are read.
-  cudaDataType_t ab_type = CUDA_R_16BF;
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 accumulation
-  if (args.weight_dtype == CudaWeightDType::kFloat16) ab_type = CUDA_R_16F;
-  if (args.weight_dtype == CudaWeightDType::kFloat32) {
-    ab_type = CUDA_R_32F;
-    compute = CUBLAS_COMPUTE_32F_PEDANTIC;  // true fp32, never TF32
-  }
-  const float alpha = 1.0f;
-  const float beta = 0.0f;
-  KernelStatus status = StatusFromCublas(cublasSetStream(cublas, stream));
-  if (status == KernelStatus::kOk) {
-    status = StatusFromCublas(cublasSetPointerMode(cublas, CUBLAS_POINTER_MODE_HOST));
-  }
-  if (status == KernelStatus::kOk) {
-    const int m = static_cast<int>(args.valid_vocab);
-    const int n = static_cast<int>(args.batch);
-    const int k = static_cast<int>(args.hidden_dim);
-    status = StatusFromCublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
-                                           args.weight, ab_type, k, gemm_hidden, ab_type, k,
-                                           &beta, logits, CUDA_R_32F, m, compute,
-                                           CUBLAS_GEMM_DEFAULT));
-  }
-  if (status != KernelStatus::kOk) return status;
 
   // ---- 3. Gumbel-max: one block of 256 threads per (row, 1024-token tile),
   // tile-fastest; then stage 2, one warp per row, merges the tiles in order.
@@ -197,7 +147,7 @@ KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_
   GumbelMaxTileKernel<<<static_cast<unsigned>(args.batch * num_tiles), kGumbelThreads, 0,
                         stream>>>(logits, args.params, args.valid_vocab, num_tiles, want_lse,
                                   args.draft_tokens, args.draft_logprobs, tile_summaries);
-  err = cudaGetLastError();
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return StatusFromCuda(err);
   err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
   return StatusFromCuda(err);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/tiled_sampler.h"
+#include "tests/common/controls_fit_cases.h"
 #include "tests/common/controls_reference.h"
 #include "tests/common/goodness_of_fit.h"
 
@@ -50,21 +51,7 @@ Outputs RunSampler(CpuControlledSampler& sampler, const std::vector<float>& h, c
   return out;
 }
 
-// A vocabulary of 24: three head tokens (p ~ 0.2 .. 0.3 at the tested
-// temperatures) spread over tiles and Philox words, and a tail in [-2, 0]
-// (p < 0.05 each). So every token is either z-tested with enough power at
-// 2^21 samples (p >= 0.15) or too small to be z-tested, and the filters keep
-// at least five tokens (five chi-square bins) in every case.
-std::vector<float> TestLogits() {
-  std::vector<float> l(24);
-  std::mt19937 rng(77);
-  std::uniform_real_distribution<float> tail(-2.0f, 0.0f);
-  for (float& x : l) x = tail(rng);
-  l[0] = 3.0f;
-  l[13] = 2.95f;
-  l[23] = 2.9f;
-  return l;
-}
+std::vector<float> TestLogits() { return testing::ControlsTestLogits(); }
 
 // Samples per call: kRowsPerCall rows (stream = row, offset = call, one seed)
 // of kSamplesPerRow samples each; the samples of a row are independent
@@ -97,44 +84,11 @@ std::vector<int64_t> Counts(const std::vector<float>& logits, float temperature,
   return counts;
 }
 
-struct FitCase {
-  std::string name;
-  float temperature;
-  RowControls controls;
-};
+using FitCase = testing::ControlsFitCase;
 
 RowControls Controls(int32_t top_k, float top_p, float min_p) {
-  RowControls c;
-  c.top_k = top_k;
-  c.top_p = top_p;
-  c.min_p = min_p;
-  return c;
+  return testing::FilterControls(top_k, top_p, min_p);
 }
-
-// Head 0 is in the prompt (repetition only), head 13 twice in the output and
-// tail token 9 once; tail token 7 (prompt) has a negative logit, which the
-// repetition penalty multiplies.
-RowControls Penalised() {
-  RowControls c;
-  c.repetition_penalty = 1.1f;
-  c.presence_penalty = 0.2f;
-  c.frequency_penalty = 0.2f;
-  c.prompt_token_ids = {0, 7};
-  c.output_token_ids = {13, 9, 13};
-  return c;
-}
-
-// Head 13 banned, head 23 and tail token 2 outside the bitmask, tail token 1
-// raised to a head by its bias, head 0 lowered a little.
-RowControls Masked() {
-  RowControls c;
-  c.logit_bias = {{1, 4.0f}, {0, -0.1f}};
-  c.banned_token_ids = {13};
-  c.allowed_bitmask = {0xFFFFFFFFu & ~(1u << 23) & ~(1u << 2)};
-  return c;
-}
-
-void PrintTo(const FitCase& c, std::ostream* os) { *os << c.name; }
 
 class ControlledSamplerFit : public ::testing::TestWithParam<FitCase> {};
 
@@ -160,18 +114,7 @@ TEST_P(ControlledSamplerFit, MatchesTheFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(
     EveryControl, ControlledSamplerFit,
-    ::testing::Values(
-        // No filter, forced onto the controlled path by top_logprobs.
-        FitCase{"TemperatureOnly", 0.8f, [] { RowControls c; c.top_logprobs = 2; return c; }()},
-        FitCase{"TopK", 1.0f, Controls(6, 1.0f, 0.0f)},
-        FitCase{"TopKAboveFusedLimit", 1.0f, Controls(100, 1.0f, 0.0f)},
-        FitCase{"TopP", 1.3f, Controls(0, 0.85f, 0.0f)},
-        FitCase{"MinP", 0.9f, Controls(0, 1.0f, 0.01f)},
-        FitCase{"TopKTopPMinP", 1.5f, Controls(8, 0.95f, 0.02f)},
-        FitCase{"Penalties", 0.9f, Penalised()},
-        FitCase{"PenaltiesWithTopK", 0.9f, [] { RowControls c = Penalised(); c.top_k = 7; return c; }()},
-        FitCase{"BiasBansBitmask", 1.0f, Masked()},
-        FitCase{"BiasBansBitmaskTopP", 1.0f, [] { RowControls c = Masked(); c.top_p = 0.9f; return c; }()}),
+    ::testing::ValuesIn(testing::EveryControlFitCase()),
     [](const ::testing::TestParamInfo<FitCase>& info) { return info.param.name; });
 
 // Random W [500, 16] and H; 48 rows, each with its own random controls that

@@ -1,0 +1,291 @@
+// flashsampler-kernel-bench --backend=cuda --controls=...: the materialized
+// controlled path (kernels/cuda/controlled_sample.h) for each control set and
+// (shape, batch), beside the plain materialized sampler.
+//
+// Control sets (every row of the batch the same, temperature --temperature):
+//   top_p        top_p = 0.9
+//   top_k        top_k = 50
+//   top_k_top_p  top_k = 50, top_p = 0.9
+//   min_p        min_p = 0.1
+// Variants:
+//   filter       LaunchControlledSampleFromLogits (8-block cluster per row) on fp32 logits [B, V]
+//                computed once by cuBLAS (the part that kernels/bench/peers.py
+//                --controls times for vLLM's sort-based top-k / top-p and min-p
+//                on logits of the same law): l', the filters, one sample, logz.
+//   filter1      the same with one block per row.
+//   full         LaunchControlledSample: the cuBLAS GEMM (H cast to bf16) and
+//                the above, from H to tokens.
+//   plain_mat    LaunchMaterializedSample (no controls), for reference.
+// Inputs as in cuda_bench.cc: W ~ N(0, logit_std^2 / D) bf16, H ~ N(0, 1)
+// exactly representable in bf16. Timing: warm-up, then --iterations runs per
+// variant round-robin between CUDA event pairs; medians. A check first: every
+// row's status 0 and token in range.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "kernels/bench/cuda_bench.h"
+#include "kernels/common/row_controls.h"
+#include "kernels/cuda/controlled_sample.h"
+#include "kernels/cuda/logits_gemm.h"
+#include "kernels/cuda/materialized_sample.h"
+#include "nlohmann/json.hpp"
+
+namespace flashsampler::kernels::bench {
+namespace {
+
+bool Ok(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return true;
+  std::cerr << "flashsampler-kernel-bench: " << what << ": " << cudaGetErrorString(err) << "\n";
+  return false;
+}
+bool Ok(KernelStatus s, const char* what) {
+  if (s == KernelStatus::kOk) return true;
+  std::cerr << "flashsampler-kernel-bench: " << what << ": KernelStatus " << static_cast<int>(s) << "\n";
+  return false;
+}
+#define CB_CHECK(expr)                 \
+  do {                                 \
+    if (!Ok((expr), #expr)) return 1;  \
+  } while (0)
+
+struct Buf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~Buf() { cudaFree(p); }
+  bool Alloc(size_t n) {
+    bytes = n;
+    return cudaMalloc(&p, std::max<size_t>(n, 256)) == cudaSuccess;
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct ControlSet {
+  std::string name;
+  RowControls controls;
+};
+
+std::vector<ControlSet> ControlSets(const std::string& which) {
+  std::vector<ControlSet> all;
+  RowControls c;
+  c.top_p = 0.9f;
+  all.push_back({"top_p", c});
+  c = RowControls{};
+  c.top_k = 50;
+  all.push_back({"top_k", c});
+  c.top_p = 0.9f;
+  all.push_back({"top_k_top_p", c});
+  c = RowControls{};
+  c.min_p = 0.1f;
+  all.push_back({"min_p", c});
+  if (which == "all") return all;
+  std::vector<ControlSet> out;
+  for (const ControlSet& s : all) {
+    if (("," + which + ",").find("," + s.name + ",") != std::string::npos) out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) {
+  const std::vector<ControlSet> sets = ControlSets(which);
+  if (sets.empty() || o.shapes.empty() || o.batches.empty() || o.iterations < 100) {
+    std::cerr << "flashsampler-kernel-bench: --controls wants all or a list of top_p, top_k, "
+                 "top_k_top_p, min_p; iterations >= 100\n";
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CB_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream = nullptr;
+  CB_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t cublas = nullptr;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
+  const int64_t bmax = *std::max_element(o.batches.begin(), o.batches.end());
+
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("flashsampler-kernel-bench backend=cuda controls  %s  %s  commit %s  T=%g "
+              "logit_std=%g iterations=%d (median ms, CUDA events)\n",
+              prop.name, o.date.c_str(), o.commit.c_str(), o.temperature, o.logit_std, o.iterations);
+  std::printf("%-12s %4s %-12s %10s %10s %10s %10s\n", "DxV", "B", "controls", "filter_ms",
+              "filter1_ms", "full_ms", "plain_mat_ms");
+  for (const CudaShape& shape : o.shapes) {
+    const int64_t d = shape.hidden, v = shape.vocab;
+    Buf w, h, logits, params, ws_from, ws_full, ws_mat, controls_buf;
+    Buf tokens, logz, status, stokens, slogprobs, sranks, top_ids, top_lp, top_counts;
+    if (!w.Alloc(static_cast<size_t>(v * d) * 2) || !h.Alloc(static_cast<size_t>(bmax * d) * 4) ||
+        !logits.Alloc(static_cast<size_t>(bmax * v) * 4) ||
+        !params.Alloc(static_cast<size_t>(bmax) * sizeof(RowParams)) ||
+        !ws_from.Alloc(ControlledFromLogitsWorkspaceBytes(bmax, v)) ||
+        !ws_full.Alloc(ControlledSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
+        !ws_mat.Alloc(MaterializedSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
+        !tokens.Alloc(bmax * 4) || !logz.Alloc(bmax * 4) || !status.Alloc(bmax * 4) ||
+        !stokens.Alloc(bmax * 4) || !slogprobs.Alloc(bmax * 4) || !sranks.Alloc(bmax * 4) ||
+        !top_ids.Alloc(bmax * kMaxTopLogprobs * 4) || !top_lp.Alloc(bmax * kMaxTopLogprobs * 4) ||
+        !top_counts.Alloc(bmax * 4)) {
+      std::cerr << "flashsampler-kernel-bench: device allocation failed\n";
+      return 1;
+    }
+    if (FillNormalBf16(w.p, static_cast<size_t>(v * d), o.logit_std / std::sqrt(static_cast<float>(d)),
+                       o.seed * 1000 + 7, stream) != 0 ||
+        FillNormalFloatBf16Exact(h.as<float>(), static_cast<size_t>(bmax * d), 1.0f, o.seed * 1000 + 3,
+                                 stream) != 0) {
+      return 1;
+    }
+    std::vector<RowParams> host_params(bmax);
+    for (int64_t b = 0; b < bmax; ++b) {
+      host_params[b] = RowParams{o.temperature, o.seed, 1, static_cast<uint32_t>(b)};
+    }
+    CB_CHECK(cudaMemcpy(params.p, host_params.data(), bmax * sizeof(RowParams), cudaMemcpyHostToDevice));
+    Buf cast;
+    if (!cast.Alloc(LogitsGemmCastBytes(bmax, d, CudaWeightDType::kBFloat16))) return 1;
+    LogitsGemmArgs gemm;
+    gemm.weight = w.p;
+    gemm.hidden = h.as<float>();
+    gemm.batch = bmax;
+    gemm.valid_vocab = v;
+    gemm.hidden_dim = d;
+    gemm.cast_hidden = cast.p;
+    gemm.logits = logits.as<float>();
+    CB_CHECK(LaunchLogitsGemm(gemm, cublas, stream));
+
+    for (const ControlSet& set : sets) {
+      FlatControls flat;
+      const std::vector<RowControls> rows(bmax, set.controls);
+      CB_CHECK(FlattenControls(rows.data(), bmax, v, v, &flat));
+      std::vector<uint8_t> packed(flat.PackedBytes());
+      flat.PackTo(packed.data());
+      if (!controls_buf.Alloc(packed.size())) return 1;
+      CB_CHECK(cudaMemcpy(controls_buf.p, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+      const ControlledDeviceControls dc = flat.DeviceView(controls_buf.p);
+      const ControlledSampleOutputs out{tokens.as<int32_t>(),  logz.as<float>(),     nullptr,
+                                        status.as<int32_t>(),  stokens.as<int32_t>(), slogprobs.as<float>(),
+                                        sranks.as<int32_t>(), top_ids.as<int32_t>(), top_lp.as<float>(),
+                                        top_counts.as<int32_t>()};
+      for (int64_t batch : o.batches) {
+        auto filter_with = [&](int cluster_blocks) {
+          return LaunchControlledSampleFromLogits(logits.as<float>(), params.as<RowParams>(), batch, v, dc,
+                                                  out, ws_from.p, ws_from.bytes, stream, cluster_blocks);
+        };
+        auto filter = [&] { return filter_with(kControlledClusterBlocks); };
+        auto filter_g1 = [&] { return filter_with(1); };
+        auto full = [&] {
+          ControlledSampleArgs a;
+          a.weight = w.p;
+          a.hidden = h.as<float>();
+          a.params = params.as<RowParams>();
+          a.batch = batch;
+          a.vocab = a.valid_vocab = v;
+          a.hidden_dim = d;
+          a.controls = dc;
+          a.outputs = out;
+          a.workspace = ws_full.p;
+          a.workspace_bytes = ws_full.bytes;
+          return LaunchControlledSample(a, cublas, stream);
+        };
+        auto plain = [&] {
+          FusedSampleArgs a;
+          a.weight = w.p;
+          a.hidden = h.as<float>();
+          a.params = params.as<RowParams>();
+          a.batch = batch;
+          a.vocab = a.valid_vocab = v;
+          a.hidden_dim = d;
+          a.token_ids = tokens.as<int32_t>();
+          a.workspace = ws_mat.p;
+          a.workspace_bytes = ws_mat.bytes;
+          return LaunchMaterializedSample(a, cublas, stream);
+        };
+        // Check: statuses 0, tokens in range.
+        CB_CHECK(filter());
+        CB_CHECK(cudaStreamSynchronize(stream));
+        std::vector<int32_t> st(batch), tk(batch);
+        CB_CHECK(cudaMemcpy(st.data(), status.p, batch * 4, cudaMemcpyDeviceToHost));
+        CB_CHECK(cudaMemcpy(tk.data(), tokens.p, batch * 4, cudaMemcpyDeviceToHost));
+        for (int64_t b = 0; b < batch; ++b) {
+          if (st[b] != 0 || tk[b] < 0 || tk[b] >= v) {
+            std::cerr << "flashsampler-kernel-bench: controlled check failed at row " << b << "\n";
+            return 1;
+          }
+        }
+        std::vector<std::function<KernelStatus()>> variants = {filter, filter_g1, full, plain};
+        for (auto& fn : variants) {
+          for (int i = 0; i < o.warmup; ++i) CB_CHECK(fn());
+        }
+        const int runs = o.iterations;
+        std::vector<cudaEvent_t> ev(2 * variants.size() * runs);
+        for (cudaEvent_t& e : ev) CB_CHECK(cudaEventCreate(&e));
+        for (int i = 0; i < runs; ++i) {
+          for (size_t k = 0; k < variants.size(); ++k) {
+            const size_t e = 2 * (k * runs + i);
+            CB_CHECK(cudaEventRecord(ev[e], stream));
+            CB_CHECK(variants[k]());
+            CB_CHECK(cudaEventRecord(ev[e + 1], stream));
+          }
+        }
+        CB_CHECK(cudaStreamSynchronize(stream));
+        double med[4];
+        for (size_t k = 0; k < variants.size(); ++k) {
+          std::vector<double> ms(runs);
+          for (int i = 0; i < runs; ++i) {
+            float t = 0;
+            CB_CHECK(cudaEventElapsedTime(&t, ev[2 * (k * runs + i)], ev[2 * (k * runs + i) + 1]));
+            ms[i] = t;
+          }
+          med[k] = Median(ms);
+        }
+        for (cudaEvent_t e : ev) cudaEventDestroy(e);
+        char dxv[32];
+        std::snprintf(dxv, sizeof dxv, "%lldx%lld", static_cast<long long>(d), static_cast<long long>(v));
+        std::printf("%-12s %4lld %-12s %10.3f %10.3f %10.3f %10.3f\n", dxv,
+                    static_cast<long long>(batch), set.name.c_str(), med[0], med[1], med[2], med[3]);
+        std::fflush(stdout);
+        results.push_back({{"hidden", d}, {"vocab", v}, {"batch", batch}, {"controls", set.name},
+                           {"filter_median_ms", med[0]}, {"filter_one_block_median_ms", med[1]},
+                           {"full_median_ms", med[2]}, {"plain_materialized_median_ms", med[3]}});
+      }
+    }
+  }
+  cublasDestroy(cublas);
+  cudaStreamDestroy(stream);
+  if (!o.json_path.empty()) {
+    nlohmann::json j;
+    j["backend"] = "cuda";
+    j["mode"] = "controls";
+    j["device"] = prop.name;
+    j["date"] = o.date;
+    j["commit"] = o.commit;
+    j["temperature"] = o.temperature;
+    j["logit_std"] = o.logit_std;
+    j["iterations"] = o.iterations;
+    j["weight_dtype"] = "bf16";
+    j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits, 8 blocks per row"},
+                     {"filter_one_block", "the same, one block per row"},
+                     {"full", "LaunchControlledSample (GEMM + filter + sample)"},
+                     {"plain_materialized", "LaunchMaterializedSample, no controls"}};
+    j["results"] = results;
+    std::ofstream f(o.json_path);
+    f << j.dump(2) << "\n";
+    if (!f) return 1;
+  }
+  return 0;
+}
+
+}  // namespace flashsampler::kernels::bench

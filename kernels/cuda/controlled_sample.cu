@@ -1,0 +1,910 @@
+// Controlled sampling, materialized path (what and why: controlled_sample.h).
+// Reads top to bottom: the order-preserving keys and the kept-prefix "cut",
+// the cluster-wide building blocks (reductions, radix selects by count and by
+// mass, the sample draw), the row kernel, host flattening of the controls, the
+// launchers.
+#include "kernels/cuda/controlled_sample.h"
+
+#include <cooperative_groups.h>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/sample_summary.h"
+#include "kernels/cuda/logits_gemm.h"
+#include "kernels/cuda/sample_reduce.cuh"
+
+namespace flashsampler::kernels {
+namespace {
+
+using cuda_internal::DeviceGumbelNoise;
+using cuda_internal::DeviceLogitScale;
+using cuda_internal::kFullWarpMask;
+using cuda_internal::StatusFromCuda;
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// ---- Keys and cuts ---------------------------------------------------------------
+// DescKey(x) ascends as x descends: the canonical order (l' desc, id asc) is
+// (DescKey asc, id asc). -0 is folded into +0 (the CPU compares them equal, so
+// they tie and go by id).
+__device__ __forceinline__ uint32_t DescKey(float x) {
+  if (x == 0.0f) x = 0.0f;
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t key = (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
+  return ~key;
+}
+
+__device__ __forceinline__ float FloatOfDescKey(uint32_t d) {
+  const uint32_t key = ~d;
+  const uint32_t u = (key & 0x80000000u) != 0u ? (key & 0x7fffffffu) : ~key;
+  return __uint_as_float(u);
+}
+
+// A prefix of the canonical order: token (key d, id i) is kept iff
+// d < key || (d == key && i <= id).
+struct Cut {
+  uint32_t key;
+  int32_t id;
+};
+
+__device__ __forceinline__ bool Kept(uint32_t d, int32_t i, Cut c) {
+  return d < c.key || (d == c.key && i <= c.id);
+}
+
+// Every token with a value above -inf (the l' buffer holds -inf for every
+// non-finite value).
+__device__ __forceinline__ Cut AllFinite() { return Cut{DescKey(-INFINITY), -1}; }
+
+// ---- Cluster-wide building blocks ---------------------------------------------
+// A row is served by a cluster of G blocks (G = 1, 2, 4 or 8; one block per
+// cluster when G = 1): block `rank` sweeps the 4-aligned slice [lo, hi) of the
+// row, and every reduction combines the blocks' partial results in rank order
+// through distributed shared memory, so all blocks of the cluster get the same
+// value and the result does not depend on timing (deterministic). Histograms
+// hold integers (order-free). Every helper is called by all threads of all
+// blocks of the cluster with uniform arguments and returns the same value to
+// all of them.
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048;  // 11-bit digits; levels: bits 31..21, 20..10, 9..0
+constexpr int kBinsPerThread = kBins / kThreads;
+constexpr int kLevels = 3;
+constexpr int kMaxCluster = 8;
+__device__ __constant__ int kLevelShift[kLevels] = {21, 10, 0};
+__device__ __constant__ uint32_t kLevelMask[kLevels] = {0x7ffu, 0x7ffu, 0x3ffu};
+
+struct Shared {
+  union {
+    cub::BlockReduce<float, kThreads>::TempStorage reduce_float;
+    cub::BlockReduce<int, kThreads>::TempStorage reduce_int;
+    cub::BlockReduce<double, kThreads>::TempStorage reduce_double;
+    cub::BlockScan<int, kThreads>::TempStorage scan_int;
+    cub::BlockScan<unsigned long long, kThreads>::TempStorage scan_u64;
+  } cub;
+  unsigned int count[kBins];
+  unsigned long long mass[kBins];
+  // Broadcast slots inside the block.
+  float f;
+  int i0;
+  int i1;
+  double d;
+  unsigned long long u0;
+  // Per-block partials read by the other blocks of the cluster.
+  float part_f;
+  int part_i;
+  double part_d;
+  float warp_score[kWarps];
+  int warp_token[kWarps];
+  int top_n;
+  int top_token[kMaxTopLogprobs];
+  float top_value[kMaxTopLogprobs];
+  int samples[kMaxNumSamples];
+};
+
+// This block's place in its row's cluster.
+struct Slice {
+  int rank;  // 0 .. g - 1
+  int g;     // blocks per row
+  int lo;    // this block's tokens: [lo, hi)
+  int hi;
+};
+
+__device__ __forceinline__ void ClusterSync(const Slice& s) {
+  if (s.g > 1) {
+    cooperative_groups::this_cluster().sync();
+  } else {
+    __syncthreads();
+  }
+}
+
+// `p` (in this block's shared memory) as seen in block `rank` of the cluster.
+template <class T>
+__device__ __forceinline__ T* InBlock(T* p, int rank, const Slice& s) {
+  return s.g > 1 ? cooperative_groups::this_cluster().map_shared_rank(p, rank) : p;
+}
+
+// Calls f(i, vals[i]) for this thread's tokens of [lo, hi), always in the same
+// order (deterministic per-thread partial sums). 16-byte loads where the row
+// allows them, unrolled so that each thread keeps several loads in flight.
+template <class F>
+__device__ __forceinline__ void ForEach(const float* vals, int lo, int hi, F&& f) {
+  int scalar_from = lo;
+  if ((lo & 3) == 0 && (reinterpret_cast<uintptr_t>(vals) & 15u) == 0) {
+    const float4* v4 = reinterpret_cast<const float4*>(vals + lo);
+    const int n4 = (hi - lo) >> 2;
+#pragma unroll 4
+    for (int q = threadIdx.x; q < n4; q += kThreads) {
+      const float4 x = v4[q];
+      const int i = lo + (q << 2);
+      f(i, x.x);
+      f(i + 1, x.y);
+      f(i + 2, x.z);
+      f(i + 3, x.w);
+    }
+    scalar_from = lo + (n4 << 2);
+  }
+  for (int i = scalar_from + static_cast<int>(threadIdx.x); i < hi; i += kThreads) f(i, vals[i]);
+}
+
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Block-level reductions (every thread gets the result).
+__device__ float BlockMax(float v, Shared& sh) {
+  const float r = cub::BlockReduce<float, kThreads>(sh.cub.reduce_float).Reduce(v, MaxOp());
+  if (threadIdx.x == 0) sh.f = r;
+  __syncthreads();
+  const float out = sh.f;
+  __syncthreads();
+  return out;
+}
+
+__device__ int BlockSumInt(int v, Shared& sh) {
+  const int r = cub::BlockReduce<int, kThreads>(sh.cub.reduce_int).Sum(v);
+  if (threadIdx.x == 0) sh.i0 = r;
+  __syncthreads();
+  const int out = sh.i0;
+  __syncthreads();
+  return out;
+}
+
+// Fixed-shape tree: the same inputs give the same sum on every launch.
+__device__ double BlockSumDouble(double v, Shared& sh) {
+  const double r = cub::BlockReduce<double, kThreads>(sh.cub.reduce_double).Sum(v);
+  if (threadIdx.x == 0) sh.d = r;
+  __syncthreads();
+  const double out = sh.d;
+  __syncthreads();
+  return out;
+}
+
+// Cluster combinations of block values: op(...op(op(init, v_0), v_1)...) over
+// the blocks of ranks [0, upto), in rank order, the same in every block.
+template <class T, class Op>
+__device__ T ClusterCombine(T block_value, T* slot, T init, int upto, Op op, const Slice& s) {
+  if (s.g == 1) return upto == 1 ? op(init, block_value) : init;
+  if (threadIdx.x == 0) *slot = block_value;
+  ClusterSync(s);
+  T r = init;
+  for (int q = 0; q < upto; ++q) r = op(r, *InBlock(slot, q, s));
+  ClusterSync(s);  // every block has read the slots before they change
+  return r;
+}
+
+__device__ float ClusterMax(float v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_f, -INFINITY, s.g, [](float a, float b) { return fmaxf(a, b); }, s);
+}
+__device__ int ClusterSumInt(int v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_i, 0, s.g, [](int a, int b) { return a + b; }, s);
+}
+// Sum of the blocks ranked below this one (an exclusive prefix over ranks).
+__device__ int ClusterPrefixInt(int v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_i, 0, s.rank, [](int a, int b) { return a + b; }, s);
+}
+__device__ int ClusterMinInt(int v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_i, INT_MAX, s.g, [](int a, int b) { return a < b ? a : b; }, s);
+}
+__device__ double ClusterSumDouble(double v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, &sh.part_d, 0.0, s.g, [](double a, double b) { return a + b; }, s);
+}
+
+// Max over kept values of the row and their count.
+__device__ void MaxAndCount(const float* vals, Cut cut, Shared& sh, const Slice& s,
+                            float* max_out, int* count_out) {
+  float m = -INFINITY;
+  int c = 0;
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
+    if (Kept(DescKey(x), i, cut)) {
+      m = fmaxf(m, x);
+      ++c;
+    }
+  });
+  *max_out = ClusterMax(BlockMax(m, sh), sh, s);
+  *count_out = ClusterSumInt(BlockSumInt(c, sh), sh, s);
+}
+
+// The id of the rank-th (1-based) token of the row, in id order, whose key is
+// d: each block counts its slice's ties, the block whose share of the order
+// holds it scans its slice in order (a block scan per chunk of kThreads).
+__device__ int NthTieId(const float* vals, uint32_t d, int rank, Shared& sh, const Slice& s) {
+  int mine = 0;
+  ForEach(vals, s.lo, s.hi, [&](int, float x) { mine += DescKey(x) == d ? 1 : 0; });
+  const int in_block = BlockSumInt(mine, sh);
+  const int before = ClusterPrefixInt(in_block, sh, s);
+  int found = INT_MAX;
+  if (before < rank && rank <= before + in_block) {
+    const int want = rank - before;  // 1-based within this slice
+    if (threadIdx.x == 0) sh.i1 = INT_MAX;
+    __syncthreads();
+    int seen = 0;
+    for (int base = s.lo; base < s.hi && seen < want; base += kThreads) {
+      const int i = base + static_cast<int>(threadIdx.x);
+      const int flag = i < s.hi && DescKey(vals[i]) == d ? 1 : 0;
+      int prefix = 0, total = 0;
+      cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(flag, prefix, total);
+      if (flag != 0 && seen + prefix == want - 1) sh.i1 = i;
+      seen += total;
+      __syncthreads();  // scan storage reuse
+    }
+    found = sh.i1;
+    __syncthreads();
+  }
+  return ClusterMinInt(found, sh, s);
+}
+
+// After a descent ended at key d with `rank` (1-based) of the `count_eq` kept
+// ties wanted: the new cut. Kept ties are always the lowest ids among the
+// row's ties at d, so the rank-th kept tie is the rank-th tie of the row.
+__device__ Cut TieCut(const float* vals, Cut cut, uint32_t d, int rank, int count_eq, Shared& sh,
+                      const Slice& s) {
+  if (rank >= count_eq) return Cut{d, cut.key == d ? cut.id : INT_MAX};
+  return Cut{d, NthTieId(vals, d, rank, sh, s)};
+}
+
+// One level of a radix descent: the histogram of the kept tokens whose key
+// matches `prefix` on `prefix_mask`, by digit (key >> shift) & mask, with
+// counts and (when with_mass) fixed-point masses; then each thread's totals
+// over the cluster for its kBinsPerThread bins, in registers.
+__device__ __forceinline__ unsigned long long FixedMass(float x, double max, double unit) {
+  return __double2ull_rz(exp(static_cast<double>(x) - max) * unit);
+}
+
+template <bool kWithMass>
+__device__ void Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t prefix_mask,
+                          int shift, uint32_t mask, double max, double unit, Shared& sh,
+                          const Slice& s, unsigned int (&count)[kBinsPerThread],
+                          unsigned long long (&mass)[kBinsPerThread]) {
+  for (int b = threadIdx.x; b < kBins; b += kThreads) {
+    sh.count[b] = 0;
+    if (kWithMass) sh.mass[b] = 0;
+  }
+  __syncthreads();
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
+    const uint32_t d = DescKey(x);
+    if ((d & prefix_mask) == prefix && Kept(d, i, cut)) {
+      const uint32_t bin = (d >> shift) & mask;
+      atomicAdd(&sh.count[bin], 1u);
+      if (kWithMass) atomicAdd(&sh.mass[bin], FixedMass(x, max, unit));
+    }
+  });
+  ClusterSync(s);
+  const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    count[b] = 0;
+    mass[b] = 0;
+  }
+  for (int q = 0; q < s.g; ++q) {
+    const unsigned int* cq = InBlock(sh.count, q, s);
+    const unsigned long long* mq = InBlock(sh.mass, q, s);
+    for (int b = 0; b < kBinsPerThread; ++b) {
+      count[b] += cq[first + b];
+      if (kWithMass) mass[b] += mq[first + b];
+    }
+  }
+  ClusterSync(s);  // every block has read the histograms before they are zeroed again
+}
+
+// The cut keeping exactly the first `rank` kept tokens (1 <= rank <= kept
+// count): radix select on DescKey, three levels of histograms.
+__device__ Cut SelectNth(const float* vals, Cut cut, int rank, Shared& sh, const Slice& s) {
+  uint32_t prefix = 0, prefix_mask = 0;
+  int remaining = rank;
+  int count_eq = 0;
+  for (int level = 0; level < kLevels; ++level) {
+    const int shift = kLevelShift[level];
+    const uint32_t mask = kLevelMask[level];
+    unsigned int count[kBinsPerThread];
+    unsigned long long unused[kBinsPerThread];
+    Histogram<false>(vals, cut, prefix, prefix_mask, shift, mask, 0.0, 0.0, sh, s, count, unused);
+    int mine = 0;
+    for (int b = 0; b < kBinsPerThread; ++b) mine += static_cast<int>(count[b]);
+    int before = 0;
+    if (threadIdx.x == 0) sh.i0 = -1;
+    cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(mine, before);
+    __syncthreads();  // sh.i0 reset before any winner writes it
+    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+    for (int b = 0; b < kBinsPerThread; ++b) {
+      const int c = static_cast<int>(count[b]);
+      if (before < remaining && remaining <= before + c) {
+        sh.i0 = first + b;
+        sh.i1 = before;
+        sh.u0 = c;
+      }
+      before += c;
+    }
+    __syncthreads();
+    const int bin = sh.i0;
+    const int bin_before = sh.i1;
+    const int bin_count = static_cast<int>(sh.u0);
+    __syncthreads();
+    if (bin < 0) return cut;  // unreachable for 1 <= rank <= kept count (uniform)
+    remaining -= bin_before;
+    count_eq = bin_count;
+    prefix |= static_cast<uint32_t>(bin) << shift;
+    prefix_mask |= mask << shift;
+  }
+  return TieCut(vals, cut, prefix, remaining, count_eq, sh, s);
+}
+
+// top_p: the cut keeping every kept token whose fixed-point mass strictly
+// before it (canonical order) is < top_p * total: the same three-level radix
+// descent, on per-bin masses.
+__device__ Cut SelectTopP(const float* vals, Cut cut, float top_p, double max, int frac_bits,
+                          Shared& sh, const Slice& s) {
+  const double unit = ldexp(1.0, frac_bits);
+  uint32_t prefix = 0, prefix_mask = 0;
+  unsigned long long mass_before = 0;  // of the kept tokens before the current prefix
+  double target = 0.0;
+  int count_eq = 0;
+  for (int level = 0; level < kLevels; ++level) {
+    const int shift = kLevelShift[level];
+    const uint32_t mask = kLevelMask[level];
+    unsigned int count[kBinsPerThread];
+    unsigned long long mass[kBinsPerThread];
+    Histogram<true>(vals, cut, prefix, prefix_mask, shift, mask, max, unit, sh, s, count, mass);
+    unsigned long long mine = 0;
+    for (int b = 0; b < kBinsPerThread; ++b) mine += mass[b];
+    unsigned long long before = 0, total = 0;
+    if (threadIdx.x == 0) sh.i0 = -1;
+    cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before, total);
+    __syncthreads();
+    if (level == 0) target = static_cast<double>(top_p) * static_cast<double>(total);
+    before += mass_before;
+    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+    for (int b = 0; b < kBinsPerThread; ++b) {
+      const unsigned long long m = mass[b];
+      if (static_cast<double>(before) < target && static_cast<double>(before + m) >= target) {
+        sh.i0 = first + b;
+        sh.i1 = static_cast<int>(count[b]);
+        sh.u0 = before;
+      }
+      before += m;
+    }
+    __syncthreads();
+    const int bin = sh.i0;
+    const int bin_count = sh.i1;
+    const unsigned long long bin_before = sh.u0;
+    __syncthreads();
+    if (bin < 0) return cut;  // unreachable: the level-0 bins reach total > target (uniform)
+    mass_before = bin_before;
+    count_eq = bin_count;
+    prefix |= static_cast<uint32_t>(bin) << shift;
+    prefix_mask |= mask << shift;
+  }
+  // The count_eq ties at value v: tie t (0-based, id order) has mass_before +
+  // t * e before it; the kept ones are t < keep.
+  const unsigned long long e = FixedMass(FloatOfDescKey(prefix), max, unit);
+  long long keep = count_eq;
+  if (e > 0) {
+    const auto fails = [&](long long t) {
+      return static_cast<double>(mass_before + static_cast<unsigned long long>(t) * e) >= target;
+    };
+    keep = static_cast<long long>(ceil((target - static_cast<double>(mass_before)) / static_cast<double>(e)));
+    keep = keep < 1 ? 1 : (keep > count_eq ? count_eq : keep);
+    while (keep > 1 && fails(keep - 1)) --keep;
+    while (keep < count_eq && !fails(keep)) ++keep;
+  }
+  return TieCut(vals, cut, prefix, static_cast<int>(keep), count_eq, sh, s);
+}
+
+// argmax over kept i of (l'_i + noise on `stream`) (greedy: l'_i), ties to the
+// lower id; optionally the float64 sum of exp(l' - max) over the kept tokens
+// and their count.
+__device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, uint32_t stream,
+                          double max, double* sum_out, int* count_out, Shared& sh, const Slice& s) {
+  p.stream = stream;
+  float best_score = -INFINITY;
+  int best = -1;
+  double sum = 0.0;
+  int kept = 0;
+  const bool want_sum = sum_out != nullptr;
+  ForEach(lp, s.lo, s.hi, [&](int i, float x) {
+    if (!Kept(DescKey(x), i, cut)) return;
+    if (want_sum) {
+      sum += exp(static_cast<double>(x) - max);
+      ++kept;
+    }
+    float score = x;
+    if (sampled) {
+      // Exact pruning: l' + any noise < best score cannot win or tie.
+      if (best >= 0 && x + kGumbelMax < best_score) return;
+      score = __fadd_rn(x, DeviceGumbelNoise(p, static_cast<uint32_t>(i)));
+    }
+    if (ScoreBeats(score, i, best_score, best)) {
+      best_score = score;
+      best = i;
+    }
+  });
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) {
+    const float os = __shfl_xor_sync(kFullWarpMask, best_score, m);
+    const int ot = __shfl_xor_sync(kFullWarpMask, best, m);
+    if (ScoreBeats(os, ot, best_score, best)) {
+      best_score = os;
+      best = ot;
+    }
+  }
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  if (lane == 0) {
+    sh.warp_score[warp] = best_score;
+    sh.warp_token[warp] = best;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float bs = sh.warp_score[0];
+    int bt = sh.warp_token[0];
+    for (int w = 1; w < kWarps; ++w) {
+      if (ScoreBeats(sh.warp_score[w], sh.warp_token[w], bs, bt)) {
+        bs = sh.warp_score[w];
+        bt = sh.warp_token[w];
+      }
+    }
+    sh.part_f = bs;
+    sh.part_i = bt;
+  }
+  ClusterSync(s);
+  // Every thread combines the blocks' winners in rank order.
+  float bs = *InBlock(&sh.part_f, 0, s);
+  int bt = *InBlock(&sh.part_i, 0, s);
+  for (int q = 1; q < s.g; ++q) {
+    const float qs = *InBlock(&sh.part_f, q, s);
+    const int qt = *InBlock(&sh.part_i, q, s);
+    if (ScoreBeats(qs, qt, bs, bt)) {
+      bs = qs;
+      bt = qt;
+    }
+  }
+  ClusterSync(s);
+  if (want_sum) {
+    *sum_out = ClusterSumDouble(BlockSumDouble(sum, sh), sh, s);
+    *count_out = ClusterSumInt(BlockSumInt(kept, sh), sh, s);
+  }
+  return bt;
+}
+
+// vLLM's rank: kept values >= v.
+__device__ int RankOf(const float* vals, Cut cut, float v, Shared& sh, const Slice& s) {
+  int c = 0;
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
+    if (Kept(DescKey(x), i, cut) && x >= v) ++c;
+  });
+  return ClusterSumInt(BlockSumInt(c, sh), sh, s);
+}
+
+// log sum exp over kept values with maximum `max` (float64).
+__device__ double LogSumExp(const float* vals, Cut cut, float max, Shared& sh, const Slice& s) {
+  double sum = 0.0;
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
+    if (Kept(DescKey(x), i, cut)) sum += exp(static_cast<double>(x) - static_cast<double>(max));
+  });
+  return static_cast<double>(max) + log(ClusterSumDouble(BlockSumDouble(sum, sh), sh, s));
+}
+
+// The first `top` kept tokens in canonical order, with value - logz, written
+// by block 0 of the cluster.
+__device__ void WriteTopList(const float* vals, Cut cut, int kept, int top, double logz,
+                             int32_t* ids_out, float* logprobs_out, int32_t* count_out,
+                             Shared& sh, const Slice& s) {
+  top = top < kept ? top : kept;
+  const Cut top_cut = SelectNth(vals, cut, top, sh, s);
+  if (threadIdx.x == 0) sh.top_n = 0;
+  __syncthreads();
+  ForEach(vals, s.lo, s.hi, [&](int i, float x) {
+    if (Kept(DescKey(x), i, top_cut)) {
+      const int slot = atomicAdd(&sh.top_n, 1);
+      if (slot < kMaxTopLogprobs) {
+        sh.top_token[slot] = i;
+        sh.top_value[slot] = x;
+      }
+    }
+  });
+  ClusterSync(s);
+  if (s.rank == 0 && threadIdx.x == 0) {
+    int tokens[kMaxTopLogprobs];
+    float values[kMaxTopLogprobs];
+    int m = 0;
+    for (int q = 0; q < s.g; ++q) {
+      const Shared* o = InBlock(&sh, q, s);
+      const int nq = o->top_n < kMaxTopLogprobs ? o->top_n : kMaxTopLogprobs;
+      for (int a = 0; a < nq && m < kMaxTopLogprobs; ++a, ++m) {
+        tokens[m] = o->top_token[a];
+        values[m] = o->top_value[a];
+      }
+    }
+    // Insertion sort into (value desc, id asc).
+    for (int a = 1; a < m; ++a) {
+      const int t = tokens[a];
+      const float v = values[a];
+      int b = a - 1;
+      while (b >= 0 && (values[b] < v || (values[b] == v && tokens[b] > t))) {
+        tokens[b + 1] = tokens[b];
+        values[b + 1] = values[b];
+        --b;
+      }
+      tokens[b + 1] = t;
+      values[b + 1] = v;
+    }
+    for (int a = 0; a < m; ++a) {
+      ids_out[a] = tokens[a];
+      logprobs_out[a] = static_cast<float>(static_cast<double>(values[a]) - logz);
+    }
+    *count_out = m;
+  }
+  ClusterSync(s);
+}
+
+// ---- The row kernel -------------------------------------------------------------
+// Cluster r (blocks r * g .. r * g + g - 1): row row0 + r, raw logits
+// raw_all + r * n, l' buffer lp_all + r * n.
+__global__ void __launch_bounds__(kThreads)
+    ControlledRowKernel(const float* __restrict__ raw_all, float* lp_all, int n, int64_t row0,
+                        const RowParams* __restrict__ params, ControlledDeviceControls controls,
+                        ControlledSampleOutputs out, int frac_bits, int g) {
+  __shared__ Shared sh;
+  Slice s;
+  s.g = g;
+  s.rank = static_cast<int>(blockIdx.x % g);
+  const int per = (((n + g - 1) / g) + 3) & ~3;  // 4-aligned share of the row
+  s.lo = min(n, s.rank * per);
+  s.hi = min(n, s.lo + per);
+  const int64_t local_row = blockIdx.x / g;
+  const int64_t row = row0 + local_row;
+  const float* raw = raw_all + local_row * n;
+  float* lp = lp_all + local_row * n;
+  const ControlledRowDesc c = controls.rows[row];
+  const RowParams p = params[row];
+  const float scale = DeviceLogitScale(p.temperature);
+  const bool sampled = p.temperature > 0.0f;
+  const uint32_t* mask = c.bitmask_begin >= 0 ? controls.bitmask + c.bitmask_begin : nullptr;
+  const bool leader = s.rank == 0 && threadIdx.x == 0;
+
+  // ---- Steps 1-4 on this block's slice: l' (non-finite -> -inf), then the
+  // touched tokens that fall in it.
+  const auto transform = [&](int i, float x) {
+    const bool allowed = mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u) != 0u;
+    const float y = allowed ? cuda_internal::TransformLogit(x, scale) : -INFINITY;
+    return isfinite(y) ? y : -INFINITY;
+  };
+  int scalar_from = s.lo;
+  if ((s.lo & 3) == 0 && (reinterpret_cast<uintptr_t>(raw) & 15u) == 0 &&
+      (reinterpret_cast<uintptr_t>(lp) & 15u) == 0) {
+    const float4* raw4 = reinterpret_cast<const float4*>(raw + s.lo);
+    float4* lp4 = reinterpret_cast<float4*>(lp + s.lo);
+    const int n4 = (s.hi - s.lo) >> 2;
+#pragma unroll 4
+    for (int q = threadIdx.x; q < n4; q += kThreads) {
+      const float4 x = raw4[q];
+      const int i = s.lo + (q << 2);
+      lp4[q] = make_float4(transform(i, x.x), transform(i + 1, x.y), transform(i + 2, x.z),
+                           transform(i + 3, x.w));
+    }
+    scalar_from = s.lo + (n4 << 2);
+  }
+  for (int i = scalar_from + static_cast<int>(threadIdx.x); i < s.hi; i += kThreads) {
+    lp[i] = transform(i, raw[i]);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < c.touched_count; e += kThreads) {
+    const TouchedToken t = controls.touched[c.touched_begin + e];
+    if (t.id < s.lo || t.id >= s.hi) continue;
+    const bool allowed = mask == nullptr || ((mask[t.id >> 5] >> (t.id & 31)) & 1u) != 0u;
+    float y = -INFINITY;
+    if (allowed && t.banned == 0) {
+      y = TouchedLogit(raw[t.id], t, c.repetition_penalty, c.frequency_penalty,
+                       c.presence_penalty, scale);
+    }
+    lp[t.id] = isfinite(y) ? y : -INFINITY;
+  }
+  __threadfence();  // l' of this slice visible to the cluster's blocks (tokens read across slices)
+  __syncthreads();
+
+  // ---- Steps 5-7: the kept prefix.
+  Cut cut = AllFinite();
+  float max = -INFINITY;
+  int kept = 0;
+  MaxAndCount(lp, cut, sh, s, &max, &kept);
+  if (kept == 0) {
+    if (leader) {
+      out.row_status[row] = 1;
+      out.token_ids[row] = -1;
+    }
+    return;  // uniform over the cluster; no shared memory is read remotely any more
+  }
+  const double dmax = static_cast<double>(max);
+  if (c.min_p > 0.0f) {
+    // The smallest float t with exp(double(t) - max) >= min_p; max itself
+    // passes (exp(0) = 1 > min_p). Start at the analytic value and step ulps.
+    // Every block computes the same t.
+    if (threadIdx.x == 0) {
+      const auto passes = [&](float t) {
+        return exp(static_cast<double>(t) - dmax) >= static_cast<double>(c.min_p);
+      };
+      float t = static_cast<float>(dmax + log(static_cast<double>(c.min_p)));
+      if (!(t <= max)) t = max;
+      for (int k = 0; k < 64 && t > -INFINITY && passes(t); ++k) t = nextafterf(t, -INFINITY);
+      for (int k = 0; k < 128 && !passes(t); ++k) t = nextafterf(t, INFINITY);
+      sh.f = t;
+    }
+    __syncthreads();
+    const float threshold = sh.f;
+    __syncthreads();
+    cut = Cut{DescKey(threshold), INT_MAX};
+    float unused = 0.0f;
+    MaxAndCount(lp, cut, sh, s, &unused, &kept);
+  }
+  if (c.top_k > 0 && kept > c.top_k) {
+    cut = SelectNth(lp, cut, c.top_k, sh, s);
+    kept = c.top_k;
+  }
+  if (c.top_p < 1.0f) cut = SelectTopP(lp, cut, c.top_p, dmax, frac_bits, sh, s);
+
+  // ---- Step 8: the samples; logz and the kept count from the first draw's pass.
+  double sum = 0.0;
+  for (int j = 0; j < c.num_samples; ++j) {
+    const uint32_t stream = p.stream + static_cast<uint32_t>(j) * c.sample_stream_stride;
+    const int token = DrawSample(lp, cut, p, sampled, stream, dmax, j == 0 ? &sum : nullptr,
+                                 j == 0 ? &kept : nullptr, sh, s);
+    if (threadIdx.x == 0) sh.samples[j] = token;
+    if (leader) out.sample_tokens[c.sample_begin + j] = token;
+  }
+  __syncthreads();
+  const double logz = dmax + log(sum);
+  const int token0 = sh.samples[0];
+  if (leader) {
+    out.token_ids[row] = token0;
+    out.row_status[row] = 0;
+    if (out.logz != nullptr) out.logz[row] = static_cast<float>(logz);
+    if (out.logprobs != nullptr) {
+      out.logprobs[row] = static_cast<float>(static_cast<double>(lp[token0]) - logz);
+    }
+  }
+  if (c.top_logprobs <= 0) return;
+
+  // ---- Details: each sample's logprob and rank, and the top list.
+  const bool raw_mode = c.logprobs_mode == static_cast<int32_t>(LogprobsMode::kRaw);
+  const float* vals = raw_mode ? raw : lp;
+  Cut detail_cut = cut;
+  double detail_logz = logz;
+  int detail_kept = kept;
+  if (raw_mode) {
+    // Every raw logit of the valid vocabulary (the CPU takes the raw row as is).
+    detail_cut = Cut{0xffffffffu, INT_MAX};
+    float raw_max = -INFINITY;
+    MaxAndCount(raw, detail_cut, sh, s, &raw_max, &detail_kept);
+    detail_logz = LogSumExp(raw, detail_cut, raw_max, sh, s);
+  }
+  for (int j = 0; j < c.num_samples; ++j) {
+    const float v = vals[sh.samples[j]];
+    const int rank = RankOf(vals, detail_cut, v, sh, s);
+    if (leader) {
+      out.sample_logprobs[c.sample_begin + j] =
+          static_cast<float>(static_cast<double>(v) - detail_logz);
+      out.sample_ranks[c.sample_begin + j] = rank;
+    }
+  }
+  WriteTopList(vals, detail_cut, detail_kept, c.top_logprobs, detail_logz,
+               out.top_ids + row * kMaxTopLogprobs, out.top_logprobs + row * kMaxTopLogprobs,
+               out.top_counts + row, sh, s);
+}
+
+// F = 63 - ceil(log2(n + 1)): n masses of at most 2^F sum below 2^63.
+int FracBits(int64_t n) {
+  int bits = 0;
+  while ((int64_t{1} << bits) < n + 1) ++bits;
+  return 63 - bits;
+}
+
+bool ValidOutputs(const ControlledSampleOutputs& o) {
+  return o.token_ids != nullptr && o.row_status != nullptr && o.sample_tokens != nullptr &&
+         o.sample_logprobs != nullptr && o.sample_ranks != nullptr && o.top_ids != nullptr &&
+         o.top_logprobs != nullptr && o.top_counts != nullptr;
+}
+
+bool ValidCluster(int g) { return g == 1 || g == 2 || g == 4 || g == kMaxCluster; }
+
+// One cluster of g blocks per row (a plain launch for g = 1).
+KernelStatus LaunchRows(const float* raw, float* lp, int64_t rows, int64_t row0, int64_t n,
+                        const RowParams* params, const ControlledDeviceControls& controls,
+                        const ControlledSampleOutputs& outputs, int g, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(rows * g));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(g);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = g > 1 ? 1 : 0;
+  return StatusFromCuda(cudaLaunchKernelEx(&config, ControlledRowKernel, raw, lp, static_cast<int>(n),
+                                           row0, params, controls, outputs, FracBits(n), g));
+}
+
+}  // namespace
+
+// ---- Host flattening ------------------------------------------------------------
+size_t FlatControls::PackedBytes() const {
+  return AlignUp(rows.size() * sizeof(ControlledRowDesc)) +
+         AlignUp(touched.size() * sizeof(TouchedToken)) + AlignUp(bitmask.size() * sizeof(uint32_t));
+}
+
+void FlatControls::PackTo(void* host) const {
+  auto* base = static_cast<char*>(host);
+  std::memcpy(base, rows.data(), rows.size() * sizeof(ControlledRowDesc));
+  base += AlignUp(rows.size() * sizeof(ControlledRowDesc));
+  if (!touched.empty()) std::memcpy(base, touched.data(), touched.size() * sizeof(TouchedToken));
+  base += AlignUp(touched.size() * sizeof(TouchedToken));
+  if (!bitmask.empty()) std::memcpy(base, bitmask.data(), bitmask.size() * sizeof(uint32_t));
+}
+
+ControlledDeviceControls FlatControls::DeviceView(const void* device) const {
+  const auto* base = static_cast<const char*>(device);
+  ControlledDeviceControls v;
+  v.rows = reinterpret_cast<const ControlledRowDesc*>(base);
+  base += AlignUp(rows.size() * sizeof(ControlledRowDesc));
+  v.touched = reinterpret_cast<const TouchedToken*>(base);
+  base += AlignUp(touched.size() * sizeof(TouchedToken));
+  v.bitmask = reinterpret_cast<const uint32_t*>(base);
+  return v;
+}
+
+KernelStatus FlattenControls(const RowControls* controls, int64_t batch, int64_t vocab,
+                             int64_t valid_vocab, FlatControls* out) {
+  if (controls == nullptr || out == nullptr || batch < 1 || batch > kMaxInt32 || valid_vocab < 1 ||
+      valid_vocab > vocab || vocab > kMaxInt32) {
+    return KernelStatus::kInvalidArgument;
+  }
+  *out = FlatControls{};
+  out->rows.resize(static_cast<size_t>(batch));
+  const size_t words = static_cast<size_t>((valid_vocab + 31) / 32);
+  for (int64_t b = 0; b < batch; ++b) {
+    const RowControls& c = controls[b];
+    if (!ValidRowControls(c, vocab, valid_vocab)) return KernelStatus::kInvalidArgument;
+    ControlledRowDesc& d = out->rows[b];
+    d.top_k = c.top_k;
+    d.top_p = c.top_p;
+    d.min_p = c.min_p;
+    d.repetition_penalty = c.repetition_penalty;
+    d.presence_penalty = c.presence_penalty;
+    d.frequency_penalty = c.frequency_penalty;
+    const std::vector<TouchedToken> touched = MergeTouchedTokens(c);
+    d.touched_begin = static_cast<int32_t>(out->touched.size());
+    d.touched_count = static_cast<int32_t>(touched.size());
+    out->touched.insert(out->touched.end(), touched.begin(), touched.end());
+    if (!c.allowed_bitmask.empty()) {
+      d.bitmask_begin = static_cast<int32_t>(out->bitmask.size());
+      out->bitmask.insert(out->bitmask.end(), c.allowed_bitmask.begin(),
+                          c.allowed_bitmask.begin() + static_cast<std::ptrdiff_t>(words));
+    }
+    d.top_logprobs = c.top_logprobs;
+    d.logprobs_mode = static_cast<int32_t>(c.logprobs_mode);
+    d.num_samples = c.num_samples;
+    d.sample_stream_stride = c.sample_stream_stride;
+    d.sample_begin = static_cast<int32_t>(out->total_samples);
+    out->total_samples += c.num_samples;
+    if (out->touched.size() > static_cast<size_t>(kMaxInt32) ||
+        out->bitmask.size() > static_cast<size_t>(kMaxInt32) || out->total_samples > kMaxInt32) {
+      return KernelStatus::kInvalidArgument;
+    }
+  }
+  return KernelStatus::kOk;
+}
+
+// ---- Launchers ------------------------------------------------------------------
+size_t ControlledFromLogitsWorkspaceBytes(int64_t batch, int64_t valid_vocab) {
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kMaxInt32) return 0;
+  return AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(valid_vocab) * sizeof(float));
+}
+
+KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowParams* params,
+                                              int64_t batch, int64_t valid_vocab,
+                                              const ControlledDeviceControls& controls,
+                                              const ControlledSampleOutputs& outputs,
+                                              void* workspace, size_t workspace_bytes,
+                                              cudaStream_t stream, int cluster_blocks) {
+  const size_t need = ControlledFromLogitsWorkspaceBytes(batch, valid_vocab);
+  if (logits == nullptr || params == nullptr || controls.rows == nullptr ||
+      controls.touched == nullptr || !ValidOutputs(outputs) || workspace == nullptr || need == 0 ||
+      workspace_bytes < need || !ValidCluster(cluster_blocks) ||
+      reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return KernelStatus::kInvalidArgument;
+  }
+  return LaunchRows(logits, static_cast<float*>(workspace), batch, 0, valid_vocab, params,
+                    controls, outputs, cluster_blocks, stream);
+}
+
+namespace {
+struct Layout {
+  size_t raw = 0, lp = 0, cast = 0, total = 0;
+};
+Layout ControlledLayout(int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
+                        CudaWeightDType dtype) {
+  Layout l;
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kMaxInt32 ||
+      hidden_dim < 1 || hidden_dim > kMaxInt32 || CudaWeightDTypeBytes(dtype) == 0) {
+    return l;
+  }
+  const int64_t chunk = batch < kControlledChunkRows ? batch : kControlledChunkRows;
+  const size_t logits = AlignUp(static_cast<size_t>(chunk) * static_cast<size_t>(valid_vocab) * sizeof(float));
+  l.raw = 0;
+  l.lp = logits;
+  l.cast = 2 * logits;
+  l.total = 2 * logits + AlignUp(LogitsGemmCastBytes(chunk, hidden_dim, dtype));
+  return l;
+}
+}  // namespace
+
+size_t ControlledSampleWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
+                                      CudaWeightDType weight_dtype) {
+  return ControlledLayout(batch, valid_vocab, hidden_dim, weight_dtype).total;
+}
+
+KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHandle_t cublas,
+                                    cudaStream_t stream) {
+  const Layout layout = ControlledLayout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
+  if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
+      args.params == nullptr || args.controls.rows == nullptr || args.controls.touched == nullptr ||
+      !ValidOutputs(args.outputs) || args.workspace == nullptr || layout.total == 0 ||
+      !ValidCluster(args.cluster_blocks) ||
+      args.workspace_bytes < layout.total || args.valid_vocab > args.vocab ||
+      reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {
+    return KernelStatus::kInvalidArgument;
+  }
+  char* ws = static_cast<char*>(args.workspace);
+  float* raw = reinterpret_cast<float*>(ws + layout.raw);
+  float* lp = reinterpret_cast<float*>(ws + layout.lp);
+  for (int64_t row0 = 0; row0 < args.batch; row0 += kControlledChunkRows) {
+    const int64_t rows = args.batch - row0 < kControlledChunkRows ? args.batch - row0 : kControlledChunkRows;
+    LogitsGemmArgs gemm;
+    gemm.weight = args.weight;
+    gemm.weight_dtype = args.weight_dtype;
+    gemm.hidden = args.hidden + row0 * args.hidden_dim;
+    gemm.batch = rows;
+    gemm.valid_vocab = args.valid_vocab;
+    gemm.hidden_dim = args.hidden_dim;
+    gemm.cast_hidden = ws + layout.cast;
+    gemm.logits = raw;
+    if (const KernelStatus s = LaunchLogitsGemm(gemm, cublas, stream); s != KernelStatus::kOk) return s;
+    if (const KernelStatus s = LaunchRows(raw, lp, rows, row0, args.valid_vocab, args.params,
+                                          args.controls, args.outputs, args.cluster_blocks,
+                                          stream);
+        s != KernelStatus::kOk) {
+      return s;
+    }
+  }
+  return KernelStatus::kOk;
+}
+
+}  // namespace flashsampler::kernels

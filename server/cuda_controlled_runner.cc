@@ -1,0 +1,189 @@
+// CudaControlledRunner: flatten, upload, launch, download, scatter into
+// SampleResult (cuda_controlled_runner.h).
+#include "server/cuda_controlled_runner.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace flashsampler {
+namespace {
+
+using kernels::KernelStatus;
+
+absl::Status CudaError(const char* what, cudaError_t err) {
+  return absl::InternalError(absl::StrCat("cuda controlled sampler: ", what, ": ",
+                                          cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+#define FS_RETURN_IF_CUDA_ERROR(expr)                          \
+  do {                                                         \
+    const cudaError_t fs_err = (expr);                         \
+    if (fs_err != cudaSuccess) return CudaError(#expr, fs_err); \
+  } while (0)
+
+}  // namespace
+
+CudaSamplerPath PlanCudaSamplerPath(const SampleBatch& batch, int64_t fused_max_rows) {
+  if (std::any_of(batch.controls.begin(), batch.controls.end(),
+                  [](const RowControls& c) { return HasAnyControl(c); })) {
+    return CudaSamplerPath::kControlled;
+  }
+  return batch.rows <= fused_max_rows ? CudaSamplerPath::kFused : CudaSamplerPath::kMaterialized;
+}
+
+CudaControlledRunner::~CudaControlledRunner() {
+  for (Buffer* b : {&tokens_, &logz_, &logprobs_, &status_, &sample_tokens_, &sample_logprobs_,
+                    &sample_ranks_, &top_ids_, &top_logprobs_, &top_counts_, &controls_}) {
+    cudaFree(b->device);
+    cudaFreeHost(b->host);
+  }
+}
+
+absl::Status CudaControlledRunner::Init(int64_t max_rows) {
+  max_rows_ = max_rows;
+  const size_t rows = static_cast<size_t>(max_rows);
+  const size_t samples = rows * kMaxNumSamples;
+  const size_t top = rows * kMaxTopLogprobs;
+  const std::initializer_list<std::pair<Buffer*, size_t>> sizes = {
+      {&tokens_, rows * 4},       {&logz_, rows * 4},          {&logprobs_, rows * 4},
+      {&status_, rows * 4},       {&sample_tokens_, samples * 4}, {&sample_logprobs_, samples * 4},
+      {&sample_ranks_, samples * 4}, {&top_ids_, top * 4},     {&top_logprobs_, top * 4},
+      {&top_counts_, rows * 4}};
+  for (const auto& [buffer, bytes] : sizes) {
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&buffer->device, bytes));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&buffer->host, bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaControlledRunner::EnsureControlsCapacity(size_t bytes) {
+  if (bytes <= controls_capacity_) return absl::OkStatus();
+  // Grow geometrically; the previous upload has completed (Run synchronizes).
+  const size_t capacity = std::max(bytes, 2 * controls_capacity_);
+  cudaFree(controls_.device);
+  cudaFreeHost(controls_.host);
+  controls_ = Buffer{};
+  controls_capacity_ = 0;
+  FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&controls_.device, capacity));
+  FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&controls_.host, capacity));
+  controls_capacity_ = capacity;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SampleResult> CudaControlledRunner::Run(
+    const SampleBatch& batch, const ModelShape& shape, const void* weight,
+    kernels::CudaWeightDType dtype, const float* hidden, const RowParams* params, void* workspace,
+    size_t workspace_bytes, cublasHandle_t cublas, cudaStream_t stream) {
+  const int64_t rows = batch.rows;
+  if (static_cast<int64_t>(batch.controls.size()) != rows || rows > max_rows_) {
+    return absl::InvalidArgumentError("cuda engine: controls must be one per row");
+  }
+  if (!batch.draft_tokens.empty()) {
+    return absl::UnimplementedError(
+        "the cuda backend does not verify draft tokens in rows with sampling controls yet; run the "
+        "server with --backend=cpu to use them");
+  }
+  kernels::FlatControls flat;
+  if (const KernelStatus s = kernels::FlattenControls(batch.controls.data(), rows, shape.vocab_size,
+                                                      shape.valid_vocab, &flat);
+      s != KernelStatus::kOk) {
+    return KernelStatusToStatus(s, "cuda controlled sampler (controls)");
+  }
+  if (absl::Status s = EnsureControlsCapacity(flat.PackedBytes()); !s.ok()) return s;
+  flat.PackTo(controls_.host);
+  FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(controls_.device, controls_.host, flat.PackedBytes(),
+                                          cudaMemcpyHostToDevice, stream));
+
+  kernels::ControlledSampleArgs args;
+  args.weight = weight;
+  args.weight_dtype = dtype;
+  args.hidden = hidden;
+  args.params = params;
+  args.batch = rows;
+  args.vocab = shape.vocab_size;
+  args.valid_vocab = shape.valid_vocab;
+  args.hidden_dim = shape.hidden_size;
+  args.controls = flat.DeviceView(controls_.device);
+  kernels::ControlledSampleOutputs& o = args.outputs;
+  o.token_ids = static_cast<int32_t*>(tokens_.device);
+  o.logz = batch.want_logz ? static_cast<float*>(logz_.device) : nullptr;
+  o.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_.device) : nullptr;
+  o.row_status = static_cast<int32_t*>(status_.device);
+  o.sample_tokens = static_cast<int32_t*>(sample_tokens_.device);
+  o.sample_logprobs = static_cast<float*>(sample_logprobs_.device);
+  o.sample_ranks = static_cast<int32_t*>(sample_ranks_.device);
+  o.top_ids = static_cast<int32_t*>(top_ids_.device);
+  o.top_logprobs = static_cast<float*>(top_logprobs_.device);
+  o.top_counts = static_cast<int32_t*>(top_counts_.device);
+  args.workspace = workspace;
+  args.workspace_bytes = workspace_bytes;
+  if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
+    return KernelStatusToStatus(s, "cuda controlled sampler launch");
+  }
+
+  const bool any_top = std::any_of(batch.controls.begin(), batch.controls.end(),
+                                   [](const RowControls& c) { return c.top_logprobs > 0; });
+  const size_t samples = static_cast<size_t>(flat.total_samples);
+  auto download = [&](const Buffer& b, size_t bytes) {
+    return cudaMemcpyAsync(b.host, b.device, bytes, cudaMemcpyDeviceToHost, stream);
+  };
+  FS_RETURN_IF_CUDA_ERROR(download(tokens_, rows * 4));
+  FS_RETURN_IF_CUDA_ERROR(download(status_, rows * 4));
+  FS_RETURN_IF_CUDA_ERROR(download(sample_tokens_, samples * 4));
+  if (batch.want_logz) FS_RETURN_IF_CUDA_ERROR(download(logz_, rows * 4));
+  if (batch.want_logprobs) FS_RETURN_IF_CUDA_ERROR(download(logprobs_, rows * 4));
+  if (any_top) {
+    FS_RETURN_IF_CUDA_ERROR(download(sample_logprobs_, samples * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(sample_ranks_, samples * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(top_ids_, rows * kMaxTopLogprobs * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(top_logprobs_, rows * kMaxTopLogprobs * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(top_counts_, rows * 4));
+  }
+  FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+
+  const auto* status = static_cast<const int32_t*>(status_.host);
+  if (std::any_of(status, status + rows, [](int32_t s) { return s != 0; })) {
+    return KernelStatusToStatus(KernelStatus::kFailedPrecondition, "cuda controlled sampler");
+  }
+  SampleResult result;
+  const auto* tokens = static_cast<const int32_t*>(tokens_.host);
+  result.token_ids.assign(tokens, tokens + rows);
+  if (batch.want_logz) {
+    const auto* v = static_cast<const float*>(logz_.host);
+    result.logz.assign(v, v + rows);
+  }
+  if (batch.want_logprobs) {
+    const auto* v = static_cast<const float*>(logprobs_.host);
+    result.logprobs.assign(v, v + rows);
+  }
+  const auto* sample_tokens = static_cast<const int32_t*>(sample_tokens_.host);
+  const auto* sample_logprobs = static_cast<const float*>(sample_logprobs_.host);
+  const auto* sample_ranks = static_cast<const int32_t*>(sample_ranks_.host);
+  const auto* top_ids = static_cast<const int32_t*>(top_ids_.host);
+  const auto* top_logprobs = static_cast<const float*>(top_logprobs_.host);
+  const auto* top_counts = static_cast<const int32_t*>(top_counts_.host);
+  result.details.resize(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const kernels::ControlledRowDesc& d = flat.rows[r];
+    RowSampleDetail& detail = result.details[r];
+    detail.token_ids.assign(sample_tokens + d.sample_begin,
+                            sample_tokens + d.sample_begin + d.num_samples);
+    if (d.top_logprobs <= 0) continue;
+    detail.logprobs.assign(sample_logprobs + d.sample_begin,
+                           sample_logprobs + d.sample_begin + d.num_samples);
+    detail.ranks.assign(sample_ranks + d.sample_begin, sample_ranks + d.sample_begin + d.num_samples);
+    for (int32_t i = 0; i < top_counts[r]; ++i) {
+      detail.top.push_back(TokenLogprob{top_ids[r * kMaxTopLogprobs + i],
+                                        top_logprobs[r * kMaxTopLogprobs + i]});
+    }
+  }
+  return result;
+}
+
+}  // namespace flashsampler

@@ -1,0 +1,76 @@
+// The CUDA backend's planner and its path for rows with sampling controls.
+//
+// PlanCudaSamplerPath picks, per batch, the kernel that serves it:
+//  - kControlled when any row has a control (HasAnyControl): the whole batch
+//    goes to kernels/cuda/controlled_sample.h (cuBLAS logits, then one block
+//    per row applies bitmask, bans, bias, penalties, temperature, min_p,
+//    top_k, top_p and draws the samples; plain rows in such a batch are served
+//    by the same kernel with neutral controls, which samples exactly what the
+//    plain kernels sample);
+//  - else kFused up to fused_max_rows rows, kMaterialized above (unchanged).
+// The fused path for controls (per-tile top-k candidates) does not exist yet.
+//
+// CudaControlledRunner owns the buffers of the controlled path on one device
+// (flattened controls, per-row status, the per-sample and top-list outputs,
+// device and pinned host copies) and runs one batch on the engine's stream,
+// after the engine has enqueued the upload of the hidden states and params.
+//
+// Thread safety: like the engine, one batch at a time (Run is not reentrant).
+// Outcomes of Run: OK with the batch's SampleResult (details for every row);
+// FailedPrecondition when a row has no token with a finite logit left (the
+// CPU backend's status and message; the engine stays healthy); InvalidArgument
+// for controls the kernel rejects; Unimplemented for controls combined with
+// draft rows; Internal for CUDA / cuBLAS failures.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/controlled_sample.h"
+#include "server/engine.h"
+
+namespace flashsampler {
+
+enum class CudaSamplerPath { kFused, kMaterialized, kControlled };
+
+CudaSamplerPath PlanCudaSamplerPath(const SampleBatch& batch, int64_t fused_max_rows);
+
+class CudaControlledRunner {
+ public:
+  CudaControlledRunner() = default;
+  ~CudaControlledRunner();
+  CudaControlledRunner(const CudaControlledRunner&) = delete;
+  CudaControlledRunner& operator=(const CudaControlledRunner&) = delete;
+
+  // Allocates the output buffers for batches of up to max_rows rows (on the
+  // current device). The workspace the engine hands to Run must hold
+  // kernels::ControlledSampleWorkspaceBytes(max_rows, ...).
+  absl::Status Init(int64_t max_rows);
+
+  // Samples `batch` (controls non-empty) whose hidden states (rounded to the
+  // weight dtype) and params are already on the device or enqueued on `stream`.
+  absl::StatusOr<SampleResult> Run(const SampleBatch& batch, const ModelShape& shape,
+                                   const void* weight, kernels::CudaWeightDType dtype,
+                                   const float* hidden, const RowParams* params, void* workspace,
+                                   size_t workspace_bytes, cublasHandle_t cublas,
+                                   cudaStream_t stream);
+
+ private:
+  absl::Status EnsureControlsCapacity(size_t bytes);
+
+  int64_t max_rows_ = 0;
+  // Device outputs and their pinned host copies.
+  struct Buffer {
+    void* device = nullptr;
+    void* host = nullptr;
+  };
+  Buffer tokens_, logz_, logprobs_, status_, sample_tokens_, sample_logprobs_, sample_ranks_,
+      top_ids_, top_logprobs_, top_counts_;
+  Buffer controls_;
+  size_t controls_capacity_ = 0;
+};
+
+}  // namespace flashsampler

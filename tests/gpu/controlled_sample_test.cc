@@ -1,0 +1,493 @@
+// Tests of kernels/cuda/controlled_sample.h (ctest label `gpu`): every
+// sampling control against the float64 reference (tests/common/
+// controls_reference.h) with the shared goodness-of-fit check; the GPU against
+// the CPU backend (kernels/cpu/controlled_sampler.h) on random rows with random
+// controls, including heavy ties; the edge cases of issue 3 (top_k = 1 is
+// greedy, top_p = 1 and min_p = 0 change nothing, top-k boundary ties go to the
+// lower id, a row with every token masked reports row_status 1 while the other
+// rows are served).
+//
+// Every case uses hidden_dim = 1 and fp32 weights: the logits are single fp32
+// products w_v * h_b, which cuBLAS (PEDANTIC fp32) and the CPU's sgemm round
+// identically. So both backends see bit-identical raw logits, the transformed
+// logits are bit-identical by construction (TouchedLogit, one fp32 multiply),
+// and the only admissible differences are the documented ones: top_p cuts
+// within ~1e-8 of the target (fixed-point vs float64 sums) and min_p
+// thresholds within an ulp of exp's rounding. The comparison therefore
+// demands identical tokens on >= 99.9% of rows (in practice all of them).
+#include "kernels/cuda/controlled_sample.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/controlled_sampler.h"
+#include "kernels/cuda/materialized_sample.h"
+#include "tests/common/controls_fit_cases.h"
+#include "tests/common/controls_reference.h"
+#include "tests/common/goodness_of_fit.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::GpuTest;
+
+struct Outputs {
+  KernelStatus launch = KernelStatus::kOk;
+  std::vector<int32_t> tokens;
+  std::vector<float> logz;
+  std::vector<float> logprobs;
+  std::vector<int32_t> row_status;
+  std::vector<RowSampleDetail> details;
+};
+
+struct RandomProblem;  // below: random inputs and controls
+
+// The controlled sampler on a [vocab, 1] fp32 LM head `w` (valid_vocab =
+// vocab) with hidden values h [rows]: flattens the controls, uploads
+// everything, launches LaunchControlledSample, downloads and assembles the
+// details as the engine does (cuda_controlled_runner.cc).
+class ControlledSampleTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(cublasCreate(&cublas_), CUBLAS_STATUS_SUCCESS);
+  }
+  void TearDown() override {
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+  }
+
+  Outputs Run(const std::vector<float>& w, const std::vector<float>& h,
+              const std::vector<RowParams>& params, const std::vector<RowControls>& controls) {
+    Outputs out;
+    const int64_t vocab = static_cast<int64_t>(w.size());
+    const int64_t rows = static_cast<int64_t>(h.size());
+    FlatControls flat;
+    EXPECT_EQ(FlattenControls(controls.data(), rows, vocab, vocab, &flat), KernelStatus::kOk);
+    std::vector<uint8_t> packed(flat.PackedBytes());
+    flat.PackTo(packed.data());
+    DeviceBuffer<float> dw(w.size()), dh(h.size());
+    DeviceBuffer<RowParams> dp(params.size());
+    DeviceBuffer<uint8_t> dc(packed.size());
+    dw.Upload(w);
+    dh.Upload(h);
+    dp.Upload(params);
+    dc.Upload(packed);
+    const size_t samples = static_cast<size_t>(flat.total_samples);
+    DeviceBuffer<int32_t> tokens(rows), status(rows), sample_tokens(samples), ranks(samples),
+        top_ids(rows * kMaxTopLogprobs), top_counts(rows);
+    DeviceBuffer<float> logz(rows), logprobs(rows), sample_logprobs(samples),
+        top_logprobs(rows * kMaxTopLogprobs);
+    for (const auto* b : {&tokens, &status, &sample_tokens, &ranks, &top_ids, &top_counts}) {
+      EXPECT_EQ(cudaMemset(b->data(), 0xff, b->bytes()), cudaSuccess);
+    }
+    const size_t ws_bytes =
+        ControlledSampleWorkspaceBytes(rows, vocab, 1, CudaWeightDType::kFloat32);
+    EXPECT_GT(ws_bytes, 0u);
+    DeviceBuffer<uint8_t> workspace(ws_bytes);
+
+    ControlledSampleArgs args;
+    args.weight = dw.data();
+    args.weight_dtype = CudaWeightDType::kFloat32;
+    args.hidden = dh.data();
+    args.params = dp.data();
+    args.batch = rows;
+    args.vocab = vocab;
+    args.valid_vocab = vocab;
+    args.hidden_dim = 1;
+    args.controls = flat.DeviceView(dc.data());
+    args.outputs = ControlledSampleOutputs{tokens.data(),       logz.data(),          logprobs.data(),
+                                           status.data(),       sample_tokens.data(), sample_logprobs.data(),
+                                           ranks.data(),        top_ids.data(),       top_logprobs.data(),
+                                           top_counts.data()};
+    args.workspace = workspace.data();
+    args.workspace_bytes = ws_bytes;
+    args.cluster_blocks = cluster_blocks_;
+    out.launch = LaunchControlledSample(args, cublas_, nullptr);
+    const cudaError_t sync = cudaDeviceSynchronize();
+    EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
+    if (out.launch != KernelStatus::kOk || sync != cudaSuccess) return out;
+    out.tokens = tokens.Download(rows);
+    out.logz = logz.Download(rows);
+    out.logprobs = logprobs.Download(rows);
+    out.row_status = status.Download(rows);
+    const auto st = sample_tokens.Download(samples);
+    const auto sl = sample_logprobs.Download(samples);
+    const auto sr = ranks.Download(samples);
+    const auto ti = top_ids.Download(rows * kMaxTopLogprobs);
+    const auto tl = top_logprobs.Download(rows * kMaxTopLogprobs);
+    const auto tc = top_counts.Download(rows);
+    out.details.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const ControlledRowDesc& d = flat.rows[r];
+      RowSampleDetail& detail = out.details[r];
+      detail.token_ids.assign(st.begin() + d.sample_begin, st.begin() + d.sample_begin + d.num_samples);
+      if (d.top_logprobs <= 0 || out.row_status[r] != 0) continue;
+      detail.logprobs.assign(sl.begin() + d.sample_begin, sl.begin() + d.sample_begin + d.num_samples);
+      detail.ranks.assign(sr.begin() + d.sample_begin, sr.begin() + d.sample_begin + d.num_samples);
+      EXPECT_TRUE(tc[r] >= 0 && tc[r] <= d.top_logprobs) << "row " << r << ": " << tc[r];
+      for (int32_t i = 0; i < tc[r] && i < kMaxTopLogprobs; ++i) {
+        detail.top.push_back(TokenLogprob{ti[r * kMaxTopLogprobs + i], tl[r * kMaxTopLogprobs + i]});
+      }
+    }
+    return out;
+  }
+
+  // The GPU against the CPU backend on `p` (defined below the problem maker).
+  void CompareWithCpu(const RandomProblem& p);
+
+  cublasHandle_t cublas_ = nullptr;
+  int cluster_blocks_ = kControlledClusterBlocks;  // blocks per row
+};
+
+// The CPU backend on the same problem (materialized path: it serves every row).
+Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
+               const std::vector<RowParams>& params, const std::vector<RowControls>& controls) {
+  const int64_t vocab = static_cast<int64_t>(w.size());
+  const int64_t rows = static_cast<int64_t>(h.size());
+  CpuControlledSampler sampler(w.data(), vocab, vocab, 1, {2, 1024});
+  Outputs out;
+  out.tokens.assign(rows, -7);
+  out.logz.assign(rows, NAN);
+  out.logprobs.assign(rows, NAN);
+  out.details.resize(rows);
+  out.launch = sampler.Sample(h.data(), rows, params.data(), controls.data(),
+                              CpuControlledPath::kMaterialized,
+                              {out.tokens.data(), out.logz.data(), out.logprobs.data(), out.details.data()});
+  return out;
+}
+
+// ---- Goodness of fit against the float64 reference ---------------------------
+// The CPU suite's cases (tests/common/controls_fit_cases.h).
+using FitCase = testing::ControlsFitCase;
+std::vector<float> TestLogits() { return testing::ControlsTestLogits(); }
+RowControls Controls(int32_t top_k, float top_p, float min_p) {
+  return testing::FilterControls(top_k, top_p, min_p);
+}
+class ControlledSampleFit : public ControlledSampleTest,
+                            public ::testing::WithParamInterface<FitCase> {};
+
+// 2^21 samples per case: 8 launches of 4096 rows x 64 samples (stream = row,
+// stride = rows, offset = launch). Power: a 1% relative error in any token
+// with p >= 0.05 shifts its count by >= 6 standard deviations (asserted).
+TEST_P(ControlledSampleFit, MatchesTheFloat64Reference) {
+  const FitCase& fc = GetParam();
+  const std::vector<float> logits = TestLogits();
+  const testing::ReferenceResult ref =
+      testing::ReferenceControlledDistribution(logits, 24, fc.temperature, fc.controls);
+  ASSERT_GT(ref.margin, 1e-3);
+  constexpr int64_t kRows = 4096;
+  constexpr int32_t kSamples = 64;
+  RowControls c = fc.controls;
+  c.num_samples = kSamples;
+  c.sample_stream_stride = kRows;
+  const std::vector<RowControls> controls(kRows, c);
+  const std::vector<float> h(kRows, 1.0f);
+  std::vector<int64_t> counts(24, 0);
+  for (int64_t call = 0; call < 8; ++call) {
+    std::vector<RowParams> params(kRows);
+    for (int64_t r = 0; r < kRows; ++r) {
+      params[r] = RowParams{fc.temperature, 4242, static_cast<uint64_t>(call), static_cast<uint32_t>(r)};
+    }
+    const Outputs out = Run(logits, h, params, controls);
+    ASSERT_EQ(out.launch, KernelStatus::kOk);
+    for (const RowSampleDetail& d : out.details) {
+      ASSERT_EQ(d.token_ids.size(), static_cast<size_t>(kSamples));
+      for (int32_t t : d.token_ids) {
+        ASSERT_TRUE(t >= 0 && t < 24) << t;
+        ++counts[t];
+      }
+    }
+  }
+  testing::ExpectCountsMatch(counts, ref.probs, /*required_shift=*/6.0, /*detectable_error=*/0.01);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryControl, ControlledSampleFit,
+    ::testing::ValuesIn(testing::EveryControlFitCase()),
+    [](const ::testing::TestParamInfo<FitCase>& info) { return info.param.name; });
+
+// ---- The GPU against the CPU backend ---------------------------------------------
+struct RandomProblem {
+  std::vector<float> w, h;
+  std::vector<RowParams> params;
+  std::vector<RowControls> controls;
+};
+
+// Random controls of every kind on every row (greedy rows included): top_k
+// from 0 to 2000 (beyond any fused limit), top_p, min_p, penalties, bias,
+// bans, bitmask, top_logprobs in both modes, 1-3 samples. `tie_step` > 0
+// rounds the weights to multiples of it, so many tokens share a logit.
+RandomProblem MakeRandomProblem(int64_t vocab, int64_t rows, float tie_step, uint32_t seed) {
+  RandomProblem p;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  p.w.resize(vocab);
+  for (float& x : p.w) {
+    x = normal(rng);
+    if (tie_step > 0) x = std::round(x / tie_step) * tie_step;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    p.h.push_back(0.5f + unit(rng));
+    p.params.push_back(RowParams{r % 7 == 0 ? 0.0f : 0.3f + 1.5f * unit(rng),
+                                 static_cast<uint64_t>(seed) * 100000 + r, static_cast<uint64_t>(r % 5),
+                                 static_cast<uint32_t>(r % 3)});
+    RowControls c;
+    switch (r % 4) {
+      case 0: c.top_k = 1 + static_cast<int32_t>(rng() % 64); break;
+      case 1: c.top_k = 65 + static_cast<int32_t>(rng() % 2000); break;
+      default: break;
+    }
+    if (r % 3 != 2) c.top_p = 0.2f + 0.79f * unit(rng);
+    if (r % 5 == 1 || r % 5 == 3) c.min_p = 0.3f * unit(rng);
+    if (r % 4 == 2) {
+      c.repetition_penalty = 1.3f;
+      c.frequency_penalty = 0.4f;
+      c.presence_penalty = -0.2f;
+      for (int i = 0; i < 40; ++i) c.output_token_ids.push_back(token(rng));
+      for (int i = 0; i < 40; ++i) c.prompt_token_ids.push_back(token(rng));
+    }
+    if (r % 6 == 3) {
+      c.logit_bias = {{token(rng), 5.0f}, {token(rng) / 2 * 2 + 1, -3.0f}};
+      c.banned_token_ids = {token(rng), token(rng)};
+      c.allowed_bitmask.assign((vocab + 31) / 32, 0xF0F0F0F7u ^ static_cast<uint32_t>(r));
+    }
+    c.top_logprobs = static_cast<int32_t>(r % 7) * 3;  // 0 .. 18
+    if (r % 9 == 4) c.logprobs_mode = LogprobsMode::kRaw;
+    c.num_samples = 1 + static_cast<int32_t>(r % 3);
+    c.sample_stream_stride = 3;
+    p.controls.push_back(c);
+  }
+  return p;
+}
+
+// Identical tokens on >= 99.9% of rows; on agreeing rows logz / logprobs to
+// float64 summation-order rounding, ranks and top lists exactly (ids) and to
+// rounding (logprobs).
+void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p) {
+  const int64_t rows = static_cast<int64_t>(p.h.size());
+  int64_t mismatches = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    SCOPED_TRACE(::testing::Message() << "row " << r);
+    ASSERT_EQ(gpu.row_status[r], 0);
+    const RowSampleDetail& g = gpu.details[r];
+    const RowSampleDetail& c = cpu.details[r];
+    if (g.token_ids != c.token_ids) {
+      ++mismatches;
+      continue;
+    }
+    EXPECT_EQ(gpu.tokens[r], cpu.tokens[r]);
+    const float tol = 2e-5f * std::max(1.0f, std::fabs(cpu.logz[r]));
+    EXPECT_NEAR(gpu.logz[r], cpu.logz[r], tol);
+    EXPECT_NEAR(gpu.logprobs[r], cpu.logprobs[r], tol);
+    EXPECT_EQ(g.ranks, c.ranks);
+    ASSERT_EQ(g.logprobs.size(), c.logprobs.size());
+    for (size_t j = 0; j < g.logprobs.size(); ++j) EXPECT_NEAR(g.logprobs[j], c.logprobs[j], tol);
+    ASSERT_EQ(g.top.size(), c.top.size());
+    for (size_t i = 0; i < g.top.size(); ++i) {
+      EXPECT_EQ(g.top[i].token_id, c.top[i].token_id) << "top " << i;
+      EXPECT_NEAR(g.top[i].logprob, c.top[i].logprob, tol) << "top " << i;
+    }
+  }
+  EXPECT_LE(mismatches, rows / 1000) << mismatches << " of " << rows << " rows differ";
+}
+
+void ControlledSampleTest::CompareWithCpu(const RandomProblem& p) {
+  const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
+  ASSERT_EQ(cpu.launch, KernelStatus::kOk);
+  const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
+  ASSERT_EQ(gpu.launch, KernelStatus::kOk);
+  ExpectAgrees(gpu, cpu, p);
+}
+
+TEST_F(ControlledSampleTest, MatchesTheCpuBackendOnRandomControls) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+    SCOPED_TRACE(seed);
+    CompareWithCpu(MakeRandomProblem(30000, 512, 0.0f, seed));
+  }
+}
+
+// Weights on a grid of 1/4: thousands of tokens share each logit, so the
+// top-k, top-p and top-list boundaries fall inside groups of ties, resolved
+// by the lower id on both backends.
+TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithHeavyTies) {
+  for (uint32_t seed : {11u, 12u}) {
+    SCOPED_TRACE(seed);
+    CompareWithCpu(MakeRandomProblem(30000, 512, 0.25f, seed));
+  }
+}
+
+// One block per row (no cluster) against the CPU as well: both launch shapes
+// of the row kernel are checked.
+TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithOneBlockPerRow) {
+  cluster_blocks_ = 1;
+  CompareWithCpu(MakeRandomProblem(30000, 512, 0.25f, 13));
+}
+
+// Every cluster size samples the same tokens with the same details (logz may
+// differ in float64 summation order only).
+TEST_F(ControlledSampleTest, ClusterSizesGiveTheSameResults) {
+  const RandomProblem p = MakeRandomProblem(20000, 256, 0.25f, 14);
+  cluster_blocks_ = 8;
+  const Outputs ref = Run(p.w, p.h, p.params, p.controls);
+  ASSERT_EQ(ref.launch, KernelStatus::kOk);
+  for (int g : {1, 2, 4}) {
+    SCOPED_TRACE(g);
+    cluster_blocks_ = g;
+    const Outputs o = Run(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(o.launch, KernelStatus::kOk);
+    EXPECT_EQ(o.tokens, ref.tokens);
+    for (size_t r = 0; r < ref.tokens.size(); ++r) {
+      EXPECT_EQ(o.details[r].token_ids, ref.details[r].token_ids) << r;
+      EXPECT_EQ(o.details[r].ranks, ref.details[r].ranks) << r;
+      ASSERT_EQ(o.details[r].top.size(), ref.details[r].top.size()) << r;
+      for (size_t i = 0; i < ref.details[r].top.size(); ++i) {
+        EXPECT_EQ(o.details[r].top[i].token_id, ref.details[r].top[i].token_id) << r;
+      }
+      EXPECT_NEAR(o.logz[r], ref.logz[r], 1e-6f * std::max(1.0f, std::fabs(ref.logz[r]))) << r;
+    }
+  }
+  cluster_blocks_ = 3;
+  EXPECT_EQ(Run(p.w, p.h, p.params, p.controls).launch, KernelStatus::kInvalidArgument);
+}
+
+// A batch of more than kControlledChunkRows rows (two GEMM + row-kernel chunks).
+TEST_F(ControlledSampleTest, MatchesTheCpuBackendAcrossChunks) {
+  CompareWithCpu(MakeRandomProblem(4000, kControlledChunkRows + 77, 0.0f, 21));
+}
+
+// ---- Edge cases of issue 3 ---------------------------------------------------------
+TEST_F(ControlledSampleTest, TopKOneIsGreedy) {
+  const RandomProblem p = MakeRandomProblem(20000, 256, 0.0f, 31);
+  std::vector<RowControls> top1(p.h.size(), Controls(1, 1.0f, 0.0f));
+  std::vector<RowParams> greedy = p.params;
+  for (RowParams& q : greedy) q.temperature = 0.0f;
+  const Outputs a = Run(p.w, p.h, p.params, top1);
+  const Outputs b = Run(p.w, p.h, greedy, std::vector<RowControls>(p.h.size(), Controls(0, 1.0f, 0.0f)));
+  ASSERT_EQ(a.launch, KernelStatus::kOk);
+  ASSERT_EQ(b.launch, KernelStatus::kOk);
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
+// top_p = 1 and min_p = 0 (with top_logprobs = 1 so the row is controlled)
+// sample exactly what the plain materialized sampler samples.
+TEST_F(ControlledSampleTest, NeutralTopPAndMinPChangeNothing) {
+  const RandomProblem p = MakeRandomProblem(20000, 256, 0.0f, 41);
+  RowControls neutral = Controls(0, 1.0f, 0.0f);
+  neutral.top_logprobs = 1;
+  const Outputs controlled = Run(p.w, p.h, p.params, std::vector<RowControls>(p.h.size(), neutral));
+  ASSERT_EQ(controlled.launch, KernelStatus::kOk);
+
+  const int64_t vocab = static_cast<int64_t>(p.w.size()), rows = static_cast<int64_t>(p.h.size());
+  DeviceBuffer<float> dw(p.w.size()), dh(p.h.size());
+  DeviceBuffer<RowParams> dp(rows);
+  DeviceBuffer<int32_t> tokens(rows);
+  DeviceBuffer<float> logz(rows), logprobs(rows);
+  dw.Upload(p.w);
+  dh.Upload(p.h);
+  dp.Upload(p.params);
+  const size_t ws = MaterializedSampleWorkspaceBytes(rows, vocab, 1, CudaWeightDType::kFloat32);
+  DeviceBuffer<uint8_t> workspace(ws);
+  FusedSampleArgs args;
+  args.weight = dw.data();
+  args.weight_dtype = CudaWeightDType::kFloat32;
+  args.hidden = dh.data();
+  args.params = dp.data();
+  args.batch = rows;
+  args.vocab = vocab;
+  args.valid_vocab = vocab;
+  args.hidden_dim = 1;
+  args.token_ids = tokens.data();
+  args.logz = logz.data();
+  args.logprobs = logprobs.data();
+  args.workspace = workspace.data();
+  args.workspace_bytes = ws;
+  ASSERT_EQ(LaunchMaterializedSample(args, cublas_, nullptr), KernelStatus::kOk);
+  FS_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(controlled.tokens, tokens.Download(rows));
+  const std::vector<float> plain_logz = logz.Download(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_NEAR(controlled.logz[r], plain_logz[r], 1e-4f * std::max(1.0f, std::fabs(plain_logz[r])));
+  }
+}
+
+// 100 tokens with the same logit: top_k = 10 keeps ids 0..9 exactly (every
+// sample lands there, the top list is 0..9 in id order with log(1/10)).
+TEST_F(ControlledSampleTest, TopKBoundaryTiesGoToTheLowerId) {
+  std::vector<float> w(100, 0.5f);
+  constexpr int64_t kRows = 512;
+  RowControls c = Controls(10, 1.0f, 0.0f);
+  c.top_logprobs = 20;
+  c.num_samples = 8;
+  c.sample_stream_stride = kRows;
+  std::vector<RowParams> params(kRows);
+  for (int64_t r = 0; r < kRows; ++r) params[r] = RowParams{1.0f, 99, 0, static_cast<uint32_t>(r)};
+  const Outputs out = Run(w, std::vector<float>(kRows, 1.0f), params, std::vector<RowControls>(kRows, c));
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  std::vector<int64_t> counts(100, 0);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int32_t t : out.details[r].token_ids) {
+      ASSERT_TRUE(t >= 0 && t < 10) << t;
+      ++counts[t];
+    }
+    ASSERT_EQ(out.details[r].top.size(), 10u);
+    for (int i = 0; i < 10; ++i) {
+      EXPECT_EQ(out.details[r].top[i].token_id, i);
+      EXPECT_NEAR(out.details[r].top[i].logprob, std::log(0.1f), 1e-6f);
+    }
+    for (int32_t rank : out.details[r].ranks) EXPECT_EQ(rank, 10);
+  }
+  for (int i = 0; i < 10; ++i) EXPECT_GT(counts[i], 0) << i;  // 4096 draws over 10 tokens
+  // Greedy: the lowest id of the tied maximum.
+  for (RowParams& p : params) p.temperature = 0.0f;
+  const Outputs greedy = Run(w, std::vector<float>(kRows, 1.0f), params, std::vector<RowControls>(kRows, c));
+  for (int32_t t : greedy.tokens) EXPECT_EQ(t, 0);
+}
+
+// Row 1 has every token masked: row_status 1 there, rows 0 and 2 are served
+// as usual (the engine turns the status into FailedPrecondition).
+TEST_F(ControlledSampleTest, RowWithEveryTokenMaskedReportsItsStatus) {
+  const std::vector<float> w = TestLogits();
+  RowControls masked;
+  masked.allowed_bitmask = {1u << 3};
+  masked.banned_token_ids = {3};
+  const std::vector<RowParams> params(3, RowParams{1.0f, 1, 0, 0});
+  const Outputs out = Run(w, std::vector<float>(3, 1.0f), params, {Controls(3, 1.0f, 0.0f), masked, Controls(0, 0.5f, 0.0f)});
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  EXPECT_EQ(out.row_status, (std::vector<int32_t>{0, 1, 0}));
+  EXPECT_TRUE(out.tokens[0] == 0 || out.tokens[0] == 13 || out.tokens[0] == 23);
+  EXPECT_TRUE(out.tokens[2] >= 0 && out.tokens[2] < 24);
+}
+
+TEST_F(ControlledSampleTest, RejectsBadArguments) {
+  const std::vector<float> w = TestLogits();
+  RowControls bad;
+  bad.top_p = 0.0f;
+  FlatControls flat;
+  EXPECT_EQ(FlattenControls(&bad, 1, 24, 24, &flat), KernelStatus::kInvalidArgument);
+  RowControls bad_id;
+  bad_id.banned_token_ids = {24};
+  EXPECT_EQ(FlattenControls(&bad_id, 1, 24, 24, &flat), KernelStatus::kInvalidArgument);
+  ControlledSampleArgs args;  // every pointer null
+  args.batch = 1;
+  args.vocab = args.valid_vocab = 24;
+  args.hidden_dim = 1;
+  EXPECT_EQ(LaunchControlledSample(args, cublas_, nullptr), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(ControlledSampleWorkspaceBytes(0, 24, 1, CudaWeightDType::kFloat32), 0u);
+}
+
+}  // namespace
+}  // namespace flashsampler::kernels
