@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const float* __restrict__ hidden, const RowParams* __restrict__ params,
                           int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
                           int64_t num_chunks, int64_t num_tiles, bool vector_path, bool want_lse,
-                          SampleSummary* __restrict__ tile_summaries) {
+                          int64_t token_offset, SampleSummary* __restrict__ tile_summaries) {
   extern __shared__ float4 dynamic_smem[];  // float4: 16-byte aligned rows
   float* h_smem = reinterpret_cast<float*>(dynamic_smem);  // [R][hidden_dim]
   __shared__ SampleSummary warp_summaries[kWarps][R];
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int pair_token = lane / R;  // token v0 + pair_token of each group
   const int pair_row = lane % R;    // hidden row row0 + pair_row
   const bool pair_active = lane < kGroupRows * R && row0 + pair_row < batch;
-  const RowSampler row = RowSampler::Load(params, row0 + pair_row, pair_active);
+  const RowSampler row = RowSampler::Load(params, row0 + pair_row, pair_active, token_offset);
   SampleSummary mine = EmptySampleSummary();
   __syncthreads();
 
@@ -312,6 +312,7 @@ struct Stage1Launch {
   const RowParams* params;
   int64_t batch, valid_vocab, hidden_dim, num_chunks, num_tiles;
   bool vector_path, want_lse;
+  int64_t token_offset;
   SampleSummary* tile_summaries;
   unsigned blocks;
   size_t smem_bytes;
@@ -330,7 +331,7 @@ cudaError_t LaunchStage1(const Stage1Launch& l, cudaStream_t stream) {
   kernel<<<l.blocks, kThreads, l.smem_bytes, stream>>>(
       static_cast<const typename W::Storage*>(l.weight), l.hidden, l.params, l.batch,
       l.valid_vocab, l.hidden_dim, l.num_chunks, l.num_tiles, l.vector_path, l.want_lse,
-      l.tile_summaries);
+      l.token_offset, l.tile_summaries);
   return cudaGetLastError();
 }
 
@@ -401,7 +402,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     if (err != cudaSuccess) return StatusFromCuda(err);
     err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
                                                   args.token_ids, args.logz, args.logprobs,
-                                                  stream);
+                                                  args.row_summaries, stream);
     return StatusFromCuda(err);
   }
 
@@ -440,8 +441,8 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   const Stage1Launch launch{args.weight,    args.hidden,      args.params,
                             args.batch,     args.valid_vocab, args.hidden_dim,
                             num_chunks,     num_tiles,        vector_path,
-                            want_lse,       tile_summaries,   static_cast<unsigned>(blocks),
-                            smem_bytes};
+                            want_lse,       args.token_offset, tile_summaries,
+                            static_cast<unsigned>(blocks), smem_bytes};
   switch (args.weight_dtype) {
     case CudaWeightDType::kFloat32:
       err = LaunchStage1ForRows<Fp32Weights>(rows, launch, stream);
@@ -458,7 +459,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   // ---- Stage 2: one block per row merges its num_tiles summaries in a fixed order.
   err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
                                                 args.token_ids, args.logz, args.logprobs,
-                                                stream);
+                                                args.row_summaries, stream);
   return StatusFromCuda(err);
 }
 

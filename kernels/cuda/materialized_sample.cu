@@ -84,14 +84,14 @@ __global__ void CastHiddenKernel(const float* __restrict__ in, Out* __restrict__
 __global__ void __launch_bounds__(kGumbelThreads)
     GumbelMaxTileKernel(const float* __restrict__ logits, const RowParams* __restrict__ params,
                         int64_t valid_vocab, int64_t num_tiles, bool want_lse,
-                        SampleSummary* __restrict__ tile_summaries) {
+                        int64_t token_offset, SampleSummary* __restrict__ tile_summaries) {
   __shared__ SampleSummary warp_summaries[kGumbelThreads / 32];
   const int64_t row = blockIdx.x / num_tiles;
   const int64_t tile = blockIdx.x % num_tiles;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
 
-  const RowSampler sampler = RowSampler::Load(params, row, /*active=*/true);
+  const RowSampler sampler = RowSampler::Load(params, row, /*active=*/true, token_offset);
 
   const int64_t begin = tile * kGumbelTileVocab;
   const int64_t end = begin + kGumbelTileVocab < valid_vocab ? begin + kGumbelTileVocab : valid_vocab;
@@ -194,12 +194,12 @@ KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_
   const bool want_lse = args.logz != nullptr || args.logprobs != nullptr;
   GumbelMaxTileKernel<<<static_cast<unsigned>(args.batch * num_tiles), kGumbelThreads, 0,
                         stream>>>(logits, args.params, args.valid_vocab, num_tiles, want_lse,
-                                  tile_summaries);
+                                  args.token_offset, tile_summaries);
   err = cudaGetLastError();
   if (err != cudaSuccess) return StatusFromCuda(err);
   err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, args.batch, num_tiles,
                                                 args.token_ids, args.logz, args.logprobs,
-                                                stream);
+                                                args.row_summaries, stream);
   return StatusFromCuda(err);
 }
 

@@ -102,15 +102,22 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
 // One row's sampling setup, resolved once per thread, and the per-token step
 // every stage-1 kernel shares: l' = TransformLogit(dot), score = l' + noise
 // (greedy rows: l'), folded into the thread's summary with AddToken.
+// Tokens are passed as rows of the launch's W; token_offset (the global id of
+// W's row 0: non-zero for a vocabulary shard, FusedSampleArgs::token_offset)
+// turns them into global ids, which key the noise and are what the summaries
+// record, so a shard scores its tokens exactly as the whole head would.
 struct RowSampler {
   RowParams params{};
   float scale = 1.0f;
   bool sampled = false;
+  int64_t token_offset = 0;
 
   // An inactive lane (row beyond the batch) gets the neutral setup and must
   // not call Add.
-  __device__ __forceinline__ static RowSampler Load(const RowParams* all, int64_t row, bool active) {
+  __device__ __forceinline__ static RowSampler Load(const RowParams* all, int64_t row, bool active,
+                                                    int64_t token_offset = 0) {
     RowSampler r;
+    r.token_offset = token_offset;
     if (active) {
       r.params = all[row];
       r.scale = DeviceLogitScale(r.params.temperature);
@@ -119,19 +126,22 @@ struct RowSampler {
     return r;
   }
 
-  __device__ __forceinline__ void Add(SampleSummary& s, int64_t token, float dot,
+  __device__ __forceinline__ void Add(SampleSummary& s, int64_t local_token, float dot,
                                       bool want_lse) const {
+    const int64_t token = local_token + token_offset;
     const float logit = TransformLogit(dot, scale);
     const float score =
         sampled ? __fadd_rn(logit, DeviceGumbelNoise(params, static_cast<uint32_t>(token))) : logit;
     AddToken(s, static_cast<int32_t>(token), logit, score, want_lse);
   }
 
-  // Add for the four tokens token0 .. token0 + 3 (token0 % 4 == 0) in order,
-  // those below valid_vocab: one Philox block gives all four noise words (the
-  // same words DeviceGumbelNoise picks one at a time).
-  __device__ __forceinline__ void AddFour(SampleSummary& s, int64_t token0, const float4& dots,
+  // Add for the four tokens local_token0 .. local_token0 + 3 (local_token0 % 4
+  // == 0, and token_offset % 4 == 0) in order, those below valid_vocab (a
+  // local bound): one Philox block gives all four noise words (the same words
+  // DeviceGumbelNoise picks one at a time).
+  __device__ __forceinline__ void AddFour(SampleSummary& s, int64_t local_token0, const float4& dots,
                                           int64_t valid_vocab, bool want_lse) const {
+    const int64_t token0 = local_token0 + token_offset;
     r123::Philox4x32::ctr_type block = {{0u, 0u, 0u, 0u}};
     if (sampled) {
       block = PhiloxNoiseBlock(params.seed, params.offset, params.stream,
@@ -140,7 +150,7 @@ struct RowSampler {
     const float dot[4] = {dots.x, dots.y, dots.z, dots.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (token0 + i >= valid_vocab) break;
+      if (local_token0 + i >= valid_vocab) break;
       const float logit = TransformLogit(dot[i], scale);
       const float score = sampled ? __fadd_rn(logit, GumbelFromBits(block.v[i])) : logit;
       AddToken(s, static_cast<int32_t>(token0 + i), logit, score, want_lse);
@@ -185,13 +195,17 @@ inline KernelStatus StatusFromCuda(cudaError_t err) {
 // Stage 2, shared by both samplers. tile_summaries is [batch, num_tiles]
 // row-major (a row's tiles are contiguous, in vocabulary order). For every row
 // it merges the tiles in a fixed order (sample_reduce.cu) and writes
-//   token_ids[row] = best_index   (-1 only if every score of the row was NaN),
+//   token_ids[row] = best_index   (when token_ids != nullptr; -1 only if every
+//                                  score of the row was NaN),
 //   logz[row]      = SummaryLogZ  (when logz != nullptr),
-//   logprobs[row]  = best_logit - logz (when logprobs != nullptr).
-// logz / logprobs are meaningful only if stage 1 ran with want_lse.
+//   logprobs[row]  = best_logit - logz (when logprobs != nullptr),
+//   row_summaries[row] = the merged summary (when row_summaries != nullptr).
+// logz / logprobs (and the summaries' max_logit / sum_exp) are meaningful only
+// if stage 1 ran with want_lse.
 // Enqueues one kernel on `stream`; returns the launch error, if any.
 cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t batch,
                                      int64_t num_tiles, int32_t* token_ids, float* logz,
-                                     float* logprobs, cudaStream_t stream);
+                                     float* logprobs, SampleSummary* row_summaries,
+                                     cudaStream_t stream);
 
 }  // namespace flashsampler::kernels::cuda_internal
