@@ -9,7 +9,12 @@
 # gpu-labelled test binaries, then compute-sanitizer memcheck on small cases),
 # bench (flashsampler-kernel-bench, both shapes, B = 1..256), peers
 # (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), ncu (Nsight
-# Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936).
+# Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936), shard_bench
+# (flashsampler-kernel-bench --backend=cuda_sharded: 1 vs all visible GPUs,
+# both issue shapes, B = 1..256, the summary exchange and the all-gather-logits
+# baseline; SHARD_BENCH_ARGS; needs >= 2 GPUs and a build with NCCL).
+# The tests phase also runs the sharding tests (labels gpu, multi_gpu): their
+# two-GPU cases are skipped on one GPU.
 # Each phase appends to one log under OUT_DIR (the device tool returns at most
 # 8 files); the last lines printed are a short summary.
 set -u
@@ -36,7 +41,8 @@ for phase in "$@"; do
     tests)
       : > "$out/tests.log"
       for t in fused_sample_gpu_test fused_sample_exactness_gpu_test materialized_sample_gpu_test \
-               cuda_engine_gpu_test; do
+               cuda_engine_gpu_test sharded_sample_gpu_test sharded_cuda_engine_gpu_test; do
+        if [ ! -x "$bin/$t" ]; then summary+=("test $t: not built"); continue; fi
         timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
         rc=$?
         summary+=("test $t rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/tests.log" | tail -1)")
@@ -53,6 +59,11 @@ for phase in "$@"; do
       timeout 400 "$bin/flashsampler-kernel-bench" --backend=cuda \
         --json="$out/bench${BENCH_TAG:-}.json" ${BENCH_ARGS:-} > "$out/bench${BENCH_TAG:-}.log" 2>&1
       summary+=("bench${BENCH_TAG:-} rc=$?")
+      ;;
+    shard_bench)
+      timeout 500 "$bin/flashsampler-kernel-bench" --backend=cuda_sharded \
+        --json="$out/shard_bench.json" ${SHARD_BENCH_ARGS:-} > "$out/shard_bench.log" 2>&1
+      summary+=("shard_bench rc=$?")
       ;;
     peers)
       PYTHONUNBUFFERED=1 timeout 420 python3 "${PEERS:-kernels/bench/peers.py}" \
@@ -76,5 +87,5 @@ for phase in "$@"; do
       ;;
   esac
 done
-for f in "$out"/bench*.log; do [ -f "$f" ] && grep -E '^[0-9]+x[0-9]+ ' "$f"; done
+for f in "$out"/bench*.log "$out"/shard_bench.log; do [ -f "$f" ] && grep -E '^[0-9]+x[0-9]+ ' "$f"; done
 printf '%s\n' "${summary[@]}"

@@ -112,7 +112,9 @@ TEST_F(ShardedCudaEngineTest, GroupGumbelModeAndRefusals) {
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_TRUE(e.ok()) << e.status();
   for (int64_t r = 0; r < batch.rows; ++r) {
-    if (batch.params[r].temperature == 0.0f) EXPECT_EQ(g->token_ids[r], e->token_ids[r]);
+    if (batch.params[r].temperature == 0.0f) {
+      EXPECT_EQ(g->token_ids[r], e->token_ids[r]);
+    }
     EXPECT_EQ(g->logz[r], e->logz[r]);
   }
 
