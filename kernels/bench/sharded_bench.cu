@@ -287,6 +287,8 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
         SB_CHECK(cudaMemcpy(g.params, params.data(), batch * sizeof(RowParams), cudaMemcpyHostToDevice));
         SB_CHECK(cudaDeviceSynchronize());
       }
+      // Timing events are created on the current device: GPU devices[0].
+      SB_CHECK(cudaSetDevice(g0.device));
       return 0;
     };
     // The steps. Each leaves the current device at devices[0].

@@ -232,6 +232,8 @@ class TwoGpuShards {
       s.device.comm = comms[k];
       EXPECT_EQ(cudaStreamCreateWithFlags(&s.device.stream, cudaStreamNonBlocking), cudaSuccess);
       EXPECT_EQ(cublasCreate(&s.device.cublas), CUBLAS_STATUS_SUCCESS);
+      // UploadWeights copies on the legacy stream; Run synchronizes the device
+      // before its first launch.
       gpu_test::UploadWeights(Slice(w, bounds[k], bounds[k + 1]), 0, &s.weights);
       const int64_t rows = bounds[k + 1] - bounds[k];
       s.workspace_bytes =
@@ -271,6 +273,9 @@ class TwoGpuShards {
       EXPECT_EQ(cudaSetDevice(k), cudaSuccess);
       s.hidden.Upload(hidden);
       s.params.Upload(params);
+      // cudaMemcpy / cudaMemset order only against the legacy default stream;
+      // the shards' streams are non-blocking: settle the device first.
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       FusedSampleArgs& a = args[k];
       a.weight = s.weights.ptr;
       a.weight_dtype = w_.dtype;
@@ -289,6 +294,7 @@ class TwoGpuShards {
     EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
     EXPECT_EQ(cudaMemset(tokens_.data(), 0xff, tokens_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaMemset(logz_.data(), 0xff, logz_.bytes()), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ShardedSampleArgs sharded;
     sharded.shard_args = args;
     sharded.exchange = exchange;
@@ -302,6 +308,7 @@ class TwoGpuShards {
     EXPECT_EQ(LaunchShardedSample(sharded), KernelStatus::kOk);
     std::string error;
     EXPECT_EQ(WaitForShards(devices, 2, 60.0, &error), KernelStatus::kOk) << error;
+    for (int k = 0; k < 2; ++k) shards_[k].device.comm = devices[k].comm;  // null if aborted
     SampleOutputs out;
     EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
     out.tokens = tokens_.Download(static_cast<size_t>(batch));
