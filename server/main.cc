@@ -209,12 +209,6 @@ int main(int argc, char** argv) {
                      visible);
       }
     }
-    if (options.cuda.devices.size() > 1) {
-      std::string list;
-      for (int d : options.cuda.devices) list += (list.empty() ? "" : ",") + std::to_string(d);
-      std::fprintf(stderr, "flashsampler-server: sharding the vocabulary over GPUs %s (%s merge)\n",
-                   list.c_str(), config->shard_merge.c_str());
-    }
     options.cpu.num_threads = config->threads;
     options.cpu.tile_rows = config->tile_rows;
     absl::StatusOr<std::unique_ptr<flashsampler::Engine>> engine =
@@ -232,7 +226,13 @@ int main(int argc, char** argv) {
     metrics.SetModelInfo((*engine)->shape(), backend, shards);
     batcher.SetEngine(*std::move(engine));
     SetHealth(server.get(), health_server.get(), &metrics, true);
-    std::fprintf(stderr, "flashsampler-server: serving on the %s backend\n", backend.c_str());
+    std::string where;
+    if (backend == "cuda" && shards > 1) {
+      for (int d : options.cuda.devices) where += (where.empty() ? " (GPUs " : ",") + std::to_string(d);
+      where += ", vocabulary sharded, " + config->shard_merge + " merge)";
+    }
+    std::fprintf(stderr, "flashsampler-server: serving on the %s backend%s\n", backend.c_str(),
+                 where.c_str());
   });
 
   int signal_number = 0;
