@@ -58,24 +58,11 @@ constexpr int64_t kAlign = 128;          // shard boundaries (the fused kernel's
 constexpr int kBaselineTile = 1024;      // tokens per block of the baseline's Gumbel-max
 constexpr int kBaselineThreads = 256;
 
-bool Ok(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return true;
-  std::cerr << "flashsampler-kernel-bench: " << what << ": " << cudaGetErrorString(err) << "\n";
-  return false;
-}
-bool Ok(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return true;
-  std::cerr << "flashsampler-kernel-bench: " << what << ": cuBLAS status " << static_cast<int>(s) << "\n";
-  return false;
-}
+// The shared Ok overloads (cuda_bench.h) next to this file's NCCL one.
+using bench::Ok;
 bool Ok(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return true;
   std::cerr << "flashsampler-kernel-bench: " << what << ": " << ncclGetErrorString(r) << "\n";
-  return false;
-}
-bool Ok(KernelStatus s, const char* what) {
-  if (s == KernelStatus::kOk) return true;
-  std::cerr << "flashsampler-kernel-bench: " << what << ": KernelStatus " << static_cast<int>(s) << "\n";
   return false;
 }
 #define SB_CHECK(expr)                 \
@@ -125,38 +112,6 @@ __global__ void __launch_bounds__(kBaselineThreads)
     __syncthreads();
   }
   if (threadIdx.x == 0) tile_summaries[blockIdx.x * batch + row] = partial[0];
-}
-
-struct Stats {
-  double median_ms = 0.0;
-  double min_ms = 0.0;
-};
-
-// Times `runs` calls of fn between events on `stream`, all enqueued, after `warmup`.
-int TimeRepeated(cudaStream_t stream, int warmup, int runs, const std::function<int()>& fn,
-                 Stats* out) {
-  for (int i = 0; i < warmup; ++i) {
-    if (fn() != 0) return 1;
-  }
-  std::vector<cudaEvent_t> ev(2 * runs);
-  for (cudaEvent_t& e : ev) SB_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < runs; ++i) {
-    SB_CHECK(cudaEventRecord(ev[2 * i], stream));
-    if (fn() != 0) return 1;
-    SB_CHECK(cudaEventRecord(ev[2 * i + 1], stream));
-  }
-  SB_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> ms(runs);
-  for (int i = 0; i < runs; ++i) {
-    float t = 0.0f;
-    SB_CHECK(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
-    ms[i] = t;
-  }
-  for (cudaEvent_t e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  *out = Stats{n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]), ms.front()};
-  return 0;
 }
 
 // Everything one GPU holds for one shape.
