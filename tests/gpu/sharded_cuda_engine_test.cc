@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -137,6 +138,27 @@ TEST_F(ShardedCudaEngineTest, GroupGumbelModeAndRefusals) {
   options.cuda.devices = {1, 1};
   EXPECT_EQ(MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 4), options).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A step that outlives --shard_timeout_s is treated as a hang: the NCCL
+// communicators are aborted, the batch fails with Internal, the engine turns
+// unhealthy (the server reports NOT_SERVING) and refuses later batches instead
+// of waiting on a dead group. A 1 us limit makes any real step "hang".
+TEST_F(ShardedCudaEngineTest, HungStepIsAbortedAndTheEngineStopsServing) {
+  EngineOptions options;
+  options.max_batch_rows = 1024;
+  options.cuda.devices = {0, 1};
+  options.cuda.shard_timeout_s = 1e-6;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 4), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  absl::StatusOr<SampleResult> r = (*engine)->Sample(RandomBatch(1024, 3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("did not finish"), std::string::npos)
+      << r.status();
+  EXPECT_FALSE((*engine)->healthy());
+  EXPECT_EQ((*engine)->Sample(RandomBatch(1, 4)).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
