@@ -7,6 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common/half_precision.h"
 
+#if FLASHSAMPLER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace flashsampler {
 
 #if FLASHSAMPLER_HAVE_CUDA
@@ -14,9 +18,51 @@ namespace flashsampler {
 absl::StatusOr<std::unique_ptr<Engine>> MakeCudaEngine(const LmHead& head, int64_t valid_vocab,
                                                        int64_t max_batch_rows,
                                                        const CudaEngineOptions& options);
+int VisibleCudaDeviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
 #else
 bool CudaBackendAvailable() { return false; }
+int VisibleCudaDeviceCount() { return 0; }
 #endif
+
+#if FLASHSAMPLER_HAVE_NCCL
+// sharded_cuda_engine.cc
+absl::StatusOr<std::unique_ptr<Engine>> MakeShardedCudaEngine(const LmHead& head,
+                                                              int64_t valid_vocab,
+                                                              int64_t max_batch_rows,
+                                                              const CudaEngineOptions& options);
+bool CudaShardingAvailable() { return true; }
+#else
+bool CudaShardingAvailable() { return false; }
+#endif
+
+namespace {
+
+#if FLASHSAMPLER_HAVE_CUDA
+// The CUDA engine for options.devices: the single-GPU engine for none or one
+// device, the sharded engine for more.
+absl::StatusOr<std::unique_ptr<Engine>> MakeCudaBackend(const LmHead& head,
+                                                        const EngineOptions& options) {
+  const std::vector<int>& devices = options.cuda.devices;
+  if (devices.size() <= 1) {
+    CudaEngineOptions single = options.cuda;
+    if (devices.size() == 1) single.device = devices[0];
+    return MakeCudaEngine(head, options.valid_vocab, options.max_batch_rows, single);
+  }
+#if FLASHSAMPLER_HAVE_NCCL
+  return MakeShardedCudaEngine(head, options.valid_vocab, options.max_batch_rows, options.cuda);
+#else
+  return absl::UnavailableError(absl::StrCat(
+      "sharding over ", devices.size(),
+      " GPUs needs a build with NCCL (CMake found none: FLASHSAMPLER_NCCL); "
+      "give one device, e.g. --devices=", devices[0]));
+#endif
+}
+#endif
+
+}  // namespace
 
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n) {
   if (dtype == WeightDType::kFloat32) return absl::OkStatus();
@@ -85,7 +131,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& backend, L
   }
   if (backend == "cuda" || backend == "auto") {
 #if FLASHSAMPLER_HAVE_CUDA
-    return MakeCudaEngine(head, options.valid_vocab, options.max_batch_rows, options.cuda);
+    return MakeCudaBackend(head, options);
 #else
     return absl::UnavailableError("this build of flashsampler-server has no CUDA backend");
 #endif

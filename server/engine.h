@@ -32,6 +32,7 @@
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_controls.h"
 #include "kernels/common/row_params.h"
+#include "kernels/common/shard_merge.h"
 #include "server/lm_head.h"
 
 namespace flashsampler {
@@ -117,7 +118,21 @@ struct CpuEngineOptions {
 };
 
 struct CudaEngineOptions {
+  // The single-GPU engine's device (MakeEngine sets it from `devices` when
+  // that names exactly one).
   int device = 0;
+  // Vocabulary sharding (sharded_cuda_engine.cc): the GPUs W is split over,
+  // one contiguous vocabulary shard each, in this order; empty: {device}.
+  // More than one needs a build with NCCL (CudaShardingAvailable()).
+  std::vector<int> devices;
+  // Relative shard sizes (server/vocab_shards.h); empty: equal.
+  std::vector<double> shard_split;
+  // How the shards' summaries merge (kernels/common/shard_merge.h): kExact,
+  // the single-GPU tokens, or kGroupGumbel, the paper's variant.
+  ShardMergeMode shard_merge = ShardMergeMode::kExact;
+  // A sharded step that has not finished after this long is declared hung:
+  // the NCCL communicators are aborted and the engine turns unhealthy.
+  double shard_timeout_s = 30.0;
   // Batches of up to this many rows use the fused kernel; larger ones the
   // cuBLAS-materialized path. Default from BENCHMARKS.md (H100, bf16): the
   // fused kernel is faster at every measured B <= 128, the materialized path
@@ -161,8 +176,18 @@ std::string FirstRowControlName(const SampleBatch& batch);
 // True when this build has the CUDA backend and a CUDA device is usable.
 bool CudaBackendAvailable();
 
+// The number of CUDA devices this process sees (0 without the CUDA backend or
+// without a usable device).
+int VisibleCudaDeviceCount();
+
+// True when this build can shard W over several GPUs (CUDA and NCCL found at
+// configure time, CMake option FLASHSAMPLER_NCCL).
+bool CudaShardingAvailable();
+
 // Builds the backend named by `backend`: "cpu", "cuda" or "auto" (CUDA when
-// CudaBackendAvailable(), else CPU). InvalidArgument for an unknown name or bad
+// CudaBackendAvailable(), else CPU). For CUDA, options.cuda.devices picks the
+// engine: none or one device, the single-GPU engine; more, the sharded engine
+// (Unavailable in a build without NCCL). InvalidArgument for an unknown name or bad
 // options, Unavailable for a backend this build or machine cannot provide,
 // Internal when the device fails during initialisation. The CUDA backend copies
 // W to the device, after which `head` (and its mapping) is released.

@@ -189,8 +189,26 @@ int main(int argc, char** argv) {
     flashsampler::EngineOptions options;
     options.valid_vocab = config->valid_vocab;
     options.max_batch_rows = config->max_batch_rows;  // the batcher never launches more
-    options.cuda.device = config->cuda_device;
     options.cuda.fused_max_rows = config->cuda_fused_max_rows;
+    options.cuda.devices = config->devices;
+    options.cuda.shard_split = config->shard_split;
+    options.cuda.shard_merge = config->shard_merge == "group_gumbel"
+                                   ? flashsampler::ShardMergeMode::kGroupGumbel
+                                   : flashsampler::ShardMergeMode::kExact;
+    options.cuda.shard_timeout_s = config->shard_timeout_s;
+    if (options.cuda.devices.empty() && config->backend != "cpu") {
+      // --devices unset: every visible GPU, or the first one when this build
+      // cannot shard (a clear message, not a failure).
+      const int visible = flashsampler::VisibleCudaDeviceCount();
+      const int usable = flashsampler::CudaShardingAvailable() ? visible : std::min(visible, 1);
+      for (int d = 0; d < usable; ++d) options.cuda.devices.push_back(d);
+      if (usable < visible) {
+        std::fprintf(stderr,
+                     "flashsampler-server: %d GPUs visible but this build has no NCCL "
+                     "(FLASHSAMPLER_NCCL): serving on GPU 0 only\n",
+                     visible);
+      }
+    }
     options.cpu.num_threads = config->threads;
     options.cpu.tile_rows = config->tile_rows;
     absl::StatusOr<std::unique_ptr<flashsampler::Engine>> engine =
@@ -203,10 +221,18 @@ int main(int argc, char** argv) {
       return;
     }
     const std::string backend = (*engine)->backend_name();
-    metrics.SetModelInfo((*engine)->shape(), backend, /*shards=*/1);
+    // shards: the GPUs holding W (1 for the CPU backend).
+    const int shards = std::max<int>(1, static_cast<int>((*engine)->DeviceMemory().size()));
+    metrics.SetModelInfo((*engine)->shape(), backend, shards);
     batcher.SetEngine(*std::move(engine));
     SetHealth(server.get(), health_server.get(), &metrics, true);
-    std::fprintf(stderr, "flashsampler-server: serving on the %s backend\n", backend.c_str());
+    std::string where;
+    if (backend == "cuda" && shards > 1) {
+      for (int d : options.cuda.devices) where += (where.empty() ? " (GPUs " : ",") + std::to_string(d);
+      where += ", vocabulary sharded, " + config->shard_merge + " merge)";
+    }
+    std::fprintf(stderr, "flashsampler-server: serving on the %s backend%s\n", backend.c_str(),
+                 where.c_str());
   });
 
   int signal_number = 0;

@@ -1,11 +1,14 @@
 #include "server/server_config.h"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50051", "gRPC listen address HOST:PORT (port 0: pick a free port)");
 ABSL_FLAG(std::string, weights, "",
@@ -36,7 +39,22 @@ ABSL_FLAG(int32_t, completion_threads, 4,
           "next one");
 ABSL_FLAG(std::string, metrics_address, "",
           "HOST:PORT serving Prometheus metrics at /metrics (port 0: a free port); empty: off");
-ABSL_FLAG(int32_t, cuda_device, 0, "CUDA backend: the device ordinal to use");
+ABSL_FLAG(int32_t, cuda_device, -1,
+          "CUDA backend: serve on this one device ordinal (the same as --devices=N); -1: use --devices");
+ABSL_FLAG(std::string, devices, "",
+          "CUDA backend: comma-separated GPU ordinals to shard the LM head over by vocabulary "
+          "(one contiguous shard per GPU, in this order; e.g. 0,1). Empty: every visible GPU. "
+          "More than one needs a build with NCCL");
+ABSL_FLAG(std::string, shard_split, "",
+          "CUDA backend, several --devices: relative vocabulary shard sizes, one per device "
+          "(e.g. 1,3); empty: equal");
+ABSL_FLAG(std::string, shard_merge, "exact",
+          "CUDA backend, several --devices: exact (the tokens of one GPU for the same seeds) or "
+          "group_gumbel (pick the shard by a fresh Gumbel over the shards' log-masses; exact "
+          "in distribution)");
+ABSL_FLAG(double, shard_timeout_s, 30.0,
+          "CUDA backend, several --devices: a sampling step not finished after this many seconds "
+          "is a hang; the server stops serving (NOT_SERVING)");
 ABSL_FLAG(int64_t, cuda_fused_max_rows, 128,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
           "cuBLAS-materialized path (the default is the measured crossover on an H100, "
@@ -70,6 +88,25 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
   c.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  c.shard_merge = absl::GetFlag(FLAGS_shard_merge);
+  c.shard_timeout_s = absl::GetFlag(FLAGS_shard_timeout_s);
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipWhitespace())) {
+    int device = 0;
+    if (!absl::SimpleAtoi(item, &device) || device < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--devices must be comma-separated GPU ordinals >= 0, got '", absl::GetFlag(FLAGS_devices), "'"));
+    }
+    c.devices.push_back(device);
+  }
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_shard_split), ',', absl::SkipWhitespace())) {
+    double weight = 0;
+    if (!absl::SimpleAtod(item, &weight) || !(weight > 0) || !std::isfinite(weight)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--shard_split must be comma-separated positive numbers, got '",
+          absl::GetFlag(FLAGS_shard_split), "'"));
+    }
+    c.shard_split.push_back(weight);
+  }
   c.cuda_fused_max_rows = absl::GetFlag(FLAGS_cuda_fused_max_rows);
   c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
   c.demo_hidden = absl::GetFlag(FLAGS_demo_hidden);
@@ -100,7 +137,21 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
         "--max_queue_rows must be >= --max_request_rows (else a request could never be "
         "admitted) and <= 16777216");
   }
-  if (c.cuda_device < 0) return absl::InvalidArgumentError("--cuda_device must be >= 0");
+  if (c.cuda_device < -1) return absl::InvalidArgumentError("--cuda_device must be >= 0 (or -1: use --devices)");
+  if (c.cuda_device >= 0 && !c.devices.empty()) {
+    return absl::InvalidArgumentError("give --devices or --cuda_device, not both");
+  }
+  if (c.cuda_device >= 0) c.devices = {c.cuda_device};
+  if (!c.shard_split.empty() && c.shard_split.size() != c.devices.size()) {
+    return absl::InvalidArgumentError("--shard_split needs one entry per --devices entry");
+  }
+  if (c.shard_merge != "exact" && c.shard_merge != "group_gumbel") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard_merge must be exact or group_gumbel, got '", c.shard_merge, "'"));
+  }
+  if (!(c.shard_timeout_s > 0 && c.shard_timeout_s <= 3600)) {
+    return absl::InvalidArgumentError("--shard_timeout_s must be in (0, 3600]");
+  }
   if (c.cuda_fused_max_rows < 0) return absl::InvalidArgumentError("--cuda_fused_max_rows must be >= 0");
   if (!(c.grace_period_s >= 0 && c.grace_period_s <= 3600)) {
     return absl::InvalidArgumentError("--grace_period_s must be in [0, 3600]");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -27,7 +28,13 @@ struct ServerConfig {
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
   int completion_threads = 4;       // threads answering finished requests
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off
-  int cuda_device = 0;             // CUDA backend: device ordinal
+  int cuda_device = -1;            // CUDA backend: one device ordinal; -1: use `devices`
+  // CUDA backend: the GPUs W is sharded over by vocabulary (--devices);
+  // empty: every visible GPU.
+  std::vector<int> devices;
+  std::vector<double> shard_split;  // relative shard sizes; empty: equal
+  std::string shard_merge = "exact";  // exact | group_gumbel
+  double shard_timeout_s = 30;
   int64_t cuda_fused_max_rows = 128; // CUDA backend: fused kernel up to this batch
   double grace_period_s = 10;
   int64_t lame_duck_ms = 250;       // SIGTERM: refuse with UNAVAILABLE this long before closing

@@ -56,7 +56,7 @@
 #include "nlohmann/json.hpp"
 
 namespace flashsampler::kernels::bench {
-namespace {
+// The helpers declared in cuda_bench.h (shared with sharded_bench.cu).
 
 bool Ok(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
@@ -82,6 +82,8 @@ bool Ok(KernelStatus s, const char* what) {
   do {                                 \
     if (!Ok((expr), #expr)) return 1;  \
   } while (0)
+
+namespace {
 
 // Device memory freed on scope exit.
 class DeviceBuffer {
@@ -115,10 +117,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-struct Stats {
-  double median_ms = 0.0;
-  double min_ms = 0.0;
-};
+}  // namespace
 
 Stats Summarize(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
@@ -153,6 +152,8 @@ int TimeRepeated(cudaStream_t stream, int warmup, int runs, const std::function<
   *out = Summarize(std::move(ms));
   return 0;
 }
+
+namespace {
 
 // The copy-bandwidth ceiling: (bytes read + bytes written) per second.
 int MeasureCopyBandwidth(size_t bytes, cudaStream_t stream, double* bytes_per_s, Stats* stats) {

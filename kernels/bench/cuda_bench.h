@@ -2,10 +2,16 @@
 // the CUDA backend is (FLASHSAMPLER_HAVE_CUDA). What it measures: cuda_bench.cc.
 #pragma once
 
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "kernels/common/kernel_status.h"
 
 namespace flashsampler::kernels::bench {
 
@@ -36,6 +42,26 @@ int RunCudaBench(const CudaBenchOptions& options);
 // sets named in `which` ("all" or a comma list of top_p, top_k, top_k_top_p,
 // min_p). Same exit codes.
 int RunCudaControlledBench(const CudaBenchOptions& options, const std::string& which);
+// ---- Timing and error helpers (cuda_bench.cc), shared by the CUDA modes ----------
+// True on success; otherwise prints "flashsampler-kernel-bench: what: error".
+bool Ok(cudaError_t err, const char* what);
+bool Ok(cublasStatus_t s, const char* what);
+bool Ok(KernelStatus s, const char* what);
+
+struct Stats {
+  double median_ms = 0.0;
+  double min_ms = 0.0;
+};
+
+// Median and minimum of `ms` (zeros when empty).
+Stats Summarize(std::vector<double> ms);
+
+// Runs fn `warmup` times, then `runs` times, each between its own pair of CUDA
+// events recorded on `stream` (created on the current device, which must be
+// the stream's), all enqueued without host synchronisation; fn returns 0 or
+// an error. 0 on success, 1 on any error.
+int TimeRepeated(cudaStream_t stream, int warmup, int runs, const std::function<int()>& fn,
+                 Stats* out);
 
 // ---- Device helpers (cuda_bench_init.cu) ------------------------------------------
 // out[i] = bf16(scale * N_i) for i < n, N_i ~ N(0, 1) a hash of (seed, i)

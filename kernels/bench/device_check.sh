@@ -11,7 +11,12 @@
 # controlled materialized path and vLLM's sort-based filters), peers
 # (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), verify
 # (flashsampler-verify-bench + kernels/bench/verify_peers.py, VERIFY_ARGS), ncu (Nsight
-# Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936).
+# Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936), shard_bench
+# (flashsampler-kernel-bench --backend=cuda_sharded: 1 vs all visible GPUs,
+# both issue shapes, B = 1..256, the summary exchange and the all-gather-logits
+# baseline; SHARD_BENCH_ARGS; needs >= 2 GPUs and a build with NCCL).
+# The tests phase also runs the sharding tests (labels gpu, multi_gpu): their
+# two-GPU cases are skipped on one GPU.
 # Each phase appends to one log under OUT_DIR (the device tool returns at most
 # 8 files); the last lines printed are a short summary.
 set -u
@@ -39,8 +44,10 @@ for phase in "$@"; do
       : > "$out/tests.log"
       for t in fused_sample_gpu_test fused_sample_exactness_gpu_test materialized_sample_gpu_test \
                draft_sample_gpu_test cuda_engine_gpu_test controlled_sample_gpu_test \
-               cuda_engine_controls_gpu_test; do
-        timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
+               cuda_engine_controls_gpu_test sharded_sample_gpu_test sharded_cuda_engine_gpu_test \
+               sharded_server_e2e_gpu_test; do
+        if [ ! -x "$bin/$t" ]; then summary+=("test $t: not built"); continue; fi
+        FLASHSAMPLER_SERVER_BIN="$bin/flashsampler-server" timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
         rc=$?
         summary+=("test $t rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/tests.log" | tail -1)")
       done
@@ -91,6 +98,11 @@ for phase in "$@"; do
         --json="$out/peers_controls.json" > "$out/peers_controls.log" 2>&1
       summary+=("peers_controls rc=$?")
       ;;
+    shard_bench)
+      timeout 500 "$bin/flashsampler-kernel-bench" --backend=cuda_sharded \
+        --json="$out/shard_bench.json" ${SHARD_BENCH_ARGS:-} > "$out/shard_bench.log" 2>&1
+      summary+=("shard_bench rc=$?")
+      ;;
     peers)
       PYTHONUNBUFFERED=1 timeout 420 python3 "${PEERS:-kernels/bench/peers.py}" \
         --json="$out/peers.json" ${PEERS_ARGS:-} > "$out/peers.log" 2>&1
@@ -113,5 +125,5 @@ for phase in "$@"; do
       ;;
   esac
 done
-for f in "$out"/bench*.log; do [ -f "$f" ] && grep -E '^[0-9]+x[0-9]+ ' "$f"; done
+for f in "$out"/bench*.log "$out"/shard_bench.log; do [ -f "$f" ] && grep -E '^[0-9]+x[0-9]+ ' "$f"; done
 printf '%s\n' "${summary[@]}"

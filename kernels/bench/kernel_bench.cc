@@ -8,6 +8,14 @@
 //   flashsampler-kernel-bench --backend=cuda --controls=all [--shapes=4096x151936 ...]
 //       (the materialized controlled path: cuda_controlled_bench.cc)
 //
+//   flashsampler-kernel-bench --backend=cuda_sharded [--devices=0,1 --shapes=...
+//       --batches=... --iterations=100 --json=out.json]
+//
+// The cuda_sharded mode (built only with NCCL) times one sampling step with W
+// split by vocabulary over --devices (default: every visible GPU) against one
+// GPU, the summary exchange alone, and the all-gather-logits baseline:
+// sharded_bench.cu.
+//
 // The CUDA mode (built only with the CUDA backend) measures the device's copy
 // bandwidth and matmul rate, then times the fused sampler, cuBLAS's GEMM alone
 // and the materialized baseline for every shape and batch: cuda_bench.cc.
@@ -57,10 +65,17 @@
 #include "kernels/cpu/worker_pool.h"
 #include "nlohmann/json.hpp"
 #if FLASHSAMPLER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/bench/cuda_bench.h"
 #endif
+#if FLASHSAMPLER_HAVE_NCCL
+#include "kernels/bench/sharded_bench.h"
+#endif
 
-ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, backend, "cpu", "cpu, cuda or cuda_sharded");
+ABSL_FLAG(std::string, devices, "",
+          "cuda_sharded: comma-separated GPU ordinals, one vocabulary shard each (empty: all visible)");
 ABSL_FLAG(int64_t, batch, 8, "rows B");
 ABSL_FLAG(int64_t, vocab, 32000, "vocabulary V");
 ABSL_FLAG(int64_t, hidden, 1024, "hidden size D");
@@ -383,6 +398,40 @@ int RunCuda() {
   return bench::RunCudaBench(o);
 }
 
+#if FLASHSAMPLER_HAVE_NCCL
+int RunCudaSharded() {
+  bench::CudaBenchOptions o;
+  if (!ParseShapes(absl::GetFlag(FLAGS_shapes), &o.shapes) ||
+      !ParseBatches(absl::GetFlag(FLAGS_batches), &o.batches)) {
+    std::cerr << "flashsampler-kernel-bench: bad --shapes or --batches\n";
+    return 2;
+  }
+  std::vector<int> devices;
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipWhitespace())) {
+    int d = 0;
+    if (!absl::SimpleAtoi(item, &d)) {
+      std::cerr << "flashsampler-kernel-bench: --devices wants GPU ordinals, e.g. 0,1\n";
+      return 2;
+    }
+    devices.push_back(d);
+  }
+  if (devices.empty()) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    for (int d = 0; d < count; ++d) devices.push_back(d);
+  }
+  o.iterations = absl::GetFlag(FLAGS_iterations) == 0 ? 100 : absl::GetFlag(FLAGS_iterations);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.temperature = absl::GetFlag(FLAGS_temperature);
+  o.logit_std = absl::GetFlag(FLAGS_logit_std);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.json_path = absl::GetFlag(FLAGS_json);
+  o.commit = absl::GetFlag(FLAGS_commit);
+  o.date = UtcNow();
+  return bench::RunShardedBench(o, devices);
+}
+#endif
+
 }  // namespace
 }  // namespace flashsampler::kernels
 #endif
@@ -399,6 +448,15 @@ int main(int argc, char** argv) {
                  "CUDA (configure with -DFLASHSAMPLER_CUDA=ON on a machine with nvcc)\n";
     return 2;
   }
-  std::cerr << "flashsampler-kernel-bench: unknown --backend=" << backend << " (cpu or cuda)\n";
+  if (backend == "cuda_sharded") {
+#if FLASHSAMPLER_HAVE_NCCL
+    return flashsampler::kernels::RunCudaSharded();
+#endif
+    std::cerr << "flashsampler-kernel-bench: --backend=cuda_sharded: this binary was not built "
+                 "with NCCL (FLASHSAMPLER_NCCL)\n";
+    return 2;
+  }
+  std::cerr << "flashsampler-kernel-bench: unknown --backend=" << backend
+            << " (cpu, cuda or cuda_sharded)\n";
   return 2;
 }

@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                           int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
                           int64_t num_chunks, int64_t num_tiles, bool vector_path, bool want_lse,
                           const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
-                          SampleSummary* __restrict__ tile_summaries) {
+                          int64_t token_offset, SampleSummary* __restrict__ tile_summaries) {
   extern __shared__ float4 dynamic_smem[];  // float4: 16-byte aligned rows
   float* h_smem = reinterpret_cast<float*>(dynamic_smem);  // [R][hidden_dim]
   __shared__ SampleSummary warp_summaries[kWarps][R];
@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int pair_token = lane / R;  // token v0 + pair_token of each group
   const int pair_row = lane % R;    // hidden row row0 + pair_row
   const bool pair_active = lane < kGroupRows * R && row0 + pair_row < batch;
-  const RowSampler row =
-      RowSampler::Load(params, row0 + pair_row, pair_active, draft_tokens, draft_logits);
+  const RowSampler row = RowSampler::Load(params, row0 + pair_row, pair_active, draft_tokens,
+                                          draft_logits, token_offset);
   SampleSummary mine = EmptySampleSummary();
   __syncthreads();
 
@@ -316,6 +316,7 @@ struct Stage1Launch {
   bool vector_path, want_lse;
   const int32_t* draft_tokens;
   float* draft_logits;
+  int64_t token_offset;
   SampleSummary* tile_summaries;
   unsigned blocks;
   size_t smem_bytes;
@@ -334,7 +335,7 @@ cudaError_t LaunchStage1(const Stage1Launch& l, cudaStream_t stream) {
   kernel<<<l.blocks, kThreads, l.smem_bytes, stream>>>(
       static_cast<const typename W::Storage*>(l.weight), l.hidden, l.params, l.batch,
       l.valid_vocab, l.hidden_dim, l.num_chunks, l.num_tiles, l.vector_path, l.want_lse,
-      l.draft_tokens, l.draft_logits, l.tile_summaries);
+      l.draft_tokens, l.draft_logits, l.token_offset, l.tile_summaries);
   return cudaGetLastError();
 }
 
@@ -443,7 +444,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
                             args.batch,         args.valid_vocab,    args.hidden_dim,
                             num_chunks,         num_tiles,           vector_path,
                             want_lse,           args.draft_tokens,   args.draft_logprobs,
-                            tile_summaries,     static_cast<unsigned>(blocks),
+                            args.token_offset,  tile_summaries,      static_cast<unsigned>(blocks),
                             smem_bytes};
   switch (args.weight_dtype) {
     case CudaWeightDType::kFloat32:

@@ -74,6 +74,7 @@
 
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_params.h"
+#include "kernels/common/sample_summary.h"
 
 namespace flashsampler::kernels {
 
@@ -92,7 +93,7 @@ struct FusedSampleArgs {
   int64_t vocab = 0;                   // rows of W, 1 .. INT32_MAX
   int64_t valid_vocab = 0;             // 1 .. vocab; tokens >= valid_vocab are never sampled
   int64_t hidden_dim = 0;              // >= 1
-  int32_t* token_ids = nullptr;        // device [batch], required
+  int32_t* token_ids = nullptr;        // device [batch]; required unless row_summaries
   float* logz = nullptr;               // device [batch], optional
   float* logprobs = nullptr;           // device [batch], optional
   void* workspace = nullptr;           // device, >= FusedSampleWorkspaceBytes, 16-byte aligned
@@ -106,9 +107,20 @@ struct FusedSampleArgs {
   // draft_logprobs: device [batch], required exactly when draft_tokens is set:
   // l'_x - log Z (greedy rows: at T = 1), NaN for rows without a valid draft.
   // Rows without a draft are unaffected bit for bit. A row whose only token is
-  // its draft gets token -1 (no residual exists; its p(x) is 1).
+  // its draft gets token -1 (no residual exists; its p(x) is 1). Not with
+  // vocabulary shards (token_offset != 0 or row_summaries): InvalidArgument.
   const int32_t* draft_tokens = nullptr;
   float* draft_logprobs = nullptr;
+  // Vocabulary shards (kernels/cuda/sharded_sample.h). `weight` holds the
+  // global tokens [token_offset, token_offset + vocab): token ids, the noise
+  // key and the outputs use global ids, so a shard scores its tokens exactly
+  // as the whole head would. A multiple of 4 (whole Philox blocks), with
+  // token_offset + vocab <= INT32_MAX; 0 for a whole head.
+  int64_t token_offset = 0;
+  // Optional device [batch]: each row's merged summary over this launch's
+  // tokens (global best_index; max_logit / sum_exp only when logz or logprobs
+  // is requested). token_ids may be null when this is given.
+  SampleSummary* row_summaries = nullptr;
 };
 
 // Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),

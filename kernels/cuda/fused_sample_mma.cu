@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
                   const RowParams* __restrict__ params, int64_t batch, int64_t valid_vocab,
                   int64_t hidden_dim, int64_t num_chunks, int64_t num_tiles, bool want_lse,
                   const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
-                  SampleSummary* __restrict__ tile_summaries) {
+                  int64_t token_offset, SampleSummary* __restrict__ tile_summaries) {
   constexpr int kRows = Cfg::kRows, kStages = Cfg::kStages, kMi = Cfg::kMi, kNi = Cfg::kNi;
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
@@ -371,7 +371,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   // row's summary (logz rounding included) does not depend on the batch.
   for (int r = warp; r < kRows; r += kWarps) {
     if (row0 + r >= batch) break;  // uniform across the warp
-    const RowSampler row = RowSampler::Load(params, row0 + r, true, draft_tokens, draft_logits);
+    const RowSampler row =
+        RowSampler::Load(params, row0 + r, true, draft_tokens, draft_logits, token_offset);
     const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
     SampleSummary s = EmptySampleSummary();
     row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
@@ -405,7 +406,7 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   return cudaLaunchKernelEx(&config, kernel, static_cast<const unsigned short*>(a.weight),
                             hidden_rounded, a.params, a.batch, a.valid_vocab, a.hidden_dim,
                             num_chunks, num_tiles, want_lse, a.draft_tokens, a.draft_logprobs,
-                            tile_summaries);
+                            a.token_offset, tile_summaries);
 }
 
 template <class T>

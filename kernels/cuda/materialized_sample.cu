@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kGumbelThreads)
     GumbelMaxTileKernel(const float* __restrict__ logits, const RowParams* __restrict__ params,
                         int64_t valid_vocab, int64_t num_tiles, bool want_lse,
                         const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
-                        SampleSummary* __restrict__ tile_summaries) {
+                        int64_t token_offset, SampleSummary* __restrict__ tile_summaries) {
   __shared__ SampleSummary warp_summaries[kGumbelThreads / 32];
   const int64_t row = blockIdx.x / num_tiles;
   const int64_t tile = blockIdx.x % num_tiles;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kGumbelThreads)
   const int warp = static_cast<int>(threadIdx.x / 32);
 
   const RowSampler sampler =
-      RowSampler::Load(params, row, /*active=*/true, draft_tokens, draft_logits);
+      RowSampler::Load(params, row, /*active=*/true, draft_tokens, draft_logits, token_offset);
 
   const int64_t begin = tile * kGumbelTileVocab;
   const int64_t end = begin + kGumbelTileVocab < valid_vocab ? begin + kGumbelTileVocab : valid_vocab;
@@ -146,7 +146,8 @@ KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_
   const bool want_lse = cuda_internal::WantsLogSumExp(args);
   GumbelMaxTileKernel<<<static_cast<unsigned>(args.batch * num_tiles), kGumbelThreads, 0,
                         stream>>>(logits, args.params, args.valid_vocab, num_tiles, want_lse,
-                                  args.draft_tokens, args.draft_logprobs, tile_summaries);
+                                  args.draft_tokens, args.draft_logprobs, args.token_offset,
+                                  tile_summaries);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return StatusFromCuda(err);
   err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);

@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(kMergeThreads)
                              int64_t valid_vocab, int32_t* __restrict__ token_ids,
                              float* __restrict__ logz, float* __restrict__ logprobs,
                              const int32_t* __restrict__ draft_tokens,
-                             float* __restrict__ draft_logprobs) {
+                             float* __restrict__ draft_logprobs,
+                             SampleSummary* __restrict__ row_summaries) {
   __shared__ SampleSummary warp_results[kMergeWarps];
   // Launched as a programmatic dependent of stage 1: wait until its tile
   // summaries are written (a no-op for an ordinary launch).
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(kMergeThreads)
     s = warp_results[0];
 #pragma unroll
     for (int w = 1; w < kMergeWarps; ++w) s = MergeSummaries(s, warp_results[w]);
-    token_ids[row] = s.best_index;
+    if (token_ids != nullptr) token_ids[row] = s.best_index;
+    if (row_summaries != nullptr) row_summaries[row] = s;
     if (logz != nullptr || logprobs != nullptr || draft_tokens != nullptr) {
       const float row_logz = SummaryLogZ(s);
       if (logz != nullptr) logz[row] = row_logz;
@@ -74,14 +76,21 @@ cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_
                       &attribute);
   return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, num_tiles,
                             args.valid_vocab, args.token_ids, args.logz, args.logprobs,
-                            args.draft_tokens, args.draft_logprobs);
+                            args.draft_tokens, args.draft_logprobs, args.row_summaries);
 }
 
 KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment) {
   constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
   const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
   if (elem_bytes == 0 || args.weight == nullptr || args.hidden == nullptr ||
-      args.params == nullptr || args.token_ids == nullptr || args.workspace == nullptr) {
+      args.params == nullptr || args.workspace == nullptr ||
+      (args.token_ids == nullptr && args.row_summaries == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  // A shard's global ids (token_offset + local row) must fit int32, and the
+  // offset must keep 4-token Philox blocks aligned (RowSampler::AddFour).
+  if (args.token_offset < 0 || args.token_offset % 4 != 0 ||
+      args.token_offset > kMaxInt32 - args.vocab) {
     return KernelStatus::kInvalidArgument;
   }
   if (args.batch < 1 || args.batch > kMaxInt32 || args.vocab < 1 || args.vocab > kMaxInt32 ||
@@ -93,11 +102,16 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
     return reinterpret_cast<uintptr_t>(p) % alignment == 0;
   };
   if (!aligned(args.weight, elem_bytes) || !aligned(args.hidden, alignof(float)) ||
-      !aligned(args.params, alignof(RowParams)) || !aligned(args.workspace, workspace_alignment)) {
+      !aligned(args.params, alignof(RowParams)) || !aligned(args.workspace, workspace_alignment) ||
+      !aligned(args.row_summaries, alignof(SampleSummary))) {
     return KernelStatus::kInvalidArgument;
   }
-  // Draft tokens and their log-probs come together.
+  // Draft tokens and their log-probs come together, and only for a whole
+  // head: a shard's draft log-prob would need the merged log Z.
   if ((args.draft_tokens == nullptr) != (args.draft_logprobs == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (args.draft_tokens != nullptr && (args.token_offset != 0 || args.row_summaries != nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
   return KernelStatus::kOk;

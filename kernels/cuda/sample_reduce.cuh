@@ -108,19 +108,26 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
 // into l'_x - log Z), and for a sampled row gives x the score NaN, which
 // AddToken never lets win while its logit still enters the log-sum-exp: the
 // sample is the Gumbel-max over the other tokens, log Z is over all of them.
+//
+// Tokens are passed as rows of the launch's W; token_offset (the global id of
+// W's row 0: non-zero for a vocabulary shard, FusedSampleArgs::token_offset)
+// turns them into global ids, which key the noise and are what the summaries
+// record, so a shard scores its tokens exactly as the whole head would.
 struct RowSampler {
   RowParams params{};
   float scale = 1.0f;
   bool sampled = false;
   int32_t draft = -1;             // never equal to a token when there is no draft
   float* draft_logit = nullptr;   // &draft_logits[row] when draft >= 0
+  int64_t token_offset = 0;
 
   // An inactive lane (row beyond the batch) gets the neutral setup and must
   // not call Add. draft_tokens / draft_logits: null, or device [batch].
   __device__ __forceinline__ static RowSampler Load(const RowParams* all, int64_t row, bool active,
                                                     const int32_t* draft_tokens,
-                                                    float* draft_logits) {
+                                                    float* draft_logits, int64_t token_offset) {
     RowSampler r;
+    r.token_offset = token_offset;
     if (active) {
       r.params = all[row];
       r.scale = DeviceLogitScale(r.params.temperature);
@@ -140,8 +147,9 @@ struct RowSampler {
     return sampled ? __int_as_float(0x7fffffff) : score;
   }
 
-  __device__ __forceinline__ void Add(SampleSummary& s, int64_t token, float dot,
+  __device__ __forceinline__ void Add(SampleSummary& s, int64_t local_token, float dot,
                                       bool want_lse) const {
+    const int64_t token = local_token + token_offset;
     const float logit = TransformLogit(dot, scale);
     const float score =
         sampled ? __fadd_rn(logit, DeviceGumbelNoise(params, static_cast<uint32_t>(token))) : logit;
@@ -149,11 +157,13 @@ struct RowSampler {
              DraftScore(static_cast<int32_t>(token), logit, score), want_lse);
   }
 
-  // Add for the four tokens token0 .. token0 + 3 (token0 % 4 == 0) in order,
-  // those below valid_vocab: one Philox block gives all four noise words (the
-  // same words DeviceGumbelNoise picks one at a time).
-  __device__ __forceinline__ void AddFour(SampleSummary& s, int64_t token0, const float4& dots,
+  // Add for the four tokens local_token0 .. local_token0 + 3 (local_token0 % 4
+  // == 0, and token_offset % 4 == 0) in order, those below valid_vocab (a
+  // local bound): one Philox block gives all four noise words (the same words
+  // DeviceGumbelNoise picks one at a time).
+  __device__ __forceinline__ void AddFour(SampleSummary& s, int64_t local_token0, const float4& dots,
                                           int64_t valid_vocab, bool want_lse) const {
+    const int64_t token0 = local_token0 + token_offset;
     r123::Philox4x32::ctr_type block = {{0u, 0u, 0u, 0u}};
     if (sampled) {
       block = PhiloxNoiseBlock(params.seed, params.offset, params.stream,
@@ -162,7 +172,7 @@ struct RowSampler {
     const float dot[4] = {dots.x, dots.y, dots.z, dots.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (token0 + i >= valid_vocab) break;
+      if (local_token0 + i >= valid_vocab) break;
       const float logit = TransformLogit(dot[i], scale);
       const float score = sampled ? __fadd_rn(logit, GumbelFromBits(block.v[i])) : logit;
       AddToken(s, static_cast<int32_t>(token0 + i), logit,
@@ -213,14 +223,16 @@ inline bool WantsLogSumExp(const FusedSampleArgs& args) {
 // Stage 2, shared by both samplers. tile_summaries is [args.batch, num_tiles]
 // row-major (a row's tiles are contiguous, in vocabulary order). For every row
 // it merges the tiles in a fixed order (sample_reduce.cu) and writes
-//   token_ids[row] = best_index   (-1 only if every score of the row was NaN),
+//   token_ids[row] = best_index   (when token_ids != nullptr; -1 only if every
+//                                  score of the row was NaN),
 //   logz[row]      = SummaryLogZ  (when logz != nullptr),
 //   logprobs[row]  = best_logit - logz (when logprobs != nullptr),
 //   draft_logprobs[row] = (l'_x stored there by stage 1) - logz for a row with
-//                    a draft x in [0, valid_vocab), else NaN (when draft_tokens).
-// The log-sum-exp parts are meaningful only if stage 1 ran with
-// WantsLogSumExp(args). Enqueues one kernel on `stream`; returns the launch
-// error, if any.
+//                    a draft x in [0, valid_vocab), else NaN (when draft_tokens),
+//   row_summaries[row] = the merged summary (when row_summaries != nullptr).
+// The log-sum-exp parts (and the summaries' max_logit / sum_exp) are
+// meaningful only if stage 1 ran with WantsLogSumExp(args). Enqueues one
+// kernel on `stream`; returns the launch error, if any.
 cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t num_tiles,
                                      const FusedSampleArgs& args, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,12 @@
 
 namespace flashsampler::testing {
 
-std::string ServerBinary() { return FLASHSAMPLER_SERVER_BIN; }
+// FLASHSAMPLER_SERVER_BIN in the environment overrides the build path (binaries
+// carried to another machine, e.g. the GPU device machine).
+std::string ServerBinary() {
+  const char* env = std::getenv("FLASHSAMPLER_SERVER_BIN");
+  return env != nullptr && *env != '\0' ? env : FLASHSAMPLER_SERVER_BIN;
+}
 std::string CliBinary() { return FLASHSAMPLER_CLI_BIN; }
 
 namespace {

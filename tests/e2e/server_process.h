@@ -51,7 +51,8 @@ class ServerProcess {
   std::string metrics_address_;
 };
 
-// Path of a binary built next to the tests (set by CMake).
+// Path of a binary built next to the tests (set by CMake; the environment
+// variable FLASHSAMPLER_SERVER_BIN overrides the server's).
 std::string ServerBinary();
 std::string CliBinary();
 

@@ -1,0 +1,117 @@
+// Sharded sampling: one exact sample per row of softmax(s_b * H W^T) with W
+// split by vocabulary over the local GPUs (the paper's distributed
+// group-Gumbel reduction, Algorithm B.4). One process, one CUDA stream and one
+// NCCL communicator per GPU (rank k = shard k, ncclCommInitAll).
+//
+// What it computes. Shard k holds the global tokens [begin_k, end_k) of W (a
+// contiguous range; shards in token order, uneven sizes allowed) and runs the
+// single-GPU sampler on its slice (LaunchFusedSample, or the cuBLAS
+// materialized path) with FusedSampleArgs::token_offset = begin_k, so the
+// noise of every token is keyed by its GLOBAL id and the shard's per-row
+// SampleSummary names global ids. One NCCL all-gather then exchanges the
+// per-row summaries (batch * shards * sizeof(SampleSummary) bytes, never the
+// [batch, vocab] logits), and a small kernel on shard 0's GPU merges each row's
+// shard summaries with MergeShardSummaries (kernels/common/shard_merge.h):
+//   token_ids[b] = the merged winner, logz[b] = logsumexp_k L_k,
+//   logprobs[b] = l'_{b,token} - logz[b],
+// all on shard 0's device. In ShardMergeMode::kExact the token is pathwise the
+// one a single GPU gives for the same seeds (max decomposes over the shards
+// and the noise does not depend on the split), and log Z agrees up to fp32
+// rounding (a different merge tree). kGroupGumbel picks the shard with a fresh
+// Gumbel over the log-masses (exact in distribution, not pathwise).
+//
+// Shard boundaries must be multiples of 4 (whole Philox blocks; the server
+// uses multiples of 128, the kernels' tile, so each shard's tiles are the
+// single-GPU tiles). Tokens >= valid_vocab are never sampled: a shard's
+// valid_vocab counts its own valid rows (>= 1: a shard holding only padding is
+// not allowed, drop it instead).
+//
+// Failure and hangs. A launch or NCCL error while enqueuing returns
+// kDeviceError before any later shard's collective is enqueued where possible
+// (kernel launches of all shards come first, the all-gather is one NCCL group).
+// A device that faults mid-run would leave its peers waiting in the
+// all-gather forever; WaitForShards therefore polls with a deadline and, on a
+// device error, an NCCL async error or the deadline, aborts every
+// communicator (ncclCommAbort), after which the group is unusable (the server
+// marks itself NOT_SERVING).
+//
+// Thread safety: not thread-safe for one ShardGroup (its streams, communicators
+// and buffers belong to one caller at a time); it changes the calling thread's
+// current CUDA device.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/common/kernel_status.h"
+#include "kernels/common/shard_merge.h"
+#include "kernels/cuda/fused_sample.h"
+
+namespace flashsampler::kernels {
+
+// One shard's GPU: its ordinal, stream and communicator (rank = index in the
+// group), and an optional cuBLAS handle (required for the materialized path).
+struct ShardDevice {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  ncclComm_t comm = nullptr;
+  cublasHandle_t cublas = nullptr;
+};
+
+// Device scratch each shard needs for the exchange: the all-gather buffer of
+// num_shards * batch summaries, then batch floats (the shard's own log Z).
+// 0 for sizes out of range.
+size_t ShardExchangeBytes(int64_t batch, int32_t num_shards);
+
+struct ShardedSampleArgs {
+  // Per shard k (num_shards entries): the sampler's arguments on device k for
+  // its slice: weight, weight_dtype, hidden / params (copies on device k),
+  // batch, vocab / valid_vocab (the shard's rows / valid rows), hidden_dim,
+  // token_offset (= begin_k), workspace. token_ids, logz, logprobs and
+  // row_summaries are ignored: the launcher points them into `exchange`.
+  const FusedSampleArgs* shard_args = nullptr;
+  // Per shard k: device buffer of ShardExchangeBytes(batch, num_shards) bytes
+  // on device k, 256-byte aligned.
+  void* const* exchange = nullptr;
+  const ShardDevice* devices = nullptr;
+  int32_t num_shards = 0;  // >= 1
+  ShardMergeMode mode = ShardMergeMode::kExact;
+  bool materialized = false;  // every shard uses LaunchMaterializedSample
+  // Outputs on shard 0's device, [batch]; logz / logprobs optional.
+  int32_t* token_ids = nullptr;
+  float* logz = nullptr;
+  float* logprobs = nullptr;
+};
+
+// Enqueues, in order: every shard's sampler (its summaries land in its slot
+// of its exchange buffer), one NCCL group of in-place all-gathers, and the merge
+// on shard 0's stream. Outputs are valid once devices[0].stream passes them
+// (wait with WaitForShards). kInvalidArgument: inconsistent arguments (nothing
+// enqueued); kDeviceError: a launch or an NCCL call failed (earlier shards'
+// work may be enqueued; call WaitForShards before reusing the buffers).
+KernelStatus LaunchShardedSample(const ShardedSampleArgs& args);
+
+// Waits until every shard's stream is idle, polling the streams and the
+// communicators' asynchronous errors. kOk when all finished cleanly. On a CUDA
+// error, an NCCL error or after `timeout_seconds`, aborts every communicator
+// (ncclCommAbort; their handles in `devices` become null), writes what
+// happened to *error (when not null) and returns kDeviceError.
+KernelStatus WaitForShards(ShardDevice* devices, int32_t num_shards, double timeout_seconds,
+                           std::string* error);
+
+// The merge alone (exposed for tests and the benchmark): for each row b <
+// batch, MergeShardSummaries over gathered[k * batch + b], k < num_shards, with
+// params[b] (device), written as LaunchShardedSample's outputs. One thread per
+// row on `stream`. Returns the launch error.
+cudaError_t LaunchMergeShardSummaries(const SampleSummary* gathered, int64_t batch,
+                                      int32_t num_shards, const RowParams* params,
+                                      ShardMergeMode mode, int32_t* token_ids, float* logz,
+                                      float* logprobs, cudaStream_t stream);
+
+}  // namespace flashsampler::kernels

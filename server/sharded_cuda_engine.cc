@@ -1,0 +1,374 @@
+// The sharded CUDA Engine: W split by vocabulary over several local GPUs
+// (--devices=0,1,...), one process, one stream and one NCCL communicator per
+// GPU (ncclCommInitAll). MakeEngine (engine.cc) picks it when more than one
+// device is requested; with one device the single-GPU engine (cuda_engine.cc)
+// serves.
+//
+// Layout. PlanVocabShards (vocab_shards.h) cuts [0, valid_vocab) into
+// contiguous, tile-aligned shards; GPU k holds only its rows of W (padding
+// rows past valid_vocab are not uploaded), so each GPU streams 1/n of W per
+// step. Per batch: the fp32 hidden states (rounded to W's dtype, as the
+// single-GPU engine does) and RowParams are copied once into pinned memory and
+// uploaded to every GPU on its own stream; LaunchShardedSample
+// (kernels/cuda/sharded_sample.h) runs every shard's sampler (the fused kernel
+// up to --cuda_fused_max_rows rows, the cuBLAS materialized path above, as on
+// one GPU), all-gathers the per-row summaries with NCCL (O(B * shards) bytes,
+// never logits) and merges them on GPU 0, whose results come back through
+// pinned memory. With --shard_merge=exact (the default) the tokens are those
+// of one GPU for the same seeds; log Z agrees to fp32 rounding.
+//
+// Failure. Every CUDA / NCCL call is checked. The step is awaited with
+// WaitForShards under --shard_timeout_s: a device error, an NCCL error or a
+// hang aborts the communicators, marks the engine unhealthy (health flips to
+// NOT_SERVING) and fails the batch with Internal; it is never retried. A GPU
+// that fails to initialise fails MakeEngine with the GPU named.
+//
+// Not served yet (Unimplemented, never silently ignored): rows with sampling
+// controls and speculative draft rows.
+//
+// Thread safety: as Engine (Sample is serialised by its one caller).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cuda/fused_sample.h"
+#include "kernels/cuda/materialized_sample.h"
+#include "kernels/cuda/sharded_sample.h"
+#include "server/engine.h"
+#include "server/vocab_shards.h"
+
+namespace flashsampler {
+namespace {
+
+using kernels::CudaWeightDType;
+using kernels::KernelStatus;
+
+absl::Status CudaError(int device, const char* what, cudaError_t err) {
+  return absl::InternalError(absl::StrCat("GPU ", device, ": ", what, ": ", cudaGetErrorName(err),
+                                          " (", cudaGetErrorString(err), ")"));
+}
+
+#define FS_SHARD_RETURN_IF_CUDA_ERROR(device, expr)                        \
+  do {                                                                     \
+    const cudaError_t fs_err = (expr);                                     \
+    if (fs_err != cudaSuccess) return CudaError((device), #expr, fs_err);  \
+  } while (0)
+
+CudaWeightDType ToCudaDType(WeightDType d) {
+  switch (d) {
+    case WeightDType::kFloat32: return CudaWeightDType::kFloat32;
+    case WeightDType::kFloat16: return CudaWeightDType::kFloat16;
+    case WeightDType::kBFloat16: return CudaWeightDType::kBFloat16;
+  }
+  return CudaWeightDType::kBFloat16;
+}
+
+// Everything one GPU holds: its rows of W and the buffers of one batch.
+struct ShardState {
+  VocabShard range;
+  kernels::ShardDevice device;
+  void* weight = nullptr;
+  void* hidden = nullptr;
+  void* params = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  void* exchange = nullptr;  // kernels::ShardExchangeBytes
+};
+
+class ShardedCudaEngine final : public Engine {
+ public:
+  ShardedCudaEngine(const ModelShape& shape, const CudaEngineOptions& options, int64_t max_rows,
+                    std::vector<VocabShard> plan)
+      : shape_(shape), options_(options), max_rows_(max_rows) {
+    shards_.resize(plan.size());
+    for (size_t k = 0; k < plan.size(); ++k) {
+      shards_[k].range = plan[k];
+      shards_[k].device.device = plan[k].device;
+    }
+  }
+
+  ~ShardedCudaEngine() override {
+    for (ShardState& s : shards_) {
+      cudaSetDevice(s.device.device);
+      // After an abort (unhealthy) the streams may hold failed work; do not wait.
+      if (s.device.stream != nullptr && healthy_) cudaStreamSynchronize(s.device.stream);
+    }
+    for (ShardState& s : shards_) {
+      if (s.device.comm != nullptr) ncclCommDestroy(s.device.comm);
+    }
+    for (ShardState& s : shards_) {
+      cudaSetDevice(s.device.device);
+      if (s.device.cublas != nullptr) cublasDestroy(s.device.cublas);
+      for (void* p : {s.weight, s.hidden, s.params, s.workspace, s.exchange}) cudaFree(p);
+      if (s.device.stream != nullptr) cudaStreamDestroy(s.device.stream);
+    }
+    if (!shards_.empty()) {
+      cudaSetDevice(shards_[0].device.device);
+      for (void* p : {tokens_, logz_, logprobs_}) cudaFree(p);
+    }
+    for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_}) {
+      cudaFreeHost(p);
+    }
+  }
+
+  // Uploads every shard's rows of W, allocates the buffers for batches of up
+  // to max_rows_ rows and creates the communicators.
+  absl::Status Init(const LmHead& head) {
+    const CudaWeightDType dtype = ToCudaDType(shape_.weight_dtype);
+    const size_t elem_bytes = kernels::CudaWeightDTypeBytes(dtype);
+    const size_t row_bytes = static_cast<size_t>(shape_.hidden_size) * elem_bytes;
+    const size_t rows = static_cast<size_t>(max_rows_);
+    const size_t hidden_bytes = rows * shape_.hidden_size * sizeof(float);
+    const int32_t n = static_cast<int32_t>(shards_.size());
+    const size_t exchange_bytes = kernels::ShardExchangeBytes(max_rows_, n);
+    if (exchange_bytes == 0) return absl::InvalidArgumentError("batch too large for sharding");
+    const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
+    for (ShardState& s : shards_) {
+      const int d = s.device.device;
+      const int64_t shard_rows = s.range.end - s.range.begin;
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaSetDevice(d));
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaStreamCreateWithFlags(&s.device.stream, cudaStreamNonBlocking));
+      if (cublasCreate(&s.device.cublas) != CUBLAS_STATUS_SUCCESS) {
+        s.device.cublas = nullptr;
+        return absl::InternalError(absl::StrCat("GPU ", d, ": cublasCreate failed"));
+      }
+      const size_t weight_bytes = static_cast<size_t>(shard_rows) * row_bytes;
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.weight, weight_bytes));
+      // Rows [begin, end) straight from the mapping; nothing is staged.
+      FS_SHARD_RETURN_IF_CUDA_ERROR(
+          d, cudaMemcpy(s.weight, static_cast<const char*>(head.data()) + s.range.begin * row_bytes,
+                        weight_bytes, cudaMemcpyHostToDevice));
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.hidden, hidden_bytes));
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.params, rows * sizeof(RowParams)));
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.exchange, exchange_bytes));
+      s.workspace_bytes = std::max(
+          kernels::FusedSampleWorkspaceBytes(fused_rows, shard_rows, shape_.hidden_size),
+          kernels::MaterializedSampleWorkspaceBytes(max_rows_, shard_rows, shape_.hidden_size,
+                                                    dtype));
+      if (s.workspace_bytes == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.workspace, s.workspace_bytes));
+    }
+    const int d0 = shards_[0].device.device;
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaSetDevice(d0));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMalloc(&tokens_, rows * sizeof(int32_t)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMalloc(&logz_, rows * sizeof(float)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMalloc(&logprobs_, rows * sizeof(float)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_hidden_, hidden_bytes));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_params_, rows * sizeof(RowParams)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_tokens_, rows * sizeof(int32_t)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_logz_, rows * sizeof(float)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
+
+    // One communicator per GPU, rank k = shard k.
+    std::vector<ncclComm_t> comms(shards_.size(), nullptr);
+    std::vector<int> ordinals;
+    for (const ShardState& s : shards_) ordinals.push_back(s.device.device);
+    if (const ncclResult_t r = ncclCommInitAll(comms.data(), n, ordinals.data()); r != ncclSuccess) {
+      return absl::InternalError(absl::StrCat("ncclCommInitAll over GPUs ", absl::StrJoin(ordinals, ","),
+                                              " failed: ", ncclGetErrorString(r)));
+    }
+    for (size_t k = 0; k < shards_.size(); ++k) shards_[k].device.comm = comms[k];
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
+    if (!healthy_) {
+      return absl::UnavailableError("the sharded CUDA backend failed earlier and is not serving");
+    }
+    if (batch.rows <= 0 || batch.rows > max_rows_ ||
+        static_cast<int64_t>(batch.params.size()) != batch.rows ||
+        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sharded cuda engine: batch of ", batch.rows, " rows is inconsistent or over ", max_rows_));
+    }
+    if (const std::string control = FirstRowControlName(batch); !control.empty()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "the sharded cuda backend (several --devices) does not implement the sampling "
+          "control '", control, "' yet; use one GPU (--devices=0) or --backend=cpu"));
+    }
+    if (!batch.draft_tokens.empty()) {
+      return absl::UnimplementedError(
+          "the sharded cuda backend (several --devices) does not verify draft tokens yet; use "
+          "one GPU (--devices=0) or --backend=cpu");
+    }
+    absl::StatusOr<SampleResult> result = Run(batch);
+    if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
+    return result;
+  }
+
+  const ModelShape& shape() const override { return shape_; }
+  std::string backend_name() const override { return "cuda"; }
+  bool healthy() const override { return healthy_; }
+  // One entry per shard's GPU (the metrics' `shards` label counts them).
+  std::vector<DeviceMemoryInfo> DeviceMemory() const override {
+    std::vector<DeviceMemoryInfo> out;
+    for (const ShardState& s : shards_) {
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaSetDevice(s.device.device) != cudaSuccess ||
+          cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        return {};
+      }
+      out.push_back(DeviceMemoryInfo{s.device.device, static_cast<int64_t>(total_bytes - free_bytes),
+                                     static_cast<int64_t>(total_bytes)});
+    }
+    return out;
+  }
+
+ private:
+  absl::StatusOr<SampleResult> Run(const SampleBatch& batch) {
+    const int64_t rows = batch.rows;
+    const size_t hidden_bytes = batch.hidden.size() * sizeof(float);
+    std::memcpy(host_hidden_, batch.hidden.data(), hidden_bytes);
+    // Every shard and both launch paths see the same (exactly representable) inputs.
+    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, static_cast<float*>(host_hidden_),
+                                                  static_cast<int64_t>(batch.hidden.size()));
+        !s.ok()) {
+      return s;
+    }
+    std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
+
+    const int32_t n = static_cast<int32_t>(shards_.size());
+    std::vector<kernels::FusedSampleArgs> args(n);
+    std::vector<void*> exchange(n);
+    std::vector<kernels::ShardDevice> devices(n);
+    for (int32_t k = 0; k < n; ++k) {
+      ShardState& s = shards_[k];
+      const int d = s.device.device;
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaSetDevice(d));
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMemcpyAsync(s.hidden, host_hidden_, hidden_bytes,
+                                                       cudaMemcpyHostToDevice, s.device.stream));
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMemcpyAsync(s.params, host_params_, rows * sizeof(RowParams),
+                                                       cudaMemcpyHostToDevice, s.device.stream));
+      kernels::FusedSampleArgs& a = args[k];
+      a.weight = s.weight;
+      a.weight_dtype = ToCudaDType(shape_.weight_dtype);
+      a.hidden = static_cast<const float*>(s.hidden);
+      a.params = static_cast<const RowParams*>(s.params);
+      a.batch = rows;
+      a.vocab = s.range.end - s.range.begin;
+      a.valid_vocab = a.vocab;
+      a.hidden_dim = shape_.hidden_size;
+      a.token_offset = s.range.begin;
+      a.workspace = s.workspace;
+      a.workspace_bytes = s.workspace_bytes;
+      exchange[k] = s.exchange;
+      devices[k] = s.device;
+    }
+    kernels::ShardedSampleArgs sharded;
+    sharded.shard_args = args.data();
+    sharded.exchange = exchange.data();
+    sharded.devices = devices.data();
+    sharded.num_shards = n;
+    sharded.mode = options_.shard_merge;
+    sharded.materialized = rows > options_.fused_max_rows;
+    sharded.token_ids = static_cast<int32_t*>(tokens_);
+    sharded.logz = batch.want_logz ? static_cast<float*>(logz_) : nullptr;
+    sharded.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_) : nullptr;
+    const KernelStatus launch = kernels::LaunchShardedSample(sharded);
+
+    cudaStream_t stream0 = shards_[0].device.stream;
+    absl::Status copy_status = absl::OkStatus();
+    if (launch == KernelStatus::kOk) {
+      auto copy_back = [&](void* host, const void* device, size_t bytes) {
+        if (!copy_status.ok()) return;
+        const cudaError_t err = cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream0);
+        if (err != cudaSuccess) copy_status = CudaError(shards_[0].device.device, "cudaMemcpyAsync", err);
+      };
+      cudaSetDevice(shards_[0].device.device);
+      copy_back(host_tokens_, tokens_, rows * sizeof(int32_t));
+      if (batch.want_logz) copy_back(host_logz_, logz_, rows * sizeof(float));
+      if (batch.want_logprobs) copy_back(host_logprobs_, logprobs_, rows * sizeof(float));
+    }
+    // Always wait (bounded), even after a failed launch: earlier shards' work
+    // may be in flight and owns the buffers.
+    std::string wait_error;
+    const KernelStatus waited =
+        kernels::WaitForShards(devices.data(), n, options_.shard_timeout_s, &wait_error);
+    for (int32_t k = 0; k < n; ++k) shards_[k].device.comm = devices[k].comm;  // null if aborted
+    if (waited != KernelStatus::kOk) {
+      return absl::InternalError(absl::StrCat("sharded sampling step failed: ", wait_error));
+    }
+    if (launch != KernelStatus::kOk) return KernelStatusToStatus(launch, "sharded cuda sampler launch");
+    if (!copy_status.ok()) return copy_status;
+
+    SampleResult result;
+    const auto* tokens = static_cast<const int32_t*>(host_tokens_);
+    result.token_ids.assign(tokens, tokens + rows);
+    if (batch.want_logz) {
+      const auto* logz = static_cast<const float*>(host_logz_);
+      result.logz.assign(logz, logz + rows);
+    }
+    if (batch.want_logprobs) {
+      const auto* logprobs = static_cast<const float*>(host_logprobs_);
+      result.logprobs.assign(logprobs, logprobs + rows);
+    }
+    // Controls that are all neutral reach here; details are [rows] whenever
+    // the batch carries controls.
+    if (!batch.controls.empty()) {
+      result.details.resize(rows);
+      for (int64_t r = 0; r < rows; ++r) result.details[r].token_ids = {tokens[r]};
+    }
+    return result;
+  }
+
+  const ModelShape shape_;
+  const CudaEngineOptions options_;
+  const int64_t max_rows_;
+  std::atomic<bool> healthy_{true};
+  std::vector<ShardState> shards_;
+  // On shard 0's device: the merged outputs.
+  void* tokens_ = nullptr;
+  void* logz_ = nullptr;
+  void* logprobs_ = nullptr;
+  void* host_hidden_ = nullptr;
+  void* host_params_ = nullptr;
+  void* host_tokens_ = nullptr;
+  void* host_logz_ = nullptr;
+  void* host_logprobs_ = nullptr;
+};
+
+}  // namespace
+
+// Declared in engine.cc, its only caller (MakeEngine with several devices).
+absl::StatusOr<std::unique_ptr<Engine>> MakeShardedCudaEngine(const LmHead& head,
+                                                              int64_t valid_vocab,
+                                                              int64_t max_batch_rows,
+                                                              const CudaEngineOptions& options) {
+  int count = 0;
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "no CUDA device is usable: ", err == cudaSuccess ? "none found" : cudaGetErrorString(err)));
+  }
+  for (int d : options.devices) {
+    if (d < 0 || d >= count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CUDA device ", d, " does not exist (", count, " visible)"));
+    }
+  }
+  if (max_batch_rows < 1) return absl::InvalidArgumentError("max_batch_rows must be >= 1");
+  if (!(options.shard_timeout_s > 0.0)) {
+    return absl::InvalidArgumentError("shard_timeout_s must be > 0");
+  }
+  absl::StatusOr<ModelShape> shape = ResolveModelShape(head, valid_vocab);
+  if (!shape.ok()) return shape.status();
+  absl::StatusOr<std::vector<VocabShard>> plan =
+      PlanVocabShards(shape->valid_vocab, options.devices, options.shard_split);
+  if (!plan.ok()) return plan.status();
+  auto engine = std::make_unique<ShardedCudaEngine>(*shape, options, max_batch_rows, *std::move(plan));
+  if (absl::Status s = engine->Init(head); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("sharded CUDA backend initialisation failed: ", s.message()));
+  }
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace flashsampler

@@ -1,0 +1,436 @@
+// Tests of vocabulary sharding (kernels/cuda/sharded_sample.h; ctest labels
+// `gpu` and `multi_gpu`).
+//
+// - SimulatedShards* (any GPU count): the shards of W run one after another on
+//   GPU 0 with FusedSampleArgs::token_offset / row_summaries, and
+//   LaunchMergeShardSummaries merges them: the single-GPU kernel pieces of
+//   sharding, without NCCL.
+// - TwoGpus* (need 2 GPUs; skipped with one, fail with none like every GPU
+//   test): LaunchShardedSample over GPUs 0 and 1 with NCCL against the
+//   single-GPU sampler on GPU 0, same seeds: the tokens are identical and log Z
+//   / log-probs agree to fp32 rounding, for even and uneven splits and every
+//   stage-1 path; and the chi-square exactness of both merge modes against the
+//   float64 softmax (tests/common/goodness_of_fit.h).
+//
+// Shard boundaries at multiples of 128 (what the server plans) give each shard
+// exactly the single-GPU tiles, so every token's score is bit-identical and the
+// tokens must match exactly. Boundaries at other multiples of 4 are allowed by
+// the kernels; there only the tile (and, on the tensor-core path, the block
+// shape) changes, so a mismatch is accepted only at a near-tie of the two best
+// scores (CountTokenMismatches).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/common/shard_merge.h"
+#include "kernels/cuda/fused_sample.h"
+#include "kernels/cuda/materialized_sample.h"
+#include "kernels/cuda/sharded_sample.h"
+#include "tests/common/goodness_of_fit.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::DeviceWeights;
+using gpu_test::GpuTest;
+using gpu_test::HostWeights;
+using gpu_test::SampleOutputs;
+
+// log Z of different merge trees: fp32 rounding of sums over up to ~10^5 terms.
+void ExpectLseClose(const SampleOutputs& a, const SampleOutputs& b) {
+  ASSERT_EQ(a.logz.size(), b.logz.size());
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+  for (size_t r = 0; r < a.logz.size(); ++r) {
+    EXPECT_NEAR(a.logz[r], b.logz[r], 2e-5 * std::max(1.0f, std::fabs(a.logz[r]))) << "row " << r;
+  }
+  for (size_t r = 0; r < a.logprobs.size(); ++r) {
+    EXPECT_NEAR(a.logprobs[r], b.logprobs[r], 2e-5 * std::max(1.0f, std::fabs(a.logz[r])))
+        << "row " << r;
+  }
+}
+
+// The rows [begin, end) of w as their own weights (a shard's slice of W).
+HostWeights Slice(const HostWeights& w, int64_t begin, int64_t end) {
+  HostWeights s = w;
+  const size_t row_bytes = w.bytes.size() / static_cast<size_t>(w.vocab);
+  s.vocab = end - begin;
+  s.bytes.assign(w.bytes.begin() + begin * row_bytes, w.bytes.begin() + end * row_bytes);
+  s.values.assign(w.values.begin() + begin * w.hidden, w.values.begin() + end * w.hidden);
+  return s;
+}
+
+// The whole head on GPU 0 (the reference): fused, or materialized with cublas.
+SampleOutputs RunWhole(const HostWeights& w, int64_t valid_vocab, const std::vector<float>& hidden,
+                       const std::vector<RowParams>& params, bool want_lse,
+                       cublasHandle_t cublas = nullptr) {
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  DeviceWeights dw;
+  gpu_test::UploadWeights(w, 0, &dw);
+  gpu_test::Problem problem{dw.ptr, w.dtype, w.vocab, valid_vocab, w.hidden};
+  SampleOutputs out;
+  EXPECT_EQ(gpu_test::RunSampler(problem, hidden, params, want_lse, &out, cublas), KernelStatus::kOk);
+  return out;
+}
+
+// ---- Shards of one head on GPU 0, merged without NCCL ------------------------------
+SampleOutputs RunSimulatedShards(const HostWeights& w, const std::vector<int64_t>& bounds,
+                                 const std::vector<float>& hidden,
+                                 const std::vector<RowParams>& params, bool want_lse,
+                                 ShardMergeMode mode, cublasHandle_t cublas = nullptr) {
+  SampleOutputs out;
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  const int64_t batch = static_cast<int64_t>(params.size());
+  const int32_t n = static_cast<int32_t>(bounds.size()) - 1;
+  DeviceBuffer<float> d_hidden(hidden.size());
+  DeviceBuffer<RowParams> d_params(params.size());
+  DeviceBuffer<SampleSummary> d_gathered(static_cast<size_t>(batch * n));
+  DeviceBuffer<float> d_shard_logz(static_cast<size_t>(batch));
+  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(batch));
+  DeviceBuffer<float> d_logz(static_cast<size_t>(batch));
+  DeviceBuffer<float> d_logprobs(static_cast<size_t>(batch));
+  d_hidden.Upload(hidden);
+  d_params.Upload(params);
+  EXPECT_EQ(cudaMemset(d_tokens.data(), 0xff, d_tokens.bytes()), cudaSuccess);
+  for (int32_t k = 0; k < n; ++k) {
+    const HostWeights slice = Slice(w, bounds[k], bounds[k + 1]);
+    DeviceWeights dw;
+    gpu_test::UploadWeights(slice, 0, &dw);
+    const size_t ws_bytes =
+        cublas != nullptr
+            ? MaterializedSampleWorkspaceBytes(batch, slice.vocab, w.hidden, w.dtype)
+            : FusedSampleWorkspaceBytes(batch, slice.vocab, w.hidden);
+    DeviceBuffer<uint8_t> d_workspace(ws_bytes);
+    FusedSampleArgs a;
+    a.weight = dw.ptr;
+    a.weight_dtype = w.dtype;
+    a.hidden = d_hidden.data();
+    a.params = d_params.data();
+    a.batch = batch;
+    a.vocab = slice.vocab;
+    a.valid_vocab = slice.vocab;
+    a.hidden_dim = w.hidden;
+    a.token_offset = bounds[k];
+    a.row_summaries = d_gathered.data() + k * batch;
+    a.logz = (want_lse || mode == ShardMergeMode::kGroupGumbel) ? d_shard_logz.data() : nullptr;
+    a.workspace = d_workspace.data();
+    a.workspace_bytes = ws_bytes;
+    const KernelStatus s =
+        cublas != nullptr ? LaunchMaterializedSample(a, cublas, nullptr) : LaunchFusedSample(a, nullptr);
+    EXPECT_EQ(s, KernelStatus::kOk);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // before the slice's buffers go
+  }
+  EXPECT_EQ(LaunchMergeShardSummaries(d_gathered.data(), batch, n, d_params.data(), mode,
+                                      d_tokens.data(), want_lse ? d_logz.data() : nullptr,
+                                      want_lse ? d_logprobs.data() : nullptr, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  out.tokens = d_tokens.Download(static_cast<size_t>(batch));
+  if (want_lse) {
+    out.logz = d_logz.Download(static_cast<size_t>(batch));
+    out.logprobs = d_logprobs.Download(static_cast<size_t>(batch));
+  }
+  return out;
+}
+
+class ShardedSampleTest : public GpuTest {};
+
+// V = 20000 of which 19990 valid (the shards cover [0, 19990)), D = 256, random
+// weights and inputs, 20% greedy rows. Batches 1 and 2 take the CUDA-core
+// stage 1, 5 and 40 the tensor-core one (16-bit weights).
+TEST_F(ShardedSampleTest, SimulatedShardsMatchTheWholeHead) {
+  constexpr int64_t kVocab = 20000, kValid = 19990, kHidden = 256;
+  for (CudaWeightDType dtype : {CudaWeightDType::kBFloat16, CudaWeightDType::kFloat32}) {
+    const HostWeights w = gpu_test::RandomWeights(dtype, kVocab, kHidden, 0.05f, 17);
+    for (int64_t batch : {1, 2, 5, 40}) {
+      std::vector<float> hidden = gpu_test::RandomMatrix(batch, kHidden, 1.0f, 100 + batch, dtype);
+      const std::vector<RowParams> params = gpu_test::RandomParams(batch, 0.2, 200 + batch);
+      const SampleOutputs whole = RunWhole(w, kValid, hidden, params, true);
+      // Aligned to 128 (even and uneven, three shards): identical scores.
+      for (const std::vector<int64_t>& bounds :
+           {std::vector<int64_t>{0, 9984, kValid}, std::vector<int64_t>{0, 128, kValid},
+            std::vector<int64_t>{0, 4992, 15104, kValid}}) {
+        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " batch "
+                                          << batch << " first cut " << bounds[1]);
+        const SampleOutputs sharded =
+            RunSimulatedShards(w, bounds, hidden, params, true, ShardMergeMode::kExact);
+        EXPECT_EQ(sharded.tokens, whole.tokens);
+        ExpectLseClose(sharded, whole);
+      }
+      // Aligned to 4 only: different tiles; near-ties may flip.
+      const SampleOutputs odd =
+          RunSimulatedShards(w, {0, 4444, kValid}, hidden, params, true, ShardMergeMode::kExact);
+      EXPECT_LE(gpu_test::CountTokenMismatches(odd.tokens, whole.tokens, w, hidden, params, 1e-3),
+                batch / 10 + 1);
+      ExpectLseClose(odd, whole);
+    }
+  }
+}
+
+// The materialized path per shard: its own GEMM per slice (cuBLAS may pick
+// another algorithm for another shape), so near-ties may flip.
+TEST_F(ShardedSampleTest, SimulatedMaterializedShardsMatchTheWholeHead) {
+  constexpr int64_t kVocab = 20000, kHidden = 256, kBatch = 64;
+  cublasHandle_t cublas = nullptr;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  const HostWeights w = gpu_test::RandomWeights(CudaWeightDType::kBFloat16, kVocab, kHidden, 0.05f, 5);
+  std::vector<float> hidden =
+      gpu_test::RandomMatrix(kBatch, kHidden, 1.0f, 6, CudaWeightDType::kBFloat16);
+  const std::vector<RowParams> params = gpu_test::RandomParams(kBatch, 0.2, 7);
+  const SampleOutputs whole = RunWhole(w, kVocab, hidden, params, true, cublas);
+  const SampleOutputs sharded = RunSimulatedShards(w, {0, 6016, kVocab}, hidden, params, true,
+                                                   ShardMergeMode::kExact, cublas);
+  EXPECT_LE(gpu_test::CountTokenMismatches(sharded.tokens, whole.tokens, w, hidden, params, 1e-3), 2);
+  ExpectLseClose(sharded, whole);
+  cublasDestroy(cublas);
+}
+
+// Group-Gumbel mode: greedy rows are the argmax, log Z is the exact mode's,
+// and sampled rows take one of the shards' own winners.
+TEST_F(ShardedSampleTest, SimulatedGroupGumbelKeepsGreedyRowsAndLogZ) {
+  constexpr int64_t kVocab = 4096, kHidden = 64, kBatch = 64;
+  const HostWeights w = gpu_test::RandomWeights(CudaWeightDType::kBFloat16, kVocab, kHidden, 0.1f, 8);
+  std::vector<float> hidden = gpu_test::RandomMatrix(kBatch, kHidden, 1.0f, 9, CudaWeightDType::kBFloat16);
+  const std::vector<RowParams> params = gpu_test::RandomParams(kBatch, 0.3, 10);
+  const std::vector<int64_t> bounds = {0, 1024, kVocab};
+  const SampleOutputs exact = RunSimulatedShards(w, bounds, hidden, params, true, ShardMergeMode::kExact);
+  const SampleOutputs grouped =
+      RunSimulatedShards(w, bounds, hidden, params, true, ShardMergeMode::kGroupGumbel);
+  for (int64_t r = 0; r < kBatch; ++r) {
+    if (params[r].temperature == 0.0f) {
+      EXPECT_EQ(grouped.tokens[r], exact.tokens[r]) << "row " << r;
+    }
+    EXPECT_EQ(grouped.logz[r], exact.logz[r]) << "row " << r;
+    EXPECT_GE(grouped.tokens[r], 0);
+    EXPECT_LT(grouped.tokens[r], kVocab);
+  }
+}
+
+// ---- Two GPUs with NCCL -----------------------------------------------------------------
+// One shard per GPU: weights, inputs, buffers, stream, cuBLAS handle, and the
+// communicators of the group.
+class TwoGpuShards {
+ public:
+  // bounds: {0, cut, valid_vocab}; shard k on GPU k.
+  TwoGpuShards(const HostWeights& w, const std::vector<int64_t>& bounds, int64_t max_batch)
+      : w_(w), bounds_(bounds), max_batch_(max_batch) {
+    int ordinals[2] = {0, 1};
+    ncclComm_t comms[2] = {nullptr, nullptr};
+    EXPECT_EQ(ncclCommInitAll(comms, 2, ordinals), ncclSuccess);
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(cudaSetDevice(k), cudaSuccess);
+      Shard& s = shards_[k];
+      s.device.device = k;
+      s.device.comm = comms[k];
+      EXPECT_EQ(cudaStreamCreateWithFlags(&s.device.stream, cudaStreamNonBlocking), cudaSuccess);
+      EXPECT_EQ(cublasCreate(&s.device.cublas), CUBLAS_STATUS_SUCCESS);
+      // UploadWeights copies on the legacy stream; Run synchronizes the device
+      // before its first launch.
+      gpu_test::UploadWeights(Slice(w, bounds[k], bounds[k + 1]), 0, &s.weights);
+      const int64_t rows = bounds[k + 1] - bounds[k];
+      s.workspace_bytes =
+          std::max(FusedSampleWorkspaceBytes(max_batch, rows, w.hidden),
+                   MaterializedSampleWorkspaceBytes(max_batch, rows, w.hidden, w.dtype));
+      s.workspace.Allocate(s.workspace_bytes);
+      s.exchange.Allocate(ShardExchangeBytes(max_batch, 2));
+      s.hidden.Allocate(static_cast<size_t>(max_batch * w.hidden));
+      s.params.Allocate(static_cast<size_t>(max_batch));
+    }
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    tokens_.Allocate(static_cast<size_t>(max_batch));
+    logz_.Allocate(static_cast<size_t>(max_batch));
+    logprobs_.Allocate(static_cast<size_t>(max_batch));
+  }
+  ~TwoGpuShards() {
+    for (Shard& s : shards_) {
+      cudaSetDevice(s.device.device);
+      if (s.device.stream != nullptr) cudaStreamSynchronize(s.device.stream);
+      if (s.device.comm != nullptr) ncclCommDestroy(s.device.comm);
+      if (s.device.cublas != nullptr) cublasDestroy(s.device.cublas);
+      if (s.device.stream != nullptr) cudaStreamDestroy(s.device.stream);
+    }
+    cudaSetDevice(0);
+  }
+
+  // One sharded step; returns the outputs (tokens -1 / NaN where unwritten).
+  SampleOutputs Run(const std::vector<float>& hidden, const std::vector<RowParams>& params,
+                    bool want_lse, ShardMergeMode mode, bool materialized) {
+    const int64_t batch = static_cast<int64_t>(params.size());
+    EXPECT_LE(batch, max_batch_);
+    FusedSampleArgs args[2];
+    void* exchange[2];
+    ShardDevice devices[2];
+    for (int k = 0; k < 2; ++k) {
+      Shard& s = shards_[k];
+      EXPECT_EQ(cudaSetDevice(k), cudaSuccess);
+      s.hidden.Upload(hidden);
+      s.params.Upload(params);
+      // cudaMemcpy / cudaMemset order only against the legacy default stream;
+      // the shards' streams are non-blocking: settle the device first.
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      FusedSampleArgs& a = args[k];
+      a.weight = s.weights.ptr;
+      a.weight_dtype = w_.dtype;
+      a.hidden = s.hidden.data();
+      a.params = s.params.data();
+      a.batch = batch;
+      a.vocab = bounds_[k + 1] - bounds_[k];
+      a.valid_vocab = a.vocab;
+      a.hidden_dim = w_.hidden;
+      a.token_offset = bounds_[k];
+      a.workspace = s.workspace.data();
+      a.workspace_bytes = s.workspace_bytes;
+      exchange[k] = s.exchange.data();
+      devices[k] = s.device;
+    }
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cudaMemset(tokens_.data(), 0xff, tokens_.bytes()), cudaSuccess);
+    EXPECT_EQ(cudaMemset(logz_.data(), 0xff, logz_.bytes()), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ShardedSampleArgs sharded;
+    sharded.shard_args = args;
+    sharded.exchange = exchange;
+    sharded.devices = devices;
+    sharded.num_shards = 2;
+    sharded.mode = mode;
+    sharded.materialized = materialized;
+    sharded.token_ids = tokens_.data();
+    sharded.logz = want_lse ? logz_.data() : nullptr;
+    sharded.logprobs = want_lse ? logprobs_.data() : nullptr;
+    EXPECT_EQ(LaunchShardedSample(sharded), KernelStatus::kOk);
+    std::string error;
+    EXPECT_EQ(WaitForShards(devices, 2, 60.0, &error), KernelStatus::kOk) << error;
+    for (int k = 0; k < 2; ++k) shards_[k].device.comm = devices[k].comm;  // null if aborted
+    SampleOutputs out;
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    out.tokens = tokens_.Download(static_cast<size_t>(batch));
+    if (want_lse) {
+      out.logz = logz_.Download(static_cast<size_t>(batch));
+      out.logprobs = logprobs_.Download(static_cast<size_t>(batch));
+    }
+    return out;
+  }
+
+ private:
+  struct Shard {
+    ShardDevice device;
+    DeviceWeights weights;
+    DeviceBuffer<uint8_t> workspace;
+    size_t workspace_bytes = 0;
+    DeviceBuffer<uint8_t> exchange;
+    DeviceBuffer<float> hidden;
+    DeviceBuffer<RowParams> params;
+  };
+  const HostWeights& w_;
+  std::vector<int64_t> bounds_;
+  int64_t max_batch_;
+  Shard shards_[2];
+  DeviceBuffer<int32_t> tokens_;
+  DeviceBuffer<float> logz_;
+  DeviceBuffer<float> logprobs_;
+};
+
+class TwoGpuShardedSampleTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (HasFatalFailure()) return;
+    int count = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+    if (count < 2) GTEST_SKIP() << "needs 2 GPUs (ctest label multi_gpu), found " << count;
+  }
+};
+
+// The acceptance test: same seeds, 1 vs 2 GPUs, even and uneven
+// splits, every stage-1 path (bf16: CUDA cores at B <= 2, tensor cores above;
+// fp32: CUDA cores), and the materialized path at B = 200.
+TEST_F(TwoGpuShardedSampleTest, SameTokensAndLogZAsOneGpu) {
+  constexpr int64_t kVocab = 50000, kValid = 49950, kHidden = 512, kMaxBatch = 200;
+  for (CudaWeightDType dtype : {CudaWeightDType::kBFloat16, CudaWeightDType::kFloat32}) {
+    const HostWeights w = gpu_test::RandomWeights(dtype, kVocab, kHidden, 0.05f, 31);
+    for (const std::vector<int64_t>& bounds :
+         {std::vector<int64_t>{0, 25088, kValid}, std::vector<int64_t>{0, 7936, kValid}}) {
+      TwoGpuShards shards(w, bounds, kMaxBatch);
+      for (int64_t batch : {1, 2, 3, 16, 64}) {
+        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " cut "
+                                          << bounds[1] << " batch " << batch);
+        std::vector<float> hidden = gpu_test::RandomMatrix(batch, kHidden, 1.0f, 40 + batch, dtype);
+        const std::vector<RowParams> params = gpu_test::RandomParams(batch, 0.2, 50 + batch);
+        const SampleOutputs one = RunWhole(w, kValid, hidden, params, true);
+        const SampleOutputs two = shards.Run(hidden, params, true, ShardMergeMode::kExact, false);
+        EXPECT_EQ(two.tokens, one.tokens);
+        ExpectLseClose(two, one);
+        // Without log Z the shards skip the exponentials; tokens are unchanged.
+        EXPECT_EQ(shards.Run(hidden, params, false, ShardMergeMode::kExact, false).tokens, one.tokens);
+      }
+      // Materialized per shard (the server's path above --cuda_fused_max_rows).
+      cublasHandle_t cublas = nullptr;
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+      ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+      std::vector<float> hidden = gpu_test::RandomMatrix(kMaxBatch, kHidden, 1.0f, 60, dtype);
+      const std::vector<RowParams> params = gpu_test::RandomParams(kMaxBatch, 0.2, 61);
+      const SampleOutputs one = RunWhole(w, kValid, hidden, params, true, cublas);
+      const SampleOutputs two = shards.Run(hidden, params, true, ShardMergeMode::kExact, true);
+      EXPECT_LE(gpu_test::CountTokenMismatches(two.tokens, one.tokens, w, hidden, params, 1e-3), 2);
+      ExpectLseClose(two, one);
+      cublasDestroy(cublas);
+    }
+  }
+}
+
+// Chi-square exactness of both merge modes on 2 GPUs. H = e_0, so the logits
+// are W's column 0 exactly (bf16 values); hidden_dim 16 takes the tensor-core
+// stage 1. V = 300 split 128 | 172 (uneven). Four heavy tokens (logit 2) sit
+// on both sides of the cut and at the ends (p ~ 0.13 each at T = 0.8), the
+// rest -(v % 50) / 8. 2^21 rows per launch (stream = row), 2 launches (offset
+// = launch): 4.2M samples, so a 2% error on a heavy token shifts it by z ~ 15.
+TEST_F(TwoGpuShardedSampleTest, BothMergeModesMatchFloat64Softmax) {
+  constexpr int64_t kVocab = 300, kHidden = 16, kRows = int64_t{1} << 21, kCalls = 2;
+  constexpr float kTemperature = 0.8f;
+  const HostWeights w = gpu_test::MakeWeights(
+      CudaWeightDType::kBFloat16, kVocab, kHidden, [](int64_t v, int64_t d) {
+        if (d != 0) return 0.25f;  // multiplied by H's zeros
+        if (v == 0 || v == 127 || v == 128 || v == 299) return 2.0f;
+        return -0.125f * static_cast<float>(v % 50);
+      });
+  std::vector<float> logits(kVocab);
+  for (int64_t v = 0; v < kVocab; ++v) logits[v] = w.values[v * kHidden];
+  const std::vector<double> probs = flashsampler::testing::SoftmaxOfScaled(
+      logits, kVocab, LogitScale(RowParams{kTemperature, 0, 0, 0}));
+
+  TwoGpuShards shards(w, {0, 128, kVocab}, kRows);
+  std::vector<float> hidden(static_cast<size_t>(kRows * kHidden), 0.0f);
+  for (int64_t r = 0; r < kRows; ++r) hidden[r * kHidden] = 1.0f;
+  std::vector<RowParams> params(static_cast<size_t>(kRows));
+  for (ShardMergeMode mode : {ShardMergeMode::kExact, ShardMergeMode::kGroupGumbel}) {
+    SCOPED_TRACE(mode == ShardMergeMode::kExact ? "exact" : "group_gumbel");
+    std::vector<int64_t> counts(kVocab, 0);
+    int64_t out_of_range = 0;
+    for (int64_t call = 0; call < kCalls; ++call) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        params[r] = RowParams{kTemperature, 4242, static_cast<uint64_t>(call), static_cast<uint32_t>(r)};
+      }
+      for (int32_t t : shards.Run(hidden, params, false, mode, false).tokens) {
+        if (t >= 0 && t < kVocab) {
+          ++counts[t];
+        } else {
+          ++out_of_range;
+        }
+      }
+    }
+    EXPECT_EQ(out_of_range, 0);
+    const auto fit = flashsampler::testing::ExpectCountsMatch(counts, probs, 7.0);
+    EXPECT_EQ(fit.z_tested, 4);
+  }
+}
+
+}  // namespace
+}  // namespace flashsampler::kernels
