@@ -135,6 +135,12 @@ class CudaEngine final : public Engine {
     if (!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != batch.rows) {
       return absl::InvalidArgumentError("cuda engine: controls must be empty or one per row");
     }
+    if (!batch.draft_tokens.empty() &&
+        PlanCudaSamplerPath(batch, options_.fused_max_rows) == CudaSamplerPath::kControlled) {
+      return absl::UnimplementedError(
+          "the CUDA backend does not verify draft tokens together with sampling controls; "
+          "send Verify without controls, or use the CPU backend");
+    }
     absl::StatusOr<SampleResult> result = Run(batch);
     if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
     return result;
@@ -180,11 +186,6 @@ class CudaEngine final : public Engine {
                                             cudaMemcpyHostToDevice, stream_));
     const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
     if (path == CudaSamplerPath::kControlled) {
-      if (drafts) {
-        return absl::UnimplementedError(
-            "the CUDA backend does not verify draft tokens together with sampling controls; "
-            "send Verify without controls, or use the CPU backend");
-      }
       return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
                              static_cast<const float*>(hidden_),
                              static_cast<const RowParams*>(params_), workspace_, workspace_bytes_,
@@ -194,7 +195,6 @@ class CudaEngine final : public Engine {
       std::memcpy(host_drafts_, batch.draft_tokens.data(), rows * sizeof(int32_t));
       FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(drafts_, host_drafts_, rows * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, stream_));
-    }
     }
     kernels::FusedSampleArgs args;
     args.weight = weight_;

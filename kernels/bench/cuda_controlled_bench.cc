@@ -42,16 +42,7 @@
 namespace flashsampler::kernels::bench {
 namespace {
 
-bool Ok(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return true;
-  std::cerr << "flashsampler-kernel-bench: " << what << ": " << cudaGetErrorString(err) << "\n";
-  return false;
-}
-bool Ok(KernelStatus s, const char* what) {
-  if (s == KernelStatus::kOk) return true;
-  std::cerr << "flashsampler-kernel-bench: " << what << ": KernelStatus " << static_cast<int>(s) << "\n";
-  return false;
-}
+// Ok: cuda_bench.h.
 #define CB_CHECK(expr)                 \
   do {                                 \
     if (!Ok((expr), #expr)) return 1;  \
@@ -70,12 +61,6 @@ struct Buf {
     return static_cast<T*>(p);
   }
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct ControlSet {
   std::string name;
@@ -249,7 +234,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
             CB_CHECK(cudaEventElapsedTime(&t, ev[2 * (k * runs + i)], ev[2 * (k * runs + i) + 1]));
             ms[i] = t;
           }
-          med[k] = Median(ms);
+          med[k] = Summarize(ms).median_ms;
         }
         for (cudaEvent_t e : ev) cudaEventDestroy(e);
         char dxv[32];

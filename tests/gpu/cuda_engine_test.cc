@@ -1,7 +1,10 @@
 // The CUDA Engine (server/cuda_engine.cc) against the CPU Engine on the same
 // demo LM head: same seeds give the same tokens on >= 99.9% of random rows,
 // through both the fused and the cuBLAS-materialized paths; logz agrees to fp32
-// rounding. Needs a GPU: FAILS (does not skip) without one.
+// rounding. Speculative-verification rows (draft_tokens) likewise: same
+// residual tokens, draft log-probs to fp32 rounding. Needs a GPU: FAILS (does
+// not skip) without one.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -63,6 +66,84 @@ TEST(CudaEngine, MatchesTheCpuEngineOnBothPaths) {
     }
   }
   EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
+}
+
+// Every third row plain (draft -1); of the drafted rows, half draft the CPU
+// engine's greedy token (the likely case: p(x) large) and half a random one.
+TEST(CudaEngine, DraftRowsMatchTheCpuEngineOnBothPaths) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.valid_vocab = kVocab - 7;
+  options.max_batch_rows = 128;
+  options.cuda.fused_max_rows = 4;
+  absl::StatusOr<std::unique_ptr<Engine>> cuda = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  absl::StatusOr<std::unique_ptr<Engine>> cpu = MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE((*cuda)->serves_draft_rows(false));
+  EXPECT_FALSE((*cuda)->serves_draft_rows(true));
+
+  int64_t rows = 0, mismatches = 0, drafted = 0;
+  uint64_t seed = 100;
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int32_t> any_token(0, static_cast<int32_t>(kVocab - 8));
+  for (int64_t batch_rows : {1, 3, 4, 5, 64, 128}) {  // <= 4: fused; above: materialized
+    for (int rep = 0; rep < 8; ++rep) {
+      SampleBatch batch = RandomBatch(batch_rows, seed++);
+      SampleBatch greedy = batch;
+      for (RowParams& p : greedy.params) p.temperature = 0.0f;
+      absl::StatusOr<SampleResult> argmax = (*cpu)->Sample(greedy);
+      ASSERT_TRUE(argmax.ok()) << argmax.status();
+      batch.draft_tokens.resize(batch_rows);
+      for (int64_t r = 0; r < batch_rows; ++r) {
+        batch.draft_tokens[r] = r % 3 == 2 ? -1 : (r % 2 == 0 ? argmax->token_ids[r] : any_token(gen));
+      }
+      absl::StatusOr<SampleResult> g = (*cuda)->Sample(batch);
+      absl::StatusOr<SampleResult> c = (*cpu)->Sample(batch);
+      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_TRUE(c.ok()) << c.status();
+      ASSERT_EQ(g->draft_logprobs.size(), static_cast<size_t>(batch_rows));
+      ASSERT_EQ(c->draft_logprobs.size(), static_cast<size_t>(batch_rows));
+      for (int64_t r = 0; r < batch_rows; ++r) {
+        ++rows;
+        if (g->token_ids[r] != c->token_ids[r]) ++mismatches;
+        const int32_t x = batch.draft_tokens[r];
+        if (x < 0) {
+          EXPECT_TRUE(std::isnan(g->draft_logprobs[r])) << "row " << r;
+          continue;
+        }
+        ++drafted;
+        // A sampled row never returns its draft (the residual excludes it).
+        if (batch.params[r].temperature > 0.0f) EXPECT_NE(g->token_ids[r], x) << "row " << r;
+        EXPECT_NEAR(g->draft_logprobs[r], c->draft_logprobs[r],
+                    1e-4f * std::max(1.0f, std::abs(c->draft_logprobs[r])))
+            << "row " << r << " draft " << x;
+      }
+    }
+  }
+  EXPECT_GT(drafted, rows / 2);
+  EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
+}
+
+TEST(CudaEngine, DraftRowsWithSamplingControlsAreUnimplemented) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.max_batch_rows = 8;
+  absl::StatusOr<std::unique_ptr<Engine>> cuda = MakeEngine("cuda", LmHead::Demo(300, 16, 1), options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  SampleBatch batch;
+  batch.rows = 2;
+  batch.hidden.assign(2 * 16, 0.5f);
+  batch.params.resize(2);
+  batch.params[0].temperature = batch.params[1].temperature = 1.0f;
+  batch.controls.resize(2);
+  batch.controls[0].top_k = 5;
+  batch.controls[1].top_k = 5;
+  batch.draft_tokens = {3, -1};
+  EXPECT_EQ((*cuda)->Sample(batch).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE((*cuda)->healthy());
+  batch.draft_tokens.clear();  // the same controls without drafts are served
+  EXPECT_TRUE((*cuda)->Sample(batch).ok());
 }
 
 TEST(CudaEngine, OversizedBatchIsInvalidAndTheEngineStaysHealthy) {
