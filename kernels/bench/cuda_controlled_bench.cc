@@ -8,10 +8,12 @@
 //   top_k_top_p  top_k = 50, top_p = 0.9
 //   min_p        min_p = 0.1
 // Variants:
-//   filter       LaunchControlledSampleFromLogits (8-block cluster per row) on fp32 logits [B, V]
+//   filter       LaunchControlledSampleFromLogits (cluster size chosen per batch,
+//                kControlledClusterAuto, as the engine runs it) on fp32 logits [B, V]
 //                computed once by cuBLAS (the part that kernels/bench/peers.py
 //                --controls times for vLLM's sort-based top-k / top-p and min-p
 //                on logits of the same law): l', the filters, one sample, logz.
+//   filter8      the same with an 8-block cluster per row.
 //   filter1      the same with one block per row.
 //   full         LaunchControlledSample: the cuBLAS GEMM (H cast to bf16) and
 //                the above, from H to tokens.
@@ -109,8 +111,11 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   std::printf("flashsampler-kernel-bench backend=cuda controls  %s  %s  commit %s  T=%g "
               "logit_std=%g iterations=%d (median ms, CUDA events)\n",
               prop.name, o.date.c_str(), o.commit.c_str(), o.temperature, o.logit_std, o.iterations);
-  std::printf("%-12s %4s %-12s %10s %10s %10s %10s\n", "DxV", "B", "controls", "filter_ms",
-              "filter1_ms", "full_ms", "plain_mat_ms");
+  std::printf("resident clusters (cudaOccupancyMaxActiveClusters): g=2 %d, g=4 %d, g=8 %d\n",
+              ControlledMaxActiveClusters(2), ControlledMaxActiveClusters(4),
+              ControlledMaxActiveClusters(8));
+  std::printf("%-12s %4s %-12s %10s %6s %10s %10s %10s %10s\n", "DxV", "B", "controls", "filter_ms",
+              "auto_g", "filter8_ms", "filter1_ms", "full_ms", "plain_mat_ms");
   for (const CudaShape& shape : o.shapes) {
     const int64_t d = shape.hidden, v = shape.vocab;
     Buf w, h, logits, params, ws_from, ws_full, ws_mat, controls_buf;
@@ -169,7 +174,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           return LaunchControlledSampleFromLogits(logits.as<float>(), params.as<RowParams>(), batch, v, dc,
                                                   out, ws_from.p, ws_from.bytes, stream, cluster_blocks);
         };
-        auto filter = [&] { return filter_with(kControlledClusterBlocks); };
+        auto filter = [&] { return filter_with(kControlledClusterAuto); };
+        auto filter_g8 = [&] { return filter_with(kControlledClusterBlocks); };
         auto filter_g1 = [&] { return filter_with(1); };
         auto full = [&] {
           ControlledSampleArgs a;
@@ -210,7 +216,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
             return 1;
           }
         }
-        std::vector<std::function<KernelStatus()>> variants = {filter, filter_g1, full, plain};
+        std::vector<std::function<KernelStatus()>> variants = {filter, filter_g8, filter_g1, full, plain};
         for (auto& fn : variants) {
           for (int i = 0; i < o.warmup; ++i) CB_CHECK(fn());
         }
@@ -226,7 +232,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           }
         }
         CB_CHECK(cudaStreamSynchronize(stream));
-        double med[4];
+        double med[5];
         for (size_t k = 0; k < variants.size(); ++k) {
           std::vector<double> ms(runs);
           for (int i = 0; i < runs; ++i) {
@@ -239,12 +245,16 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         for (cudaEvent_t e : ev) cudaEventDestroy(e);
         char dxv[32];
         std::snprintf(dxv, sizeof dxv, "%lldx%lld", static_cast<long long>(d), static_cast<long long>(v));
-        std::printf("%-12s %4lld %-12s %10.3f %10.3f %10.3f %10.3f\n", dxv,
-                    static_cast<long long>(batch), set.name.c_str(), med[0], med[1], med[2], med[3]);
+        const int auto_g = ControlledClusterBlocksFor(batch);
+        std::printf("%-12s %4lld %-12s %10.3f %6d %10.3f %10.3f %10.3f %10.3f\n", dxv,
+                    static_cast<long long>(batch), set.name.c_str(), med[0], auto_g, med[1], med[2],
+                    med[3], med[4]);
         std::fflush(stdout);
         results.push_back({{"hidden", d}, {"vocab", v}, {"batch", batch}, {"controls", set.name},
-                           {"filter_median_ms", med[0]}, {"filter_one_block_median_ms", med[1]},
-                           {"full_median_ms", med[2]}, {"plain_materialized_median_ms", med[3]}});
+                           {"filter_median_ms", med[0]}, {"auto_cluster_blocks", auto_g},
+                           {"filter_cluster8_median_ms", med[1]},
+                           {"filter_one_block_median_ms", med[2]}, {"full_median_ms", med[3]},
+                           {"plain_materialized_median_ms", med[4]}});
       }
     }
   }
@@ -261,7 +271,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
     j["logit_std"] = o.logit_std;
     j["iterations"] = o.iterations;
     j["weight_dtype"] = "bf16";
-    j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits, 8 blocks per row"},
+    j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits, cluster size auto"},
+                     {"filter_cluster8", "the same, 8 blocks per row"},
                      {"filter_one_block", "the same, one block per row"},
                      {"full", "LaunchControlledSample (GEMM + filter + sample)"},
                      {"plain_materialized", "LaunchMaterializedSample, no controls"}};

@@ -14,6 +14,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
@@ -730,12 +733,15 @@ bool ValidOutputs(const ControlledSampleOutputs& o) {
          o.top_logprobs != nullptr && o.top_counts != nullptr;
 }
 
-bool ValidCluster(int g) { return g == 1 || g == 2 || g == 4 || g == kMaxCluster; }
+bool ValidCluster(int g) {
+  return g == kControlledClusterAuto || g == 1 || g == 2 || g == 4 || g == kMaxCluster;
+}
 
 // One cluster of g blocks per row (a plain launch for g = 1).
 KernelStatus LaunchRows(const float* raw, float* lp, int64_t rows, int64_t row0, int64_t n,
                         const RowParams* params, const ControlledDeviceControls& controls,
                         const ControlledSampleOutputs& outputs, int g, cudaStream_t stream) {
+  if (g == kControlledClusterAuto) g = ControlledClusterBlocksFor(rows);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(rows * g));
   config.blockDim = dim3(kThreads);
@@ -823,6 +829,41 @@ KernelStatus FlattenControls(const RowControls* controls, int64_t batch, int64_t
 }
 
 // ---- Launchers ------------------------------------------------------------------
+// Cached per (device, g): the answer depends only on the kernel and the device.
+int ControlledMaxActiveClusters(int g) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(device, g);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(g));
+  config.blockDim = dim3(kThreads);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(g);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, ControlledRowKernel, &config) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it so the launch does not report it
+    clusters = 0;
+  }
+  cache.emplace(key, clusters);
+  return clusters;
+}
+
+int ControlledClusterBlocksFor(int64_t rows) {
+  for (int g = kMaxCluster; g >= 2; g /= 2) {
+    if (rows <= ControlledMaxActiveClusters(g)) return g;
+  }
+  return 1;
+}
+
 size_t ControlledFromLogitsWorkspaceBytes(int64_t batch, int64_t valid_vocab) {
   if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kMaxInt32) return 0;
   return AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(valid_vocab) * sizeof(float));

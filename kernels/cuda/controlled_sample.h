@@ -52,10 +52,11 @@
 // unspecified): the caller fails the request with FailedPrecondition, as the
 // CPU backend does (KernelStatus::kFailedPrecondition).
 //
-// Performance: a cluster of 8 blocks of 512 threads per row makes a handful
-// of sweeps over its logits (transform, max, 3 per radix select, one per
-// sample; 16-byte loads, 4 in flight per thread), so even one row keeps 8 SMs
-// busy; the logits make one round trip through memory (the fused path for
+// Performance: a cluster of up to 8 blocks of 512 threads per row (the
+// largest that still fits the batch in one wave, kControlledClusterAuto) makes
+// a handful of sweeps over its logits (transform, max, 3 per radix select, one
+// per sample; 16-byte loads, 4 in flight per thread), so even one row keeps 8
+// SMs busy; the logits make one round trip through memory (the fused path for
 // controls is not built yet).
 //
 // Thread safety: enqueues work on `stream`, keeps no state; binds the cuBLAS
@@ -140,9 +141,23 @@ struct ControlledSampleOutputs {
 };
 
 // Blocks per row (a thread-block cluster sharing the row's sweeps through
-// distributed shared memory): 1, 2, 4 or 8. The results do not depend on it
-// except for the float64 rounding of logz (summed in rank order).
+// distributed shared memory): 1, 2, 4 or 8, or kControlledClusterAuto. The
+// results do not depend on it except for the float64 rounding of logz (summed
+// in rank order).
 inline constexpr int kControlledClusterBlocks = 8;
+// Auto (the default): per launch chunk of `rows` rows, the largest g of 8, 4,
+// 2 for which all `rows` clusters can be resident at once on the current
+// device (cudaOccupancyMaxActiveClusters, queried once per device and g),
+// else 1. Many rows per SM beat waves of clusters: 8-block clusters win for a
+// few rows (one row keeps 8 SMs busy) and lose badly once their clusters no
+// longer fit in one wave (BENCHMARKS.md, issue 3).
+inline constexpr int kControlledClusterAuto = 0;
+
+// What kControlledClusterAuto resolves to for a launch of `rows` rows on the
+// current device, and the occupancy it is decided from (clusters of g blocks
+// resident at once; 0 when the query fails). For benchmarks and tests.
+int ControlledClusterBlocksFor(int64_t rows);
+int ControlledMaxActiveClusters(int g);
 
 struct ControlledSampleArgs {
   const void* weight = nullptr;  // device [vocab, hidden_dim]
@@ -157,7 +172,7 @@ struct ControlledSampleArgs {
   ControlledSampleOutputs outputs;
   void* workspace = nullptr;  // device, 256-byte aligned
   size_t workspace_bytes = 0;
-  int cluster_blocks = kControlledClusterBlocks;
+  int cluster_blocks = kControlledClusterAuto;
 };
 
 // Rows per chunk: the launch processes the batch in chunks of at most this
@@ -182,6 +197,6 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                                               const ControlledSampleOutputs& outputs,
                                               void* workspace, size_t workspace_bytes,
                                               cudaStream_t stream,
-                                              int cluster_blocks = kControlledClusterBlocks);
+                                              int cluster_blocks = kControlledClusterAuto);
 
 }  // namespace flashsampler::kernels

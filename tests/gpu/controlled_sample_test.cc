@@ -148,7 +148,7 @@ class ControlledSampleTest : public GpuTest {
   void CompareWithCpu(const RandomProblem& p);
 
   cublasHandle_t cublas_ = nullptr;
-  int cluster_blocks_ = kControlledClusterBlocks;  // blocks per row
+  int cluster_blocks_ = kControlledClusterAuto;  // blocks per row
 };
 
 // The CPU backend on the same problem (materialized path: it serves every row).
@@ -344,7 +344,7 @@ TEST_F(ControlledSampleTest, ClusterSizesGiveTheSameResults) {
   cluster_blocks_ = 8;
   const Outputs ref = Run(p.w, p.h, p.params, p.controls);
   ASSERT_EQ(ref.launch, KernelStatus::kOk);
-  for (int g : {1, 2, 4}) {
+  for (int g : {1, 2, 4, kControlledClusterAuto}) {
     SCOPED_TRACE(g);
     cluster_blocks_ = g;
     const Outputs o = Run(p.w, p.h, p.params, p.controls);

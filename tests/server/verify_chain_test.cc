@@ -116,6 +116,10 @@ ChainStats RunChains(Engine& engine, int64_t n, int32_t draft, float temperature
 }
 
 // Binomial z-test of `k` successes out of `n` against probability p.
+// The exactness checks below must catch a 1% relative error in any token of
+// probability >= 0.05 (goodness_of_fit.h's power check enforces the counts).
+constexpr double kOnePercent = 0.01;
+
 void ExpectBinomial(int64_t k, int64_t n, double p) {
   const double z = (static_cast<double>(k) - n * p) / std::sqrt(n * p * (1.0 - p));
   EXPECT_LT(std::fabs(z), 5.0) << k << " of " << n << " accepted, expected p = " << p;
@@ -293,16 +297,17 @@ class VerifyChainExactness : public ::testing::TestWithParam<int32_t> {};
 TEST_P(VerifyChainExactness, EmittedTokensHaveTheTargetDistribution) {
   const int32_t draft = GetParam();
   std::unique_ptr<Engine> engine = IdentityEngine();
-  // 5e5 sequences: the first token's z-tested tokens (p >= 0.18) need >= 4.1e5
-  // for the 2% check; an accepted argmax leaves ~2.1e5 bonus samples, enough
-  // for p1 (z-tested p >= 0.35 need >= 1.7e5).
-  constexpr int64_t kN = 500000;
+  // 2e6 sequences: the first token's z-tested tokens (p >= 0.18) need >= 1.64e6
+  // for a 1% relative error to shift their count by 6 sigma; an accepted
+  // argmax leaves ~8.4e5 bonus samples, enough for p1 (z-tested p >= 0.35 need
+  // >= 6.7e5).
+  constexpr int64_t kN = 2000000;
   const ChainStats stats = RunChains(*engine, kN, draft, 1.0f, 1000003ull * (draft + 1));
   const std::vector<double> p0 = testing::SoftmaxOfScaled(LogitsOf(kP0), kV, 1.0f);
   const std::vector<double> p1 = testing::SoftmaxOfScaled(LogitsOf(kP1), kV, 1.0f);
-  testing::ExpectCountsMatch(stats.first_token, p0);
+  testing::ExpectCountsMatch(stats.first_token, p0, 6.0, kOnePercent);
   ExpectBinomial(stats.accepted, stats.sequences, p0[draft]);
-  if (draft == 0) testing::ExpectCountsMatch(stats.bonus_token, p1);
+  if (draft == 0) testing::ExpectCountsMatch(stats.bonus_token, p1, 6.0, kOnePercent);
 }
 
 // The argmax (p = 0.42), a likely token (0.28) and an unlikely one (0.015).
@@ -320,13 +325,14 @@ TEST(VerifyChainEngine, ControlledRowsUseTheFilteredDistribution) {
   std::vector<float> kept(kV, -INFINITY);
   std::copy(l0.begin(), l0.begin() + 5, kept.begin());
   const std::vector<double> p = testing::SoftmaxOfScaled(kept, kV, 1.0f);
-  // 4e5 sequences: the z-tested tokens (p >= 0.188) need >= 3.9e5.
-  constexpr int64_t kN = 400000;
+  // 1.6e6 sequences: the z-tested tokens (p >= 0.188) need >= 1.56e6 for the
+  // 1% check.
+  constexpr int64_t kN = 1600000;
   const ChainStats outside = RunChains(*engine, kN, 6, 1.0f, 77, &top5);
   EXPECT_EQ(outside.accepted, 0);
-  testing::ExpectCountsMatch(outside.first_token, p);
+  testing::ExpectCountsMatch(outside.first_token, p, 6.0, kOnePercent);
   const ChainStats inside = RunChains(*engine, kN, 1, 1.0f, 99, &top5);
-  testing::ExpectCountsMatch(inside.first_token, p);
+  testing::ExpectCountsMatch(inside.first_token, p, 6.0, kOnePercent);
   ExpectBinomial(inside.accepted, inside.sequences, p[1]);
 }
 
