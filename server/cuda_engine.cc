@@ -232,28 +232,11 @@ class CudaEngine final : public Engine {
                                               stream_));
     }
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
-    SampleResult result;
-    const auto* tokens = static_cast<const int32_t*>(host_tokens_);
-    result.token_ids.assign(tokens, tokens + rows);
-    if (batch.want_logz) {
-      const auto* logz = static_cast<const float*>(host_logz_);
-      result.logz.assign(logz, logz + rows);
-    }
-    if (batch.want_logprobs) {
-      const auto* logprobs = static_cast<const float*>(host_logprobs_);
-      result.logprobs.assign(logprobs, logprobs + rows);
-    }
-    if (drafts) {
-      const auto* draft_logprobs = static_cast<const float*>(host_draft_logprobs_);
-      result.draft_logprobs.assign(draft_logprobs, draft_logprobs + rows);
-    }
-    // Controls that are all neutral reach here; details are [rows] whenever
-    // the batch carries controls.
-    if (!batch.controls.empty()) {
-      result.details.resize(rows);
-      for (int64_t r = 0; r < rows; ++r) result.details[r].token_ids = {tokens[r]};
-    }
-    return result;
+    // Controls that are all neutral reach here (details: one sample per row).
+    return SampleResultFromHostOutputs(batch, static_cast<const int32_t*>(host_tokens_),
+                                       static_cast<const float*>(host_logz_),
+                                       static_cast<const float*>(host_logprobs_),
+                                       static_cast<const float*>(host_draft_logprobs_));
   }
 
   const ModelShape shape_;

@@ -64,6 +64,22 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCudaBackend(const LmHead& head,
 
 }  // namespace
 
+SampleResult SampleResultFromHostOutputs(const SampleBatch& batch, const int32_t* tokens,
+                                         const float* logz, const float* logprobs,
+                                         const float* draft_logprobs) {
+  const int64_t rows = batch.rows;
+  SampleResult result;
+  result.token_ids.assign(tokens, tokens + rows);
+  if (batch.want_logz) result.logz.assign(logz, logz + rows);
+  if (batch.want_logprobs) result.logprobs.assign(logprobs, logprobs + rows);
+  if (!batch.draft_tokens.empty()) result.draft_logprobs.assign(draft_logprobs, draft_logprobs + rows);
+  if (!batch.controls.empty()) {
+    result.details.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) result.details[r].token_ids = {tokens[r]};
+  }
+  return result;
+}
+
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n) {
   if (dtype == WeightDType::kFloat32) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {

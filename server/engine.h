@@ -158,6 +158,15 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
 // of the dtype's finite range (fp16: |h| >= 65520).
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n);
 
+// The SampleResult of a launch whose per-row outputs were copied to host
+// arrays of batch.rows entries (the GPU backends' pinned buffers): tokens
+// always; logz / logprobs when the batch asked for them; draft_logprobs when
+// the batch has draft rows; and when it carries (all-neutral) controls, one
+// sample per row in details. Pointers not needed may be null.
+SampleResult SampleResultFromHostOutputs(const SampleBatch& batch, const int32_t* tokens,
+                                         const float* logz, const float* logprobs,
+                                         const float* draft_logprobs);
+
 // The one mapping of a kernel launcher's outcome to a status: kInvalidArgument
 // -> InvalidArgument (a batch the kernel refuses, e.g. logits that overflow),
 // kOutOfMemory -> ResourceExhausted, device and internal errors -> Internal

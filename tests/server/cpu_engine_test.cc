@@ -103,6 +103,34 @@ TEST(RoundHiddenToWeightDType, Fp16OverflowIsInvalidAndFp32IsUntouched) {
   EXPECT_EQ(ok, (std::vector<float>{1.0f, -3.0f}));
 }
 
+TEST(SampleResultFromHostOutputs, FillsWhatTheBatchAskedFor) {
+  SampleBatch batch;
+  batch.rows = 2;
+  const int32_t tokens[2] = {7, 3};
+  const float logz[2] = {1.5f, 2.5f};
+  const float logprobs[2] = {-0.5f, -1.5f};
+  const float draft_logprobs[2] = {-0.25f, NAN};
+  SampleResult plain = SampleResultFromHostOutputs(batch, tokens, nullptr, nullptr, nullptr);
+  EXPECT_EQ(plain.token_ids, (std::vector<int32_t>{7, 3}));
+  EXPECT_TRUE(plain.logz.empty());
+  EXPECT_TRUE(plain.logprobs.empty());
+  EXPECT_TRUE(plain.draft_logprobs.empty());
+  EXPECT_TRUE(plain.details.empty());
+
+  batch.want_logz = batch.want_logprobs = true;
+  batch.draft_tokens = {4, -1};
+  batch.controls.resize(2);
+  SampleResult full = SampleResultFromHostOutputs(batch, tokens, logz, logprobs, draft_logprobs);
+  EXPECT_EQ(full.logz, (std::vector<float>{1.5f, 2.5f}));
+  EXPECT_EQ(full.logprobs, (std::vector<float>{-0.5f, -1.5f}));
+  ASSERT_EQ(full.draft_logprobs.size(), 2u);
+  EXPECT_EQ(full.draft_logprobs[0], -0.25f);
+  EXPECT_TRUE(std::isnan(full.draft_logprobs[1]));
+  ASSERT_EQ(full.details.size(), 2u);
+  EXPECT_EQ(full.details[0].token_ids, (std::vector<int32_t>{7}));
+  EXPECT_EQ(full.details[1].token_ids, (std::vector<int32_t>{3}));
+}
+
 TEST(CpuEngine, ValidVocabMasksPaddingRows) {
   EngineOptions options;
   options.valid_vocab = 10;
