@@ -57,6 +57,11 @@ for phase in "$@"; do
         >> "$out/tests.log" 2>&1
       rc=$?
       summary+=("memcheck rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
+      # Draft rows (speculative verification) on every launch path, small shapes.
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/draft_sample_gpu_test" \
+        --gtest_filter='Paths/DraftRowsTest.*:DraftArgsTest.*' >> "$out/tests.log" 2>&1
+      rc=$?
+      summary+=("memcheck draft rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
       # The controlled path: memcheck on small cases (chunks, ties, a masked
       # row), racecheck (shared-memory histograms and broadcasts) on a small one.
       timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/controlled_sample_gpu_test" \
