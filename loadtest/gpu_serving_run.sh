@@ -7,6 +7,8 @@
 #
 #   loadtest/gpu_serving_run.sh BIN_DIR OUT_DIR
 #
+# MODE=stream drives SampleStream instead of unary Sample calls.
+#
 # The server's queue is bounded (--max_queue_rows) so that overload is refused
 # with RESOURCE_EXHAUSTED instead of queueing without bound. Prints a short
 # summary last; JSON reports go to OUT_DIR.
@@ -29,7 +31,7 @@ address=$(sed -n 's/.*server listening on \(.*\)$/\1/p' "$out/server.out")
 metrics=$(sed -n 's/.*metrics on \([^/]*\)\/metrics$/\1/p' "$out/server.out")
 echo "server at $address, metrics at $metrics"
 tail -2 "$out/server.err"
-load=("$bin/flashsampler-load" --address="$address" --rows=1 --channels=8 --warmup_s=1
+load=("$bin/flashsampler-load" --address="$address" --mode="${MODE:-unary}" --rows=1 --channels=8 --warmup_s=1
       --duration_s="${DURATION_S:-5}" --timeout_s=10)
 "${load[@]}" --concurrency=1,64 --json_out="$out/closed.json" > "$out/closed.log" 2>&1
 cat "$out/closed.log" | tail -8
