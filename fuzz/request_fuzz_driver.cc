@@ -10,6 +10,8 @@
 #include "fuzz/fuzz_input_reader.h"
 #include "kernels/common/half_precision.h"
 #include "server/request_parser.h"
+#include "server/row_controls_parser.h"
+#include "server/verify_request.h"
 
 namespace flashsampler::fuzz {
 namespace {
@@ -70,6 +72,63 @@ void ValidateAndCheck(const v1::SampleRequest& request) {
   FUZZ_CHECK(response.request_id() == request.request_id(), "request id not echoed");
 }
 
+// ParseVerifyRequest's contract (server/verify_request.h) for one request,
+// then FillVerifyResponse over a fake engine result.
+void ValidateAndCheckVerify(const v1::VerifyRequest& request) {
+  ModelShape shape;
+  shape.vocab_size = kFuzzVocabSize;
+  shape.valid_vocab = kFuzzVocabSize;
+  shape.hidden_size = kFuzzHiddenSize;
+  RequestLimits limits;
+  limits.max_batch_rows = kFuzzMaxBatchRows;
+  uint64_t next_seed = 2000;
+  absl::StatusOr<ParsedVerifyRequest> parsed =
+      ParseVerifyRequest(request, shape, limits, [&next_seed] { return next_seed++; });
+  if (!parsed.ok()) {
+    FUZZ_CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument,
+               std::string(parsed.status().ToString()).c_str());
+    FUZZ_CHECK(!parsed.status().message().empty(), "rejection without a message");
+    return;
+  }
+  const SampleBatch& batch = parsed->batch;
+  FUZZ_CHECK(static_cast<int>(parsed->sequences.size()) == request.sequences_size(),
+             "one span per sequence");
+  int64_t rows = 0;
+  for (int i = 0; i < request.sequences_size(); ++i) {
+    const VerifySpan& span = parsed->sequences[static_cast<size_t>(i)];
+    FUZZ_CHECK(span.first_row == rows, "spans are not contiguous");
+    FUZZ_CHECK(span.num_drafts == request.sequences(i).draft_token_ids_size(), "gamma changed");
+    rows += span.num_drafts + 1;
+  }
+  FUZZ_CHECK(batch.rows == rows && rows >= 1 && rows <= kFuzzMaxBatchRows, "rows differ from sum(gamma + 1)");
+  FUZZ_CHECK(static_cast<int64_t>(batch.hidden.size()) == rows * kFuzzHiddenSize,
+             "decoded hidden states have the wrong length");
+  for (float x : batch.hidden) FUZZ_CHECK(std::isfinite(x), "accepted a non-finite hidden state");
+  FUZZ_CHECK(static_cast<int64_t>(batch.params.size()) == rows, "params not one per position");
+  FUZZ_CHECK(batch.draft_tokens.empty() || static_cast<int64_t>(batch.draft_tokens.size()) == rows,
+             "draft tokens neither empty nor one per position");
+  for (int32_t x : batch.draft_tokens) FUZZ_CHECK(x >= -1 && x < kFuzzVocabSize, "draft id out of range");
+  FUZZ_CHECK(batch.controls.empty() || static_cast<int64_t>(batch.controls.size()) == rows,
+             "controls neither empty nor one per position");
+  int64_t elements = 0;
+  for (const RowControls& c : batch.controls) elements += ControlElements(c);
+  FUZZ_CHECK(elements <= kMaxExpandedControlElements, "accepted controls over the expanded limit");
+  // The response side: a fake engine result for every position.
+  SampleResult result;
+  result.token_ids.assign(static_cast<size_t>(rows), 0);
+  if (batch.want_logz) result.logz.assign(static_cast<size_t>(rows), 0.0f);
+  if (!batch.draft_tokens.empty()) result.draft_logprobs.assign(static_cast<size_t>(rows), -0.7f);
+  v1::VerifyResponse response;
+  FillVerifyResponse(*parsed, result, &response);
+  FUZZ_CHECK(response.sequences_size() == request.sequences_size(), "one result per sequence");
+  for (int i = 0; i < response.sequences_size(); ++i) {
+    const v1::VerifyResult& out = response.sequences(i);
+    FUZZ_CHECK(out.num_accepted() >= 0 && out.num_accepted() <= parsed->sequences[i].num_drafts,
+               "accepted more drafts than there are");
+    FUZZ_CHECK(out.token_ids_size() == out.num_accepted() + 1, "not the accepted prefix plus one token");
+  }
+}
+
 // Encodes `x` as one element of `dtype` at `out`.
 void PutElement(float x, v1::DType dtype, char* out) {
   if (dtype == v1::DTYPE_FP32) {
@@ -104,8 +163,22 @@ v1::SampleRequest ValidFuzzRequest(int64_t rows, v1::DType dtype, uint64_t seed)
 
 void CheckRequestBytes(const uint8_t* data, size_t size) {
   v1::SampleRequest request;
-  if (!request.ParseFromArray(data, static_cast<int>(size))) return;
-  ValidateAndCheck(request);
+  if (request.ParseFromArray(data, static_cast<int>(size))) ValidateAndCheck(request);
+  v1::VerifyRequest verify;
+  if (verify.ParseFromArray(data, static_cast<int>(size))) ValidateAndCheckVerify(verify);
+}
+
+v1::VerifyRequest ValidFuzzVerifyRequest(std::initializer_list<int32_t> gammas, uint64_t seed) {
+  v1::VerifyRequest request;
+  for (int32_t gamma : gammas) {
+    const v1::SampleRequest rows = ValidFuzzRequest(gamma + 1, v1::DTYPE_BF16, seed++);
+    v1::VerifySequence* s = request.add_sequences();
+    *s->mutable_hidden_states() = rows.hidden_states();
+    for (int32_t j = 0; j < gamma; ++j) s->add_draft_token_ids((j * 5 + 3) % kFuzzVocabSize);
+    *s->mutable_params() = rows.params(0);
+  }
+  request.set_return_acceptance_probs(true);
+  return request;
 }
 
 void CheckRequestEdits(const uint8_t* data, size_t size) {

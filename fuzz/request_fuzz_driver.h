@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "flashsampler/v1/sampler.pb.h"
 
@@ -28,7 +29,10 @@ inline constexpr int64_t kFuzzHiddenSize = 8;
 inline constexpr int64_t kFuzzVocabSize = 32;
 inline constexpr int64_t kFuzzMaxBatchRows = 64;
 
-// Arbitrary bytes, parsed as a SampleRequest (wire format) and validated.
+// Arbitrary bytes, parsed as a SampleRequest (wire format) and validated, and
+// parsed as a VerifyRequest and validated (ParseVerifyRequest's contract:
+// rows = sum of gamma + 1 within the limit, draft ids in range, controls
+// within the expanded limit; FillVerifyResponse's chain lengths).
 void CheckRequestBytes(const uint8_t* data, size_t size);
 
 // The bytes as a list of edits (dtype, shape, data length and contents,
@@ -39,5 +43,9 @@ void CheckRequestEdits(const uint8_t* data, size_t size);
 // A valid request for the fuzz model: `rows` rows of `dtype` data, one shared
 // params entry. The start of CheckRequestEdits and the source of seed inputs.
 v1::SampleRequest ValidFuzzRequest(int64_t rows, v1::DType dtype, uint64_t seed);
+
+// A valid Verify request for the fuzz model: one sequence per entry of
+// `gammas` (that many draft tokens, gamma + 1 bf16 rows). A seed input.
+v1::VerifyRequest ValidFuzzVerifyRequest(std::initializer_list<int32_t> gammas, uint64_t seed);
 
 }  // namespace flashsampler::fuzz

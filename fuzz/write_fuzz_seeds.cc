@@ -66,6 +66,15 @@ bool WriteRequestSeeds(const std::string& root) {
   v1::SampleRequest nan = ValidFuzzRequest(1, v1::DTYPE_FP32, 1);
   nan.mutable_hidden_states()->mutable_data()->replace(0, 4, LittleEndian(0x7fc00000, 4));
   ok &= WriteSeed(dir, "nan", nan.SerializeAsString());
+  // Verify requests (CheckRequestBytes parses every input as both messages).
+  ok &= WriteSeed(dir, "verify_gammas_0_2_5", ValidFuzzVerifyRequest({0, 2, 5}, 11).SerializeAsString());
+  v1::VerifyRequest verify_controls = ValidFuzzVerifyRequest({3}, 12);
+  v1::SamplingParams* vp = verify_controls.mutable_sequences(0)->mutable_params();
+  vp->set_top_k(4);
+  vp->set_repetition_penalty(1.3f);
+  vp->add_prompt_token_ids(2);
+  verify_controls.set_return_logz(true);
+  ok &= WriteSeed(dir, "verify_controls", verify_controls.SerializeAsString());
 
   // Edit programs for request_edits: first byte picks the start request, then
   // (edit, operands...) pairs; see CheckRequestEdits.

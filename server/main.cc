@@ -209,6 +209,23 @@ int main(int argc, char** argv) {
                      visible);
       }
     }
+    if (!options.cuda.shard_split.empty() &&
+        options.cuda.shard_split.size() != options.cuda.devices.size()) {
+      std::fprintf(stderr,
+                   "flashsampler-server: --shard_split has %zu entries but %zu GPUs serve; give "
+                   "one entry per GPU (or name the GPUs with --devices)\n",
+                   options.cuda.shard_split.size(), options.cuda.devices.size());
+      load_failed = true;
+      kill(getpid(), SIGTERM);  // taken by the sigwait below
+      return;
+    }
+    if (options.cuda.devices.size() > 1) {
+      std::fprintf(stderr,
+                   "flashsampler-server: sharding the LM head over %zu GPUs; sampling controls "
+                   "and Verify with draft tokens are UNIMPLEMENTED across shards (--devices=0 "
+                   "serves them on one GPU)\n",
+                   options.cuda.devices.size());
+    }
     options.cpu.num_threads = config->threads;
     options.cpu.tile_rows = config->tile_rows;
     absl::StatusOr<std::unique_ptr<flashsampler::Engine>> engine =

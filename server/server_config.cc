@@ -142,7 +142,11 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     return absl::InvalidArgumentError("give --devices or --cuda_device, not both");
   }
   if (c.cuda_device >= 0) c.devices = {c.cuda_device};
-  if (!c.shard_split.empty() && c.shard_split.size() != c.devices.size()) {
+  if (!c.shard_split.empty() && c.backend == "cpu") {
+    return absl::InvalidArgumentError("--shard_split applies to the CUDA backend's GPU shards");
+  }
+  // Without --devices the GPU count is known only at start (main.cc checks then).
+  if (!c.shard_split.empty() && !c.devices.empty() && c.shard_split.size() != c.devices.size()) {
     return absl::InvalidArgumentError("--shard_split needs one entry per --devices entry");
   }
   if (c.shard_merge != "exact" && c.shard_merge != "group_gumbel") {

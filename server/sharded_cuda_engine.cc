@@ -228,9 +228,13 @@ class ShardedCudaEngine final : public Engine {
     const int64_t rows = batch.rows;
     const size_t hidden_bytes = batch.hidden.size() * sizeof(float);
     std::memcpy(host_hidden_, batch.hidden.data(), hidden_bytes);
-    // Every shard and both launch paths see the same (exactly representable) inputs.
-    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, static_cast<float*>(host_hidden_),
-                                                  static_cast<int64_t>(batch.hidden.size()));
+    // Every shard and both launch paths see the same (exactly representable)
+    // inputs; the request parser has usually rounded them already.
+    if (absl::Status s = batch.hidden_in_weight_dtype
+                             ? absl::OkStatus()
+                             : RoundHiddenToWeightDType(shape_.weight_dtype,
+                                                        static_cast<float*>(host_hidden_),
+                                                        static_cast<int64_t>(batch.hidden.size()));
         !s.ok()) {
       return s;
     }

@@ -1,5 +1,6 @@
 #include "server/verify_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -101,6 +102,18 @@ absl::StatusOr<ParsedVerifyRequest> ParseVerifyRequest(const v1::VerifyRequest& 
       entry = *std::move(c);
       if (controls.empty()) controls.resize(static_cast<size_t>(total_rows));
     }
+    if (has_controls) {
+      // The budget is checked before any copy: every position gets the
+      // entry's ids, and with penalties position j also the j drafts before it.
+      const int64_t positions = static_cast<int64_t>(gamma) + 1;
+      control_elements += ControlElements(entry) * positions +
+                          (HasPenalties(entry) ? positions * gamma / 2 : 0);
+      if (control_elements > kMaxExpandedControlElements) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the sampling controls hold ", control_elements, " token ids once applied to every "
+            "position (up to ", field, "), over the limit of ", kMaxExpandedControlElements));
+      }
+    }
     const uint64_t seed = p.has_seed() ? p.seed() : draw_seed();
     parsed.seeds.push_back(seed);
     const int64_t first_row = static_cast<int64_t>(batch.params.size());
@@ -116,16 +129,15 @@ absl::StatusOr<ParsedVerifyRequest> ParseVerifyRequest(const v1::VerifyRequest& 
         row.output_token_ids.insert(row.output_token_ids.end(), s.draft_token_ids().begin(),
                                     s.draft_token_ids().begin() + j);
       }
-      control_elements += ControlElements(row);
     }
     any_draft = any_draft || gamma > 0;
   }
-  if (control_elements > kMaxExpandedControlElements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the sampling controls hold ", control_elements, " token ids once applied to every "
-        "position, over the limit of ", kMaxExpandedControlElements));
+  // Controls that change nothing at any position (e.g. top_p = 1 alone) are
+  // dropped: the rows are then plain verification rows, which every backend
+  // that verifies serves (the CUDA engine verifies only without controls).
+  if (std::any_of(controls.begin(), controls.end(), [](const RowControls& c) { return HasAnyControl(c); })) {
+    batch.controls = std::move(controls);
   }
-  batch.controls = std::move(controls);
   if (any_draft) batch.draft_tokens = parsed.draft_tokens;
   return parsed;
 }

@@ -648,6 +648,19 @@ TEST(ServerLifecycle, BadFlagsExitTwoAndMissingWeightsExitOne) {
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 2);
 
+  // --shard_split must match --devices (checked with the flags; without
+  // --devices main.cc checks it against the GPUs found at start), and means
+  // nothing to the CPU backend.
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--backend=cuda", "--devices=0", "--shard_split=1,3"},
+        std::vector<std::string>{"--backend=cpu", "--shard_split=1,3"}}) {
+    ServerProcess bad_split(flags);
+    EXPECT_FALSE(bad_split.Start(absl::Seconds(10)).ok());
+    code = bad_split.WaitForExit(absl::Seconds(10));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 2) << flags.back();
+  }
+
   ServerProcess missing({"--weights=/nonexistent/model.safetensors"});
   EXPECT_FALSE(missing.Start(absl::Seconds(10)).ok());
   code = missing.WaitForExit(absl::Seconds(10));

@@ -6,6 +6,7 @@
 
 #include "fuzz/fuzz_check.h"
 #include "gtest/gtest.h"
+#include "server/verify_request.h"
 #include "tests/fuzz/replay_inputs.h"
 
 namespace flashsampler::fuzz {
@@ -51,6 +52,22 @@ TEST(RequestFuzzDriver, ValidFuzzRequestHasTheFuzzModelShape) {
               3 * kFuzzHiddenSize * (dtype == v1::DTYPE_FP32 ? 4 : 2));
     EXPECT_EQ(r.params_size(), 1);
   }
+}
+
+// The Verify seed is a request the parser accepts, so the fuzzer starts next
+// to ParseVerifyRequest's checks rather than at its first rejection.
+TEST(RequestFuzzDriver, ValidFuzzVerifyRequestIsAccepted) {
+  const v1::VerifyRequest r = ValidFuzzVerifyRequest({0, 2, 5}, 3);
+  ModelShape shape;
+  shape.vocab_size = shape.valid_vocab = kFuzzVocabSize;
+  shape.hidden_size = kFuzzHiddenSize;
+  uint64_t seed = 1;
+  absl::StatusOr<ParsedVerifyRequest> parsed =
+      ParseVerifyRequest(r, shape, RequestLimits{kFuzzMaxBatchRows}, [&seed] { return seed++; });
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->batch.rows, 1 + 3 + 6);
+  const std::string bytes = r.SerializeAsString();
+  CheckRequestBytes(Bytes(bytes), bytes.size());
 }
 
 // The replays above fail only through FUZZ_CHECK aborting: make sure it does.

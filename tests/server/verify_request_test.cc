@@ -198,6 +198,50 @@ TEST(VerifyRequest, ControlsPerPositionAndPenaltiesSeeTheDraftPrefix) {
   EXPECT_FALSE(HasAnyControl(c[4]));
 }
 
+TEST(VerifyRequest, ControlsThatChangeNothingAreDropped) {
+  v1::VerifyRequest r;
+  AddSequence(&r, {5, 6})->mutable_params()->set_top_p(1.0f);
+  v1::SamplingParams* p = AddSequence(&r, {2})->mutable_params();
+  p->set_repetition_penalty(1.0f);
+  p->add_output_token_ids(4);
+  absl::StatusOr<ParsedVerifyRequest> parsed = Parse(r);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->batch.controls.empty());
+  EXPECT_EQ(parsed->batch.draft_tokens, (std::vector<int32_t>{5, 6, -1, 2, -1}));
+  // A penalty that only the draft prefix activates is kept: position 1 sees
+  // draft 7 as output.
+  v1::VerifyRequest penalised;
+  v1::SamplingParams* q = AddSequence(&penalised, {7})->mutable_params();
+  q->set_repetition_penalty(1.5f);
+  parsed = Parse(penalised);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->batch.controls.size(), 2u);
+  EXPECT_FALSE(HasAnyControl(parsed->batch.controls[0]));
+  EXPECT_EQ(parsed->batch.controls[1].output_token_ids, (std::vector<int32_t>{7}));
+}
+
+// The expanded size of the controls (every position's copy, plus the draft
+// prefix as output under penalties) is checked before anything is copied: a
+// small request cannot make the parser allocate gigabytes.
+TEST(VerifyRequest, ControlsOverTheExpandedLimitAreRejectedBeforeCopying) {
+  constexpr int32_t kGamma = 600;
+  constexpr int kPromptIds = 1 << 16;  // 65536 * 601 positions > 2^25
+  v1::VerifyRequest r;
+  v1::SamplingParams* p = AddSequence(&r, std::vector<int32_t>(kGamma, 3))->mutable_params();
+  p->set_repetition_penalty(1.2f);
+  for (int i = 0; i < kPromptIds; ++i) p->add_prompt_token_ids(i % 90);
+  absl::StatusOr<ParsedVerifyRequest> parsed = Parse(r, kGamma + 1);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("over the limit"));
+  // Just under the limit it is served: 55000 ids * 601 + 600 * 601 / 2 < 2^25.
+  p->clear_prompt_token_ids();
+  for (int i = 0; i < 55000; ++i) p->add_prompt_token_ids(i % 90);
+  parsed = Parse(r, kGamma + 1);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->batch.controls.size(), static_cast<size_t>(kGamma + 1));
+}
+
 TEST(VerifyRequest, ResponseWalksEachChain) {
   v1::VerifyRequest r;
   AddSequence(&r, {4, 5}, 0.0f)->mutable_params()->set_seed(9);  // greedy
