@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -105,14 +106,22 @@ SampleBatch Batch(int64_t rows, uint64_t first_seed = 0, bool want_logz = false)
   return b;
 }
 
-// Collects one Submit's outcome.
+// Collects one Submit's outcome. The callback owns the state with the
+// Outcome: completions run on the batcher's pool threads and may still be
+// running when a test (which declares its Outcomes after the batcher) ends
+// without waiting for every request, e.g. the one StartHeld launched.
 struct Outcome {
-  absl::Notification done;
-  absl::StatusOr<SampleResult> result = absl::UnknownError("not answered");
+  struct State {
+    absl::Notification done;
+    absl::StatusOr<SampleResult> result = absl::UnknownError("not answered");
+  };
+  std::shared_ptr<State> state = std::make_shared<State>();
+  absl::Notification& done = state->done;
+  absl::StatusOr<SampleResult>& result = state->result;
   DynamicBatcher::Done Callback() {
-    return [this](absl::StatusOr<SampleResult> r) {
-      result = std::move(r);
-      done.Notify();
+    return [s = state](absl::StatusOr<SampleResult> r) {
+      s->result = std::move(r);
+      s->done.Notify();
     };
   }
   absl::StatusCode code() {
