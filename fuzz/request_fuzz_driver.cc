@@ -16,25 +16,38 @@
 namespace flashsampler::fuzz {
 namespace {
 
-// The one call into the parser: a signature change is a one-line edit here.
-absl::StatusOr<ParsedSampleRequest> Parse(const v1::SampleRequest& request) {
+// The fuzz model both parsers validate against (request_fuzz_driver.h).
+ModelShape FuzzShape() {
   ModelShape shape;
   shape.vocab_size = kFuzzVocabSize;
   shape.valid_vocab = kFuzzVocabSize;
   shape.hidden_size = kFuzzHiddenSize;
+  return shape;
+}
+
+RequestLimits FuzzLimits() {
   RequestLimits limits;
   limits.max_batch_rows = kFuzzMaxBatchRows;
+  return limits;
+}
+
+// A parser may reject only with InvalidArgument, and must say why.
+void CheckRejection(const absl::Status& status) {
+  FUZZ_CHECK(status.code() == absl::StatusCode::kInvalidArgument, std::string(status.ToString()).c_str());
+  FUZZ_CHECK(!status.message().empty(), "rejection without a message");
+}
+
+// The one call into the parser: a signature change is a one-line edit here.
+absl::StatusOr<ParsedSampleRequest> Parse(const v1::SampleRequest& request) {
   uint64_t next_seed = 1000;
-  return ParseSampleRequest(request, shape, limits, [&next_seed] { return next_seed++; });
+  return ParseSampleRequest(request, FuzzShape(), FuzzLimits(), [&next_seed] { return next_seed++; });
 }
 
 // The parser's contract for one request (see server/request_parser.h).
 void ValidateAndCheck(const v1::SampleRequest& request) {
   absl::StatusOr<ParsedSampleRequest> parsed = Parse(request);
   if (!parsed.ok()) {
-    FUZZ_CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument,
-               std::string(parsed.status().ToString()).c_str());
-    FUZZ_CHECK(!parsed.status().message().empty(), "rejection without a message");
+    CheckRejection(parsed.status());
     return;
   }
   const SampleBatch& batch = parsed->batch;
@@ -75,19 +88,11 @@ void ValidateAndCheck(const v1::SampleRequest& request) {
 // ParseVerifyRequest's contract (server/verify_request.h) for one request,
 // then FillVerifyResponse over a fake engine result.
 void ValidateAndCheckVerify(const v1::VerifyRequest& request) {
-  ModelShape shape;
-  shape.vocab_size = kFuzzVocabSize;
-  shape.valid_vocab = kFuzzVocabSize;
-  shape.hidden_size = kFuzzHiddenSize;
-  RequestLimits limits;
-  limits.max_batch_rows = kFuzzMaxBatchRows;
   uint64_t next_seed = 2000;
   absl::StatusOr<ParsedVerifyRequest> parsed =
-      ParseVerifyRequest(request, shape, limits, [&next_seed] { return next_seed++; });
+      ParseVerifyRequest(request, FuzzShape(), FuzzLimits(), [&next_seed] { return next_seed++; });
   if (!parsed.ok()) {
-    FUZZ_CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument,
-               std::string(parsed.status().ToString()).c_str());
-    FUZZ_CHECK(!parsed.status().message().empty(), "rejection without a message");
+    CheckRejection(parsed.status());
     return;
   }
   const SampleBatch& batch = parsed->batch;
