@@ -9,6 +9,7 @@
 // candidate_sampler.h), after every control for controlled rows.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -51,24 +52,24 @@ class CpuEngine final : public Engine {
                     kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}) {}
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
-    if (batch.rows <= 0 || static_cast<int64_t>(batch.params.size()) != batch.rows ||
-        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size) {
-      return absl::InvalidArgumentError("cpu engine: batch sizes are inconsistent");
-    }
-    if (!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != batch.rows) {
-      return absl::InvalidArgumentError("cpu engine: controls must be empty or one per row");
-    }
-    if (!batch.draft_tokens.empty() &&
-        static_cast<int64_t>(batch.draft_tokens.size()) != batch.rows) {
-      return absl::InvalidArgumentError("cpu engine: draft_tokens must be empty or one per row");
-    }
-    hidden_.assign(batch.hidden.begin(), batch.hidden.end());
-    if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
-                                                  static_cast<int64_t>(hidden_.size()));
+    if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size,
+                                          std::numeric_limits<int64_t>::max(), "cpu engine");
         !s.ok()) {
       return s;
     }
-    if (!batch.controls.empty()) return SampleWithControls(batch);
+    // The request parser has usually rounded H already (hidden_in_weight_dtype);
+    // otherwise a rounded copy is made here.
+    const float* hidden = batch.hidden.data();
+    if (!batch.hidden_in_weight_dtype) {
+      hidden_.assign(batch.hidden.begin(), batch.hidden.end());
+      if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
+                                                    static_cast<int64_t>(hidden_.size()));
+          !s.ok()) {
+        return s;
+      }
+      hidden = hidden_.data();
+    }
+    if (!batch.controls.empty()) return SampleWithControls(batch, hidden);
     SampleResult result;
     result.token_ids.resize(batch.rows);
     if (batch.want_logz) result.logz.resize(batch.rows);
@@ -80,7 +81,7 @@ class CpuEngine final : public Engine {
                                   batch.want_logprobs ? result.logprobs.data() : nullptr,
                                   drafts ? result.draft_logprobs.data() : nullptr};
     const kernels::KernelStatus status =
-        sampler_.Sample(hidden_.data(), batch.rows, batch.params.data(),
+        sampler_.Sample(hidden, batch.rows, batch.params.data(),
                         drafts ? batch.draft_tokens.data() : nullptr, out);
     if (status != kernels::KernelStatus::kOk) return KernelStatusToStatus(status, "cpu sampler");
     return result;
@@ -91,9 +92,9 @@ class CpuEngine final : public Engine {
   bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
 
  private:
-  // hidden_ holds the rounded batch. Plain rows (HasAnyControl false) and
-  // controlled rows are gathered into two sub-batches.
-  absl::StatusOr<SampleResult> SampleWithControls(const SampleBatch& batch) {
+  // `hidden` is the batch's H rounded to W's dtype. Plain rows (HasAnyControl
+  // false) and controlled rows are gathered into two sub-batches.
+  absl::StatusOr<SampleResult> SampleWithControls(const SampleBatch& batch, const float* hidden) {
     const int64_t rows = batch.rows;
     const int64_t d = shape_.hidden_size;
     std::vector<int64_t> plain, controlled;
@@ -110,14 +111,14 @@ class CpuEngine final : public Engine {
     for (const std::vector<int64_t>* part : {&plain, &controlled}) {
       if (part->empty()) continue;
       const int64_t n = static_cast<int64_t>(part->size());
-      std::vector<float> hidden(static_cast<size_t>(n * d));
+      std::vector<float> part_hidden(static_cast<size_t>(n * d));
       std::vector<RowParams> params(n);
       std::vector<RowControls> controls;
       std::vector<int32_t> draft_tokens(drafts ? n : 0);
       std::vector<float> draft_logprobs(drafts ? n : 0);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t r = (*part)[i];
-        std::copy_n(hidden_.data() + r * d, d, hidden.data() + i * d);
+        std::copy_n(hidden + r * d, d, part_hidden.data() + i * d);
         params[i] = batch.params[r];
         if (drafts) draft_tokens[i] = batch.draft_tokens[r];
       }
@@ -126,7 +127,7 @@ class CpuEngine final : public Engine {
       std::vector<RowSampleDetail> details(n);
       kernels::KernelStatus status;
       if (part == &plain) {
-        status = sampler_.Sample(hidden.data(), n, params.data(),
+        status = sampler_.Sample(part_hidden.data(), n, params.data(),
                                  drafts ? draft_tokens.data() : nullptr,
                                  kernels::CpuSampleOutputs{tokens.data(),
                                                            batch.want_logz ? logz.data() : nullptr,
@@ -143,7 +144,7 @@ class CpuEngine final : public Engine {
         }
         const kernels::CpuControlledPath path = kernels::PlanCpuControlledPath(row_controls, n);
         status = controlled_.Sample(
-            hidden.data(), n, params.data(), row_controls, drafts ? draft_tokens.data() : nullptr,
+            part_hidden.data(), n, params.data(), row_controls, drafts ? draft_tokens.data() : nullptr,
             path,
             kernels::CpuControlledOutputs{tokens.data(), batch.want_logz ? logz.data() : nullptr,
                                           batch.want_logprobs ? logprobs.data() : nullptr,
@@ -170,7 +171,7 @@ class CpuEngine final : public Engine {
   ModelShape shape_;
   kernels::CpuTiledSampler sampler_;
   kernels::CpuControlledSampler controlled_;
-  std::vector<float> hidden_;  // the batch's hidden states rounded to W's dtype
+  std::vector<float> hidden_;  // a rounded copy of H, when the parser has not rounded it
 };
 
 }  // namespace

@@ -124,16 +124,9 @@ class CudaEngine final : public Engine {
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
     if (!healthy_) return absl::UnavailableError("the CUDA backend failed earlier and is not serving");
-    if (batch.rows <= 0 || batch.rows > max_rows_ ||
-        static_cast<int64_t>(batch.params.size()) != batch.rows ||
-        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size ||
-        (!batch.draft_tokens.empty() &&
-         static_cast<int64_t>(batch.draft_tokens.size()) != batch.rows)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda engine: batch of ", batch.rows, " rows is inconsistent or over ", max_rows_));
-    }
-    if (!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != batch.rows) {
-      return absl::InvalidArgumentError("cuda engine: controls must be empty or one per row");
+    if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size, max_rows_, "cuda engine");
+        !s.ok()) {
+      return s;
     }
     if (!batch.draft_tokens.empty() &&
         PlanCudaSamplerPath(batch, options_.fused_max_rows) == CudaSamplerPath::kControlled) {

@@ -64,6 +64,24 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCudaBackend(const LmHead& head,
 
 }  // namespace
 
+absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int64_t max_rows,
+                              const char* engine) {
+  const auto per_row = [&batch](size_t n) { return static_cast<int64_t>(n) == batch.rows; };
+  if (batch.rows <= 0 || batch.rows > max_rows || !per_row(batch.params.size()) ||
+      static_cast<int64_t>(batch.hidden.size()) != batch.rows * hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(engine, ": batch of ", batch.rows,
+                                                   " rows is inconsistent or over ", max_rows));
+  }
+  if (!batch.controls.empty() && !per_row(batch.controls.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(engine, ": controls must be empty or one per row"));
+  }
+  if (!batch.draft_tokens.empty() && !per_row(batch.draft_tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(engine, ": draft_tokens must be empty or one per row"));
+  }
+  return absl::OkStatus();
+}
+
 SampleResult SampleResultFromHostOutputs(const SampleBatch& batch, const int32_t* tokens,
                                          const float* logz, const float* logprobs,
                                          const float* draft_logprobs) {

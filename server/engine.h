@@ -158,6 +158,12 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
 // of the dtype's finite range (fp16: |h| >= 65520).
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n);
 
+// The layout every engine requires of a batch: 1 <= rows <= max_rows, hidden
+// rows * hidden_size values, params one per row, controls and draft_tokens
+// empty or one per row. InvalidArgument naming `engine` otherwise.
+absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int64_t max_rows,
+                              const char* engine);
+
 // The SampleResult of a launch whose per-row outputs were copied to host
 // arrays of batch.rows entries (the GPU backends' pinned buffers): tokens
 // always; logz / logprobs when the batch asked for them; draft_logprobs when

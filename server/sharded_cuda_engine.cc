@@ -184,11 +184,9 @@ class ShardedCudaEngine final : public Engine {
     if (!healthy_) {
       return absl::UnavailableError("the sharded CUDA backend failed earlier and is not serving");
     }
-    if (batch.rows <= 0 || batch.rows > max_rows_ ||
-        static_cast<int64_t>(batch.params.size()) != batch.rows ||
-        static_cast<int64_t>(batch.hidden.size()) != batch.rows * shape_.hidden_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sharded cuda engine: batch of ", batch.rows, " rows is inconsistent or over ", max_rows_));
+    if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size, max_rows_, "sharded cuda engine");
+        !s.ok()) {
+      return s;
     }
     if (const std::string control = FirstRowControlName(batch); !control.empty()) {
       return absl::UnimplementedError(absl::StrCat(

@@ -162,33 +162,29 @@ struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Block-level reductions (every thread gets the result).
-__device__ float BlockMax(float v, Shared& sh) {
-  const float r = cub::BlockReduce<float, kThreads>(sh.cub.reduce_float).Reduce(v, MaxOp());
-  if (threadIdx.x == 0) sh.f = r;
+// Thread 0's `r` (a cub block reduction's result, valid only there) for every
+// thread, through `slot`; the second barrier lets the slot be reused at once.
+template <class T>
+__device__ T FromThread0(T r, T* slot) {
+  if (threadIdx.x == 0) *slot = r;
   __syncthreads();
-  const float out = sh.f;
+  const T out = *slot;
   __syncthreads();
   return out;
 }
 
+// Block-level reductions (every thread gets the result).
+__device__ float BlockMax(float v, Shared& sh) {
+  return FromThread0(cub::BlockReduce<float, kThreads>(sh.cub.reduce_float).Reduce(v, MaxOp()), &sh.f);
+}
+
 __device__ int BlockSumInt(int v, Shared& sh) {
-  const int r = cub::BlockReduce<int, kThreads>(sh.cub.reduce_int).Sum(v);
-  if (threadIdx.x == 0) sh.i0 = r;
-  __syncthreads();
-  const int out = sh.i0;
-  __syncthreads();
-  return out;
+  return FromThread0(cub::BlockReduce<int, kThreads>(sh.cub.reduce_int).Sum(v), &sh.i0);
 }
 
 // Fixed-shape tree: the same inputs give the same sum on every launch.
 __device__ double BlockSumDouble(double v, Shared& sh) {
-  const double r = cub::BlockReduce<double, kThreads>(sh.cub.reduce_double).Sum(v);
-  if (threadIdx.x == 0) sh.d = r;
-  __syncthreads();
-  const double out = sh.d;
-  __syncthreads();
-  return out;
+  return FromThread0(cub::BlockReduce<double, kThreads>(sh.cub.reduce_double).Sum(v), &sh.d);
 }
 
 // Cluster combinations of block values: op(...op(op(init, v_0), v_1)...) over
@@ -205,7 +201,7 @@ __device__ T ClusterCombine(T block_value, T* slot, T init, int upto, Op op, con
 }
 
 __device__ float ClusterMax(float v, Shared& sh, const Slice& s) {
-  return ClusterCombine(v, &sh.part_f, -INFINITY, s.g, [](float a, float b) { return fmaxf(a, b); }, s);
+  return ClusterCombine(v, &sh.part_f, -INFINITY, s.g, MaxOp(), s);
 }
 __device__ int ClusterSumInt(int v, Shared& sh, const Slice& s) {
   return ClusterCombine(v, &sh.part_i, 0, s.g, [](int a, int b) { return a + b; }, s);

@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "server/engine.h"
+#include "tests/gpu/engine_test_batches.h"
 
 namespace flashsampler {
 namespace {
@@ -20,21 +21,7 @@ constexpr int64_t kVocab = 5000;
 constexpr int64_t kHidden = 256;
 
 SampleBatch RandomBatch(int64_t rows, uint64_t seed) {
-  SampleBatch b;
-  b.rows = rows;
-  std::mt19937 gen(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> normal;
-  b.hidden.resize(rows * kHidden);
-  for (float& v : b.hidden) v = normal(gen);
-  b.params.resize(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    b.params[r].temperature = (r % 5 == 0) ? 0.0f : 0.5f + 0.25f * (r % 4);  // greedy rows mixed in
-    b.params[r].seed = seed * 1000 + r;
-    b.params[r].offset = r % 3;
-    b.params[r].stream = static_cast<uint32_t>(r);
-  }
-  b.want_logz = b.want_logprobs = true;
-  return b;
+  return testing::RandomEngineBatch(rows, kHidden, seed);
 }
 
 // The CUDA and the CPU engine on the same demo head; batches of up to 4 rows
@@ -142,11 +129,16 @@ TEST(CudaEngine, DraftRowsMatchTheCpuEngineOnBothPaths) {
   EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
 }
 
-TEST(CudaEngine, DraftRowsWithSamplingControlsAreUnimplemented) {
-  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+// A CUDA engine on a tiny head (V = 300, D = 16) that takes at most 8 rows.
+absl::StatusOr<std::unique_ptr<Engine>> SmallCudaEngine() {
   EngineOptions options;
   options.max_batch_rows = 8;
-  absl::StatusOr<std::unique_ptr<Engine>> cuda = MakeEngine("cuda", LmHead::Demo(300, 16, 1), options);
+  return MakeEngine("cuda", LmHead::Demo(300, 16, 1), options);
+}
+
+TEST(CudaEngine, DraftRowsWithSamplingControlsAreUnimplemented) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  const absl::StatusOr<std::unique_ptr<Engine>> cuda = SmallCudaEngine();
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   SampleBatch batch;
   batch.rows = 2;
@@ -165,9 +157,7 @@ TEST(CudaEngine, DraftRowsWithSamplingControlsAreUnimplemented) {
 
 TEST(CudaEngine, OversizedBatchIsInvalidAndTheEngineStaysHealthy) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
-  EngineOptions options;
-  options.max_batch_rows = 8;
-  absl::StatusOr<std::unique_ptr<Engine>> cuda = MakeEngine("cuda", LmHead::Demo(300, 16, 1), options);
+  const absl::StatusOr<std::unique_ptr<Engine>> cuda = SmallCudaEngine();
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   SampleBatch big;
   big.rows = 9;

@@ -9,12 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "server/engine.h"
+#include "tests/gpu/engine_test_batches.h"
 
 namespace flashsampler {
 namespace {
@@ -23,21 +23,7 @@ constexpr int64_t kVocab = 32000;
 constexpr int64_t kHidden = 512;
 
 SampleBatch RandomBatch(int64_t rows, uint64_t seed) {
-  SampleBatch b;
-  b.rows = rows;
-  std::mt19937 gen(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> normal;
-  b.hidden.resize(rows * kHidden);
-  for (float& v : b.hidden) v = normal(gen);
-  b.params.resize(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    b.params[r].temperature = (r % 5 == 0) ? 0.0f : 0.5f + 0.25f * (r % 4);  // greedy rows mixed in
-    b.params[r].seed = seed * 1000 + r;
-    b.params[r].offset = r % 3;
-    b.params[r].stream = static_cast<uint32_t>(r);
-  }
-  b.want_logz = b.want_logprobs = true;
-  return b;
+  return testing::RandomEngineBatch(rows, kHidden, seed);
 }
 
 class ShardedCudaEngineTest : public ::testing::Test {
