@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/fused_controlled_sample.h"
 
 namespace flashsampler {
 namespace {
@@ -45,8 +46,9 @@ CudaControlledRunner::~CudaControlledRunner() {
   }
 }
 
-absl::Status CudaControlledRunner::Init(int64_t max_rows) {
+absl::Status CudaControlledRunner::Init(int64_t max_rows, int64_t fused_max_rows) {
   max_rows_ = max_rows;
+  fused_max_rows_ = fused_max_rows;
   const size_t rows = static_cast<size_t>(max_rows);
   const size_t samples = rows * kMaxNumSamples;
   const size_t top = rows * kMaxTopLogprobs;
@@ -123,10 +125,46 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   o.top_counts = static_cast<int32_t*>(top_counts_.device);
   args.workspace = workspace;
   args.workspace_bytes = workspace_bytes;
+
+  const bool fused =
+      rows <= fused_max_rows_ &&
+      kernels::FusedControlledShapeSupported(dtype, shape.valid_vocab, shape.hidden_size) &&
+      std::none_of(flat.rows.begin(), flat.rows.end(), [](const kernels::ControlledRowDesc& d) {
+        return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
+      });
+  if (fused) {
+    ++fused_batches_;
+    kernels::FusedControlledArgs f;
+    f.weight = weight;
+    f.weight_dtype = dtype;
+    f.hidden = hidden;
+    f.params = params;
+    f.batch = rows;
+    f.vocab = shape.vocab_size;
+    f.valid_vocab = shape.valid_vocab;
+    f.hidden_dim = shape.hidden_size;
+    f.controls = args.controls;
+    f.outputs = args.outputs;
+    f.workspace = workspace;
+    f.workspace_bytes = workspace_bytes;
+    if (const KernelStatus s = kernels::LaunchFusedControlledSample(f, stream); s != KernelStatus::kOk) {
+      return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
+    }
+    absl::StatusOr<SampleResult> result = Finish(batch, flat, stream);
+    if (!result.ok() || !fused_row_not_served_) return result;
+    ++fused_fallbacks_;  // a tile held more of some row's top-k than it kept
+  }
   if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
     return KernelStatusToStatus(s, "cuda controlled sampler launch");
   }
+  return Finish(batch, flat, stream);
+}
 
+absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& batch,
+                                                          const kernels::FlatControls& flat,
+                                                          cudaStream_t stream) {
+  const int64_t rows = batch.rows;
+  fused_row_not_served_ = false;
   const bool any_top = std::any_of(batch.controls.begin(), batch.controls.end(),
                                    [](const RowControls& c) { return c.top_logprobs > 0; });
   const size_t samples = static_cast<size_t>(flat.total_samples);
@@ -148,6 +186,11 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
 
   const auto* status = static_cast<const int32_t*>(status_.host);
+  if (std::any_of(status, status + rows,
+                  [](int32_t s) { return s == kernels::kFusedRowNotServed; })) {
+    fused_row_not_served_ = true;  // only the fused path writes it: Run retries
+    return SampleResult{};
+  }
   if (std::any_of(status, status + rows, [](int32_t s) { return s != 0; })) {
     return KernelStatusToStatus(KernelStatus::kFailedPrecondition, "cuda controlled sampler");
   }

@@ -2,18 +2,25 @@
 //
 // PlanCudaSamplerPath picks, per batch, the kernel that serves it:
 //  - kControlled when any row has a control (HasAnyControl): the whole batch
-//    goes to kernels/cuda/controlled_sample.h (cuBLAS logits, then one block
-//    per row applies bitmask, bans, bias, penalties, temperature, min_p,
-//    top_k, top_p and draws the samples; plain rows in such a batch are served
-//    by the same kernel with neutral controls, which samples exactly what the
-//    plain kernels sample);
+//    goes to CudaControlledRunner (plain rows in such a batch are served with
+//    neutral controls, which sample exactly what the plain kernels sample);
 //  - else kFused up to fused_max_rows rows, kMaterialized above (unchanged).
-// The fused path for controls (per-tile top-k candidates) does not exist yet.
 //
-// CudaControlledRunner owns the buffers of the controlled path on one device
+// CudaControlledRunner owns the buffers of the controlled paths on one device
 // (flattened controls, per-row status, the per-sample and top-list outputs,
 // device and pinned host copies) and runs one batch on the engine's stream,
 // after the engine has enqueued the upload of the hidden states and params.
+// It picks, per batch:
+//  - the fused controlled path (kernels/cuda/fused_controlled_sample.h: the
+//    controls inside the LM-head matmul, no logits in memory) when the batch
+//    has at most fused_max_rows rows and every row is one that path serves
+//    (top_k <= 64 with any other control, or no filter at all);
+//  - else the materialized path (kernels/cuda/controlled_sample.h: cuBLAS
+//    logits, then one block per row applies every control).
+// A row the fused path finds it cannot finish exactly (a tile held more of
+// the row's top-k than it kept, row_status 2) sends the whole batch through
+// the materialized path again, with the same noise: the results are those the
+// materialized path gives (fused_fallbacks() counts such batches).
 //
 // Thread safety: like the engine, one batch at a time (Run is not reentrant).
 // Outcomes of Run: OK with the batch's SampleResult (details for every row);
@@ -47,8 +54,15 @@ class CudaControlledRunner {
 
   // Allocates the output buffers for batches of up to max_rows rows (on the
   // current device). The workspace the engine hands to Run must hold
-  // kernels::ControlledSampleWorkspaceBytes(max_rows, ...).
-  absl::Status Init(int64_t max_rows);
+  // kernels::ControlledSampleWorkspaceBytes(max_rows, ...) and, when
+  // fused_max_rows > 0, kernels::FusedControlledWorkspaceBytes(fused_max_rows,
+  // ...). fused_max_rows = 0: never the fused controlled path.
+  absl::Status Init(int64_t max_rows, int64_t fused_max_rows);
+
+  // Batches the fused path handed back to the materialized one (row_status 2).
+  int64_t fused_fallbacks() const { return fused_fallbacks_; }
+  // Batches served by the fused controlled path (fallbacks included).
+  int64_t fused_batches() const { return fused_batches_; }
 
   // Samples `batch` (controls non-empty) whose hidden states (rounded to the
   // weight dtype) and params are already on the device or enqueued on `stream`.
@@ -60,8 +74,17 @@ class CudaControlledRunner {
 
  private:
   absl::Status EnsureControlsCapacity(size_t bytes);
+  // Downloads the outputs of the launch enqueued on `stream`, waits for it and
+  // assembles the SampleResult. Sets fused_row_not_served_ (and returns an
+  // empty result) when a row has row_status kFusedRowNotServed.
+  absl::StatusOr<SampleResult> Finish(const SampleBatch& batch, const kernels::FlatControls& flat,
+                                      cudaStream_t stream);
 
   int64_t max_rows_ = 0;
+  int64_t fused_max_rows_ = 0;
+  int64_t fused_fallbacks_ = 0;
+  int64_t fused_batches_ = 0;
+  bool fused_row_not_served_ = false;
   // Device outputs and their pinned host copies.
   struct Buffer {
     void* device = nullptr;

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/controlled_sample.h"
+#include "kernels/cuda/fused_controlled_sample.h"
 #include "kernels/cuda/fused_sample.h"
 #include "kernels/cuda/materialized_sample.h"
 #include "server/cuda_controlled_runner.h"
@@ -117,9 +118,17 @@ class CudaEngine final : public Engine {
     workspace_bytes_ = std::max(workspace_bytes_,
                                 kernels::ControlledSampleWorkspaceBytes(
                                     max_rows_, shape_.valid_vocab, shape_.hidden_size, dtype));
+    const bool fused_controls =
+        options_.fused_controls && fused_rows > 0 &&
+        kernels::FusedControlledShapeSupported(dtype, shape_.valid_vocab, shape_.hidden_size);
+    if (fused_controls) {
+      workspace_bytes_ = std::max(workspace_bytes_,
+                                  kernels::FusedControlledWorkspaceBytes(
+                                      fused_rows, shape_.valid_vocab, shape_.hidden_size));
+    }
     if (workspace_bytes_ == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
-    return controlled_.Init(max_rows_);
+    return controlled_.Init(max_rows_, fused_controls ? fused_rows : 0);
   }
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {

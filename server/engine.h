@@ -138,6 +138,10 @@ struct CudaEngineOptions {
   // fused kernel is faster at every measured B <= 128, the materialized path
   // at B = 256 (its cuBLAS GEMM beats our mma.sync stage 1 there).
   int64_t fused_max_rows = 128;
+  // Batches with sampling controls of up to fused_max_rows rows take the fused
+  // controlled path (kernels/cuda/fused_controlled_sample.h) when every row
+  // is one it serves; false: always the materialized controlled path.
+  bool fused_controls = true;
 };
 
 struct EngineOptions {

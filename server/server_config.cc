@@ -59,6 +59,10 @@ ABSL_FLAG(int64_t, cuda_fused_max_rows, 128,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
           "cuBLAS-materialized path (the default is the measured crossover on an H100, "
           "BENCHMARKS.md)");
+ABSL_FLAG(bool, cuda_fused_controls, true,
+          "CUDA backend: batches with sampling controls (up to --cuda_fused_max_rows rows) apply "
+          "them inside the fused kernel when every row allows it (top_k <= 64, or no filter); "
+          "false: always the materialized controlled path");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
 ABSL_FLAG(int64_t, lame_duck_ms, 250,
@@ -108,6 +112,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     c.shard_split.push_back(weight);
   }
   c.cuda_fused_max_rows = absl::GetFlag(FLAGS_cuda_fused_max_rows);
+  c.cuda_fused_controls = absl::GetFlag(FLAGS_cuda_fused_controls);
   c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
   c.demo_hidden = absl::GetFlag(FLAGS_demo_hidden);
   c.demo_seed = absl::GetFlag(FLAGS_demo_seed);

@@ -1,12 +1,15 @@
 // flashsampler-kernel-bench --backend=cuda --controls=...: the materialized
-// controlled path (kernels/cuda/controlled_sample.h) for each control set and
-// (shape, batch), beside the plain materialized sampler.
+// controlled path (kernels/cuda/controlled_sample.h) and the fused controlled
+// path (kernels/cuda/fused_controlled_sample.h) for each control set and
+// (shape, batch), beside the plain materialized and fused samplers.
 //
 // Control sets (every row of the batch the same, temperature --temperature):
 //   top_p        top_p = 0.9
 //   top_k        top_k = 50
 //   top_k_top_p  top_k = 50, top_p = 0.9
 //   min_p        min_p = 0.1
+//   bitmask      every other token allowed (0x55555555 words), 16 biased
+//                tokens (no filter: a summary row of the fused path)
 // Variants:
 //   filter       LaunchControlledSampleFromLogits (cluster size chosen per batch,
 //                kControlledClusterAuto, as the engine runs it) on fp32 logits [B, V]
@@ -18,6 +21,10 @@
 //   full         LaunchControlledSample: the cuBLAS GEMM (H cast to bf16) and
 //                the above, from H to tokens.
 //   plain_mat    LaunchMaterializedSample (no controls), for reference.
+//   fused_ctl    LaunchFusedControlledSample, from H to tokens (only for the
+//                sets it serves: top_k, top_k_top_p, bitmask; its rows must
+//                all come back with status 0, else the bench fails).
+//   plain_fused  LaunchFusedSample (no controls): fused_ctl's reference.
 // Inputs as in cuda_bench.cc: W ~ N(0, logit_std^2 / D) bf16, H ~ N(0, 1)
 // exactly representable in bf16. Timing: warm-up, then --iterations runs per
 // variant round-robin between CUDA event pairs; medians. A check first: every
@@ -37,6 +44,8 @@
 #include "kernels/bench/cuda_bench.h"
 #include "kernels/common/row_controls.h"
 #include "kernels/cuda/controlled_sample.h"
+#include "kernels/cuda/fused_controlled_sample.h"
+#include "kernels/cuda/fused_sample.h"
 #include "kernels/cuda/logits_gemm.h"
 #include "kernels/cuda/materialized_sample.h"
 #include "nlohmann/json.hpp"
@@ -82,6 +91,10 @@ std::vector<ControlSet> ControlSets(const std::string& which) {
   c = RowControls{};
   c.min_p = 0.1f;
   all.push_back({"min_p", c});
+  c = RowControls{};
+  c.allowed_bitmask.assign(1 << 16, 0x55555555u);  // covers any vocabulary <= 2^21
+  for (int32_t i = 0; i < 16; ++i) c.logit_bias.push_back({i * 4099, 1.5f});
+  all.push_back({"bitmask", c});
   if (which == "all") return all;
   std::vector<ControlSet> out;
   for (const ControlSet& s : all) {
@@ -96,7 +109,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   const std::vector<ControlSet> sets = ControlSets(which);
   if (sets.empty() || o.shapes.empty() || o.batches.empty() || o.iterations < 100) {
     std::cerr << "flashsampler-kernel-bench: --controls wants all or a list of top_p, top_k, "
-                 "top_k_top_p, min_p; iterations >= 100\n";
+                 "top_k_top_p, min_p, bitmask; iterations >= 100\n";
     return 2;
   }
   cudaDeviceProp prop{};
@@ -114,11 +127,12 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   std::printf("resident clusters (cudaOccupancyMaxActiveClusters): g=2 %d, g=4 %d, g=8 %d\n",
               ControlledMaxActiveClusters(2), ControlledMaxActiveClusters(4),
               ControlledMaxActiveClusters(8));
-  std::printf("%-12s %4s %-12s %10s %6s %10s %10s %10s %10s\n", "DxV", "B", "controls", "filter_ms",
-              "auto_g", "filter8_ms", "filter1_ms", "full_ms", "plain_mat_ms");
+  std::printf("%-12s %4s %-12s %10s %6s %10s %10s %10s %10s %10s %10s %8s\n", "DxV", "B", "controls",
+              "filter_ms", "auto_g", "filter8_ms", "filter1_ms", "full_ms", "plain_mat_ms",
+              "fused_ctl", "plain_fused", "ctl/plain");
   for (const CudaShape& shape : o.shapes) {
     const int64_t d = shape.hidden, v = shape.vocab;
-    Buf w, h, logits, params, ws_from, ws_full, ws_mat, controls_buf;
+    Buf w, h, logits, params, ws_from, ws_full, ws_mat, ws_fused, ws_fused_ctl, controls_buf;
     Buf tokens, logz, status, stokens, slogprobs, sranks, top_ids, top_lp, top_counts;
     if (!w.Alloc(static_cast<size_t>(v * d) * 2) || !h.Alloc(static_cast<size_t>(bmax * d) * 4) ||
         !logits.Alloc(static_cast<size_t>(bmax * v) * 4) ||
@@ -126,6 +140,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         !ws_from.Alloc(ControlledFromLogitsWorkspaceBytes(bmax, v)) ||
         !ws_full.Alloc(ControlledSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
         !ws_mat.Alloc(MaterializedSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
+        !ws_fused.Alloc(FusedSampleWorkspaceBytes(bmax, v, d)) ||
+        !ws_fused_ctl.Alloc(FusedControlledWorkspaceBytes(bmax, v, d)) ||
         !tokens.Alloc(bmax * 4) || !logz.Alloc(bmax * 4) || !status.Alloc(bmax * 4) ||
         !stokens.Alloc(bmax * 4) || !slogprobs.Alloc(bmax * 4) || !sranks.Alloc(bmax * 4) ||
         !top_ids.Alloc(bmax * kMaxTopLogprobs * 4) || !top_lp.Alloc(bmax * kMaxTopLogprobs * 4) ||
@@ -204,10 +220,51 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           a.workspace_bytes = ws_mat.bytes;
           return LaunchMaterializedSample(a, cublas, stream);
         };
+        auto plain_fused = [&] {
+          FusedSampleArgs a;
+          a.weight = w.p;
+          a.hidden = h.as<float>();
+          a.params = params.as<RowParams>();
+          a.batch = batch;
+          a.vocab = a.valid_vocab = v;
+          a.hidden_dim = d;
+          a.token_ids = tokens.as<int32_t>();
+          a.workspace = ws_fused.p;
+          a.workspace_bytes = ws_fused.bytes;
+          return LaunchFusedSample(a, stream);
+        };
+        auto fused_ctl = [&] {
+          FusedControlledArgs a;
+          a.weight = w.p;
+          a.hidden = h.as<float>();
+          a.params = params.as<RowParams>();
+          a.batch = batch;
+          a.vocab = a.valid_vocab = v;
+          a.hidden_dim = d;
+          a.controls = dc;
+          a.outputs = out;
+          a.workspace = ws_fused_ctl.p;
+          a.workspace_bytes = ws_fused_ctl.bytes;
+          return LaunchFusedControlledSample(a, stream);
+        };
+        const bool fused_served = set.name == "top_k" || set.name == "top_k_top_p" || set.name == "bitmask";
+        std::vector<int32_t> st(batch), tk(batch);
+        if (fused_served) {  // check: every row served (status 0), tokens in range
+          CB_CHECK(fused_ctl());
+          CB_CHECK(cudaStreamSynchronize(stream));
+          CB_CHECK(cudaMemcpy(st.data(), status.p, batch * 4, cudaMemcpyDeviceToHost));
+          CB_CHECK(cudaMemcpy(tk.data(), tokens.p, batch * 4, cudaMemcpyDeviceToHost));
+          for (int64_t b = 0; b < batch; ++b) {
+            if (st[b] != 0 || tk[b] < 0 || tk[b] >= v) {
+              std::cerr << "flashsampler-kernel-bench: fused controlled check failed at row " << b
+                        << " (status " << st[b] << ")\n";
+              return 1;
+            }
+          }
+        }
         // Check: statuses 0, tokens in range.
         CB_CHECK(filter());
         CB_CHECK(cudaStreamSynchronize(stream));
-        std::vector<int32_t> st(batch), tk(batch);
         CB_CHECK(cudaMemcpy(st.data(), status.p, batch * 4, cudaMemcpyDeviceToHost));
         CB_CHECK(cudaMemcpy(tk.data(), tokens.p, batch * 4, cudaMemcpyDeviceToHost));
         for (int64_t b = 0; b < batch; ++b) {
@@ -216,7 +273,9 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
             return 1;
           }
         }
-        std::vector<std::function<KernelStatus()>> variants = {filter, filter_g8, filter_g1, full, plain};
+        std::vector<std::function<KernelStatus()>> variants = {filter, filter_g8, filter_g1, full, plain,
+                                                               plain_fused};
+        if (fused_served) variants.push_back(fused_ctl);
         for (auto& fn : variants) {
           for (int i = 0; i < o.warmup; ++i) CB_CHECK(fn());
         }
@@ -232,7 +291,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           }
         }
         CB_CHECK(cudaStreamSynchronize(stream));
-        double med[5];
+        double med[7] = {0, 0, 0, 0, 0, 0, NAN};
         for (size_t k = 0; k < variants.size(); ++k) {
           std::vector<double> ms(runs);
           for (int i = 0; i < runs; ++i) {
@@ -246,15 +305,17 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         char dxv[32];
         std::snprintf(dxv, sizeof dxv, "%lldx%lld", static_cast<long long>(d), static_cast<long long>(v));
         const int auto_g = ControlledClusterBlocksFor(batch);
-        std::printf("%-12s %4lld %-12s %10.3f %6d %10.3f %10.3f %10.3f %10.3f\n", dxv,
-                    static_cast<long long>(batch), set.name.c_str(), med[0], auto_g, med[1], med[2],
-                    med[3], med[4]);
+        std::printf("%-12s %4lld %-12s %10.3f %6d %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %8.3f\n",
+                    dxv, static_cast<long long>(batch), set.name.c_str(), med[0], auto_g, med[1],
+                    med[2], med[3], med[4], med[6], med[5], med[6] / med[5]);
         std::fflush(stdout);
         results.push_back({{"hidden", d}, {"vocab", v}, {"batch", batch}, {"controls", set.name},
                            {"filter_median_ms", med[0]}, {"auto_cluster_blocks", auto_g},
                            {"filter_cluster8_median_ms", med[1]},
                            {"filter_one_block_median_ms", med[2]}, {"full_median_ms", med[3]},
-                           {"plain_materialized_median_ms", med[4]}});
+                           {"plain_materialized_median_ms", med[4]},
+                           {"plain_fused_median_ms", med[5]},
+                           {"fused_controlled_median_ms", fused_served ? nlohmann::json(med[6]) : nlohmann::json()}});
       }
     }
   }
@@ -275,7 +336,9 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
                      {"filter_cluster8", "the same, 8 blocks per row"},
                      {"filter_one_block", "the same, one block per row"},
                      {"full", "LaunchControlledSample (GEMM + filter + sample)"},
-                     {"plain_materialized", "LaunchMaterializedSample, no controls"}};
+                     {"plain_materialized", "LaunchMaterializedSample, no controls"},
+                     {"plain_fused", "LaunchFusedSample, no controls"},
+                     {"fused_controlled", "LaunchFusedControlledSample (null for sets it does not serve)"}};
     j["results"] = results;
     std::ofstream f(o.json_path);
     f << j.dump(2) << "\n";

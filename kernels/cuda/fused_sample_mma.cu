@@ -55,6 +55,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_controls.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels::cuda_internal {
@@ -198,14 +199,17 @@ __global__ void __launch_bounds__(256)
 // Block b: row chunk (b % num_chunks), rows [chunk * kRows, chunk * kRows + kRows);
 // tile (b / num_chunks), tokens [tile * 128, tile * 128 + 128). Writes
 // tile_summaries[row * num_tiles + tile] for each of its rows < batch.
-template <class T, class Cfg>
+// kControlled: the fused controlled path's epilogue (fused_controls.cuh)
+// instead of the plain one.
+template <class T, class Cfg, bool kControlled>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     MmaTileKernel(const unsigned short* __restrict__ weight,
                   const unsigned short* __restrict__ hidden_rounded,
                   const RowParams* __restrict__ params, int64_t batch, int64_t valid_vocab,
                   int64_t hidden_dim, int64_t num_chunks, int64_t num_tiles, bool want_lse,
                   const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
-                  int64_t token_offset, SampleSummary* __restrict__ tile_summaries) {
+                  int64_t token_offset, SampleSummary* __restrict__ tile_summaries,
+                  MmaControls ctl) {
   constexpr int kRows = Cfg::kRows, kStages = Cfg::kStages, kMi = Cfg::kMi, kNi = Cfg::kNi;
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
@@ -365,20 +369,29 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   }
   __syncthreads();
 
-  // Epilogue, 2: one warp per row, lane k takes the 4 consecutive tokens
-  // [4k, 4k + 4) of the tile (one Philox block for all four), then a butterfly
-  // merges the 32 lanes. The same shape for every block configuration, so a
-  // row's summary (logz rounding included) does not depend on the batch.
-  for (int r = warp; r < kRows; r += kWarps) {
-    if (row0 + r >= batch) break;  // uniform across the warp
-    const RowSampler row =
-        RowSampler::Load(params, row0 + r, true, draft_tokens, draft_logits, token_offset);
-    const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
-    SampleSummary s = EmptySampleSummary();
-    row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
+  // Epilogue, 2 (controlled): fused_controls.cuh, one warp per row as below.
+  if constexpr (kControlled) {
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= batch) break;  // uniform across the warp
+      ControlledTileRow(ctl, params, row0 + r, dots + r * kDotStride, tok0, valid_vocab, num_tiles,
+                        tile, lane, tile_summaries);
+    }
+  } else {
+    // Epilogue, 2: one warp per row, lane k takes the 4 consecutive tokens
+    // [4k, 4k + 4) of the tile (one Philox block for all four), then a butterfly
+    // merges the 32 lanes. The same shape for every block configuration, so a
+    // row's summary (logz rounding included) does not depend on the batch.
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= batch) break;  // uniform across the warp
+      const RowSampler row =
+          RowSampler::Load(params, row0 + r, true, draft_tokens, draft_logits, token_offset);
+      const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
+      SampleSummary s = EmptySampleSummary();
+      row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
 #pragma unroll
-    for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
-    if (lane == 0) tile_summaries[(row0 + r) * num_tiles + tile] = s;
+      for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+      if (lane == 0) tile_summaries[(row0 + r) * num_tiles + tile] = s;
+    }
   }
 }
 
@@ -390,11 +403,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
 template <class T, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const MmaControls* controls) {
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   const int64_t blocks = num_tiles * num_chunks;
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  auto* kernel = &MmaTileKernel<T, Cfg>;
+  auto* kernel = controls != nullptr ? &MmaTileKernel<T, Cfg, true> : &MmaTileKernel<T, Cfg, false>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
@@ -406,13 +419,14 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   return cudaLaunchKernelEx(&config, kernel, static_cast<const unsigned short*>(a.weight),
                             hidden_rounded, a.params, a.batch, a.valid_vocab, a.hidden_dim,
                             num_chunks, num_tiles, want_lse, a.draft_tokens, a.draft_logprobs,
-                            a.token_offset, tile_summaries);
+                            a.token_offset, tile_summaries,
+                            controls != nullptr ? *controls : MmaControls{});
 }
 
 template <class T>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
                            int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const MmaControls* c) {
   const int64_t count = a.batch * a.hidden_dim;  // a multiple of 16
   const int64_t convert_blocks = (count / 8 + 255) / 256;
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
@@ -422,11 +436,11 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_roun
   if (err != cudaSuccess) return err;
   // The smallest block that holds the batch; above 128 rows, chunks of 128.
   const unsigned short* hr = hidden_rounded;
-  if (a.batch <= 8) return LaunchTiles<T, Mma8>(a, hr, num_tiles, want_lse, tile_summaries, stream);
-  if (a.batch <= 16) return LaunchTiles<T, Mma16>(a, hr, num_tiles, want_lse, tile_summaries, stream);
-  if (a.batch <= 32) return LaunchTiles<T, Mma32>(a, hr, num_tiles, want_lse, tile_summaries, stream);
-  if (a.batch <= 64) return LaunchTiles<T, Mma64>(a, hr, num_tiles, want_lse, tile_summaries, stream);
-  return LaunchTiles<T, Mma128>(a, hr, num_tiles, want_lse, tile_summaries, stream);
+  if (a.batch <= 8) return LaunchTiles<T, Mma8>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  if (a.batch <= 16) return LaunchTiles<T, Mma16>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  if (a.batch <= 32) return LaunchTiles<T, Mma32>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  if (a.batch <= 64) return LaunchTiles<T, Mma64>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  return LaunchTiles<T, Mma128>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
 }
 
 }  // namespace
@@ -441,13 +455,13 @@ bool MmaStage1Eligible(const FusedSampleArgs& args) {
 
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                             SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const MmaControls* controls) {
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<Fp16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
-                                   stream);
+                                   stream, controls);
   }
   return LaunchForBatch<Bf16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
-                                 stream);
+                                 stream, controls);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -12,6 +12,8 @@
 
 namespace flashsampler::kernels::cuda_internal {
 
+struct MmaControls;  // fused_controls.cuh
+
 // Smallest batch that takes the tensor-core path (below it the CUDA-core
 // kernel already reads W once and is at the bandwidth floor).
 constexpr int64_t kMmaMinBatch = 3;
@@ -28,8 +30,11 @@ bool MmaStage1Eligible(const FusedSampleArgs& args);
 // elements, 16-byte aligned), then tile_summaries[row * num_tiles + tile]
 // (tiles of kMmaTileVocab tokens, the layout of the CUDA-core stage 1) for
 // every row and tile. Returns the launch error, if any.
+// controls: null for the plain sampler; else the fused controlled path's
+// epilogue (fused_controls.cuh) replaces the plain one, for any batch >= 1
+// (args.draft_tokens must then be null).
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                             SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const MmaControls* controls = nullptr);
 
 }  // namespace flashsampler::kernels::cuda_internal

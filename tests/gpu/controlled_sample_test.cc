@@ -34,24 +34,19 @@
 #include "tests/common/controls_fit_cases.h"
 #include "tests/common/controls_reference.h"
 #include "tests/common/goodness_of_fit.h"
+#include "tests/gpu/controls_test_problems.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace flashsampler::kernels {
 namespace {
 
+using controls_test::ExpectAgrees;
+using controls_test::MakeRandomProblem;
+using controls_test::Outputs;
+using controls_test::RandomProblem;
+using controls_test::RunCpu;
 using gpu_test::DeviceBuffer;
 using gpu_test::GpuTest;
-
-struct Outputs {
-  KernelStatus launch = KernelStatus::kOk;
-  std::vector<int32_t> tokens;
-  std::vector<float> logz;
-  std::vector<float> logprobs;
-  std::vector<int32_t> row_status;
-  std::vector<RowSampleDetail> details;
-};
-
-struct RandomProblem;  // below: random inputs and controls
 
 // The controlled sampler on a [vocab, 1] fp32 LM head `w` (valid_vocab =
 // vocab) with hidden values h [rows]: flattens the controls, uploads
@@ -84,14 +79,7 @@ class ControlledSampleTest : public GpuTest {
     dh.Upload(h);
     dp.Upload(params);
     dc.Upload(packed);
-    const size_t samples = static_cast<size_t>(flat.total_samples);
-    DeviceBuffer<int32_t> tokens(rows), status(rows), sample_tokens(samples), ranks(samples),
-        top_ids(rows * kMaxTopLogprobs), top_counts(rows);
-    DeviceBuffer<float> logz(rows), logprobs(rows), sample_logprobs(samples),
-        top_logprobs(rows * kMaxTopLogprobs);
-    for (const auto* b : {&tokens, &status, &sample_tokens, &ranks, &top_ids, &top_counts}) {
-      EXPECT_EQ(cudaMemset(b->data(), 0xff, b->bytes()), cudaSuccess);
-    }
+    controls_test::DeviceOutputs outputs(rows, flat.total_samples);
     const size_t ws_bytes =
         ControlledSampleWorkspaceBytes(rows, vocab, 1, CudaWeightDType::kFloat32);
     EXPECT_GT(ws_bytes, 0u);
@@ -107,10 +95,7 @@ class ControlledSampleTest : public GpuTest {
     args.valid_vocab = vocab;
     args.hidden_dim = 1;
     args.controls = flat.DeviceView(dc.data());
-    args.outputs = ControlledSampleOutputs{tokens.data(),       logz.data(),          logprobs.data(),
-                                           status.data(),       sample_tokens.data(), sample_logprobs.data(),
-                                           ranks.data(),        top_ids.data(),       top_logprobs.data(),
-                                           top_counts.data()};
+    args.outputs = outputs.View();
     args.workspace = workspace.data();
     args.workspace_bytes = ws_bytes;
     args.cluster_blocks = cluster_blocks_;
@@ -118,29 +103,7 @@ class ControlledSampleTest : public GpuTest {
     const cudaError_t sync = cudaDeviceSynchronize();
     EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
     if (out.launch != KernelStatus::kOk || sync != cudaSuccess) return out;
-    out.tokens = tokens.Download(rows);
-    out.logz = logz.Download(rows);
-    out.logprobs = logprobs.Download(rows);
-    out.row_status = status.Download(rows);
-    const auto st = sample_tokens.Download(samples);
-    const auto sl = sample_logprobs.Download(samples);
-    const auto sr = ranks.Download(samples);
-    const auto ti = top_ids.Download(rows * kMaxTopLogprobs);
-    const auto tl = top_logprobs.Download(rows * kMaxTopLogprobs);
-    const auto tc = top_counts.Download(rows);
-    out.details.resize(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      const ControlledRowDesc& d = flat.rows[r];
-      RowSampleDetail& detail = out.details[r];
-      detail.token_ids.assign(st.begin() + d.sample_begin, st.begin() + d.sample_begin + d.num_samples);
-      if (d.top_logprobs <= 0 || out.row_status[r] != 0) continue;
-      detail.logprobs.assign(sl.begin() + d.sample_begin, sl.begin() + d.sample_begin + d.num_samples);
-      detail.ranks.assign(sr.begin() + d.sample_begin, sr.begin() + d.sample_begin + d.num_samples);
-      EXPECT_TRUE(tc[r] >= 0 && tc[r] <= d.top_logprobs) << "row " << r << ": " << tc[r];
-      for (int32_t i = 0; i < tc[r] && i < kMaxTopLogprobs; ++i) {
-        detail.top.push_back(TokenLogprob{ti[r * kMaxTopLogprobs + i], tl[r * kMaxTopLogprobs + i]});
-      }
-    }
+    outputs.Download(flat, rows, &out);
     return out;
   }
 
@@ -150,23 +113,6 @@ class ControlledSampleTest : public GpuTest {
   cublasHandle_t cublas_ = nullptr;
   int cluster_blocks_ = kControlledClusterAuto;  // blocks per row
 };
-
-// The CPU backend on the same problem (materialized path: it serves every row).
-Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
-               const std::vector<RowParams>& params, const std::vector<RowControls>& controls) {
-  const int64_t vocab = static_cast<int64_t>(w.size());
-  const int64_t rows = static_cast<int64_t>(h.size());
-  CpuControlledSampler sampler(w.data(), vocab, vocab, 1, {2, 1024});
-  Outputs out;
-  out.tokens.assign(rows, -7);
-  out.logz.assign(rows, NAN);
-  out.logprobs.assign(rows, NAN);
-  out.details.resize(rows);
-  out.launch = sampler.Sample(h.data(), rows, params.data(), controls.data(),
-                              CpuControlledPath::kMaterialized,
-                              {out.tokens.data(), out.logz.data(), out.logprobs.data(), out.details.data()});
-  return out;
-}
 
 // ---- Goodness of fit against the float64 reference ---------------------------
 // The CPU suite's cases (tests/common/controls_fit_cases.h).
@@ -219,92 +165,6 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<FitCase>& info) { return info.param.name; });
 
 // ---- The GPU against the CPU backend ---------------------------------------------
-struct RandomProblem {
-  std::vector<float> w, h;
-  std::vector<RowParams> params;
-  std::vector<RowControls> controls;
-};
-
-// Random controls of every kind on every row (greedy rows included): top_k
-// from 0 to 2000 (beyond any fused limit), top_p, min_p, penalties, bias,
-// bans, bitmask, top_logprobs in both modes, 1-3 samples. `tie_step` > 0
-// rounds the weights to multiples of it, so many tokens share a logit.
-RandomProblem MakeRandomProblem(int64_t vocab, int64_t rows, float tie_step, uint32_t seed) {
-  RandomProblem p;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
-  p.w.resize(vocab);
-  for (float& x : p.w) {
-    x = normal(rng);
-    if (tie_step > 0) x = std::round(x / tie_step) * tie_step;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    p.h.push_back(0.5f + unit(rng));
-    p.params.push_back(RowParams{r % 7 == 0 ? 0.0f : 0.3f + 1.5f * unit(rng),
-                                 static_cast<uint64_t>(seed) * 100000 + r, static_cast<uint64_t>(r % 5),
-                                 static_cast<uint32_t>(r % 3)});
-    RowControls c;
-    switch (r % 4) {
-      case 0: c.top_k = 1 + static_cast<int32_t>(rng() % 64); break;
-      case 1: c.top_k = 65 + static_cast<int32_t>(rng() % 2000); break;
-      default: break;
-    }
-    if (r % 3 != 2) c.top_p = 0.2f + 0.79f * unit(rng);
-    if (r % 5 == 1 || r % 5 == 3) c.min_p = 0.3f * unit(rng);
-    if (r % 4 == 2) {
-      c.repetition_penalty = 1.3f;
-      c.frequency_penalty = 0.4f;
-      c.presence_penalty = -0.2f;
-      for (int i = 0; i < 40; ++i) c.output_token_ids.push_back(token(rng));
-      for (int i = 0; i < 40; ++i) c.prompt_token_ids.push_back(token(rng));
-    }
-    if (r % 6 == 3) {
-      c.logit_bias = {{token(rng), 5.0f}, {token(rng) / 2 * 2 + 1, -3.0f}};
-      c.banned_token_ids = {token(rng), token(rng)};
-      c.allowed_bitmask.assign((vocab + 31) / 32, 0xF0F0F0F7u ^ static_cast<uint32_t>(r));
-    }
-    c.top_logprobs = static_cast<int32_t>(r % 7) * 3;  // 0 .. 18
-    if (r % 9 == 4) c.logprobs_mode = LogprobsMode::kRaw;
-    c.num_samples = 1 + static_cast<int32_t>(r % 3);
-    c.sample_stream_stride = 3;
-    p.controls.push_back(c);
-  }
-  return p;
-}
-
-// Identical tokens on >= 99.9% of rows; on agreeing rows logz / logprobs to
-// float64 summation-order rounding, ranks and top lists exactly (ids) and to
-// rounding (logprobs).
-void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p) {
-  const int64_t rows = static_cast<int64_t>(p.h.size());
-  int64_t mismatches = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    SCOPED_TRACE(::testing::Message() << "row " << r);
-    ASSERT_EQ(gpu.row_status[r], 0);
-    const RowSampleDetail& g = gpu.details[r];
-    const RowSampleDetail& c = cpu.details[r];
-    if (g.token_ids != c.token_ids) {
-      ++mismatches;
-      continue;
-    }
-    EXPECT_EQ(gpu.tokens[r], cpu.tokens[r]);
-    const float tol = 2e-5f * std::max(1.0f, std::fabs(cpu.logz[r]));
-    EXPECT_NEAR(gpu.logz[r], cpu.logz[r], tol);
-    EXPECT_NEAR(gpu.logprobs[r], cpu.logprobs[r], tol);
-    EXPECT_EQ(g.ranks, c.ranks);
-    ASSERT_EQ(g.logprobs.size(), c.logprobs.size());
-    for (size_t j = 0; j < g.logprobs.size(); ++j) EXPECT_NEAR(g.logprobs[j], c.logprobs[j], tol);
-    ASSERT_EQ(g.top.size(), c.top.size());
-    for (size_t i = 0; i < g.top.size(); ++i) {
-      EXPECT_EQ(g.top[i].token_id, c.top[i].token_id) << "top " << i;
-      EXPECT_NEAR(g.top[i].logprob, c.top[i].logprob, tol) << "top " << i;
-    }
-  }
-  EXPECT_LE(mismatches, rows / 1000) << mismatches << " of " << rows << " rows differ";
-}
-
 void ControlledSampleTest::CompareWithCpu(const RandomProblem& p) {
   const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
   ASSERT_EQ(cpu.launch, KernelStatus::kOk);

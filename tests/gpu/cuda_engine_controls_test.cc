@@ -4,7 +4,10 @@
 // mixed, batches above the fused limit and the controlled chunk size; a row
 // with every token masked fails the batch with the CPU's FailedPrecondition
 // while the engine stays healthy and serves the next batch; details (samples,
-// ranks, top lists) agree. Needs a GPU: FAILS (does not skip) without one.
+// ranks, top lists) agree. The same with the fused controlled path
+// (batches of rows it serves), including a batch it hands back to the
+// materialized path (a tile holds more of a row's top-k than it keeps).
+// Needs a GPU: FAILS (does not skip) without one.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -13,6 +16,8 @@
 #include "gtest/gtest.h"
 #include "server/cuda_controlled_runner.h"
 #include "server/engine.h"
+#include "server/safetensors_writer.h"
+#include "tests/common/scoped_temp_dir.h"
 
 namespace flashsampler {
 namespace {
@@ -66,11 +71,11 @@ struct Engines {
   std::unique_ptr<Engine> cuda, cpu;
 };
 
-Engines MakeEngines(int64_t max_rows) {
+Engines MakeEngines(int64_t max_rows, int64_t fused_max_rows = 4) {
   EngineOptions options;
   options.valid_vocab = kValid;
   options.max_batch_rows = max_rows;
-  options.cuda.fused_max_rows = 4;
+  options.cuda.fused_max_rows = fused_max_rows;
   Engines e;
   absl::StatusOr<std::unique_ptr<Engine>> cuda = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
   EXPECT_TRUE(cuda.ok()) << cuda.status();
@@ -137,6 +142,113 @@ TEST(CudaEngineControls, MatchesTheCpuEngine) {
     }
   }
   EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
+}
+
+// Rows the fused controlled path serves: top_k 1..64 with anything but
+// raw-mode top lists, or no filter at all (bitmask, bans, bias, penalties).
+SampleBatch FusedServedBatch(int64_t rows, uint64_t seed) {
+  SampleBatch b = RandomControlledBatch(rows, seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    RowControls& c = b.controls[r];
+    c.logprobs_mode = LogprobsMode::kSampled;
+    if (c.top_k > 64) c.top_k = 64;
+    if (c.top_k == 0 && r % 2 == 0) c.top_k = 1 + static_cast<int32_t>(r % 64);
+    if (c.top_k == 0) {
+      c.top_p = 1.0f;
+      c.min_p = 0.0f;
+      c.top_logprobs = 0;
+      c.num_samples = 1;
+    }
+  }
+  return b;
+}
+
+// Same criteria as MatchesTheCpuEngine (tokens on >= 99.9% of rows; the GEMM
+// summation order differs between the tensor-core stage 1 and the CPU).
+TEST(CudaEngineControls, FusedControlledPathMatchesTheCpuEngine) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  Engines e = MakeEngines(128, /*fused_max_rows=*/128);
+  ASSERT_TRUE(e.cuda && e.cpu);
+  int64_t rows = 0, mismatches = 0;
+  uint64_t seed = 100;
+  for (int64_t batch_rows : {1, 2, 3, 17, 64, 128}) {
+    for (int rep = 0; rep < 3; ++rep) {
+      const SampleBatch batch = FusedServedBatch(batch_rows, seed++);
+      absl::StatusOr<SampleResult> g = e.cuda->Sample(batch);
+      absl::StatusOr<SampleResult> c = e.cpu->Sample(batch);
+      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_TRUE(c.ok()) << c.status();
+      for (int64_t r = 0; r < batch_rows; ++r) {
+        ++rows;
+        const RowSampleDetail& gd = g->details[r];
+        const RowSampleDetail& cd = c->details[r];
+        ASSERT_EQ(gd.token_ids.size(), cd.token_ids.size());
+        if (gd.token_ids != cd.token_ids) {
+          ++mismatches;
+          continue;
+        }
+        const float tol = 1e-4f * std::max(1.0f, std::abs(c->logz[r]));
+        EXPECT_NEAR(g->logz[r], c->logz[r], tol) << "row " << r;
+        EXPECT_NEAR(g->logprobs[r], c->logprobs[r], tol) << "row " << r;
+        EXPECT_EQ(gd.ranks, cd.ranks) << "row " << r;
+        ASSERT_EQ(gd.top.size(), cd.top.size()) << "row " << r;
+      }
+    }
+  }
+  EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
+}
+
+// A head whose tokens 0..99 share one logit (the rest far below): top_k = 40
+// leaves the first tile's 16 candidates all inside the top 40, so the fused
+// path cannot finish the row and the runner re-runs the batch materialized.
+// The logits are exact (one bf16 product per dot), so the CUDA engine,
+// with or without the fused path, gives the CPU engine's tokens exactly.
+TEST(CudaEngineControls, FusedPathHandsTiedTopKBackToTheMaterializedPath) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  constexpr int64_t kV = 1000, kD = 16;
+  std::vector<uint16_t> w(kV * kD, 0);
+  for (int64_t v = 0; v < kV; ++v) w[v * kD] = v < 100 ? 0x3f80 : 0xbf80;  // bf16 +1, -1
+  testing::ScopedTempDir dir("fused_fallback");
+  const std::string path = dir.Path("head.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"lm_head.weight", "BF16", {kV, kD}, w.data(),
+                                       w.size() * sizeof(uint16_t)}})
+                  .ok());
+  SampleBatch b;
+  b.rows = 8;
+  b.hidden.assign(b.rows * kD, 0.0f);
+  b.params.resize(b.rows);
+  b.controls.resize(b.rows);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    b.hidden[r * kD] = 2.0f;
+    b.params[r] = RowParams{1.0f, 7, 0, static_cast<uint32_t>(r)};
+    b.controls[r].top_k = r % 2 == 0 ? 40 : 16;
+    b.controls[r].top_logprobs = 5;
+    b.controls[r].num_samples = 4;
+  }
+  b.want_logz = b.want_logprobs = true;
+  std::vector<SampleResult> results;
+  for (const char* backend : {"cuda", "cuda-no-fused-controls", "cpu"}) {
+    SCOPED_TRACE(backend);
+    absl::StatusOr<LmHead> head = LmHead::Load(path, "");
+    ASSERT_TRUE(head.ok()) << head.status();
+    EngineOptions options;
+    options.max_batch_rows = 8;
+    options.cuda.fused_controls = std::string(backend) == "cuda";
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        MakeEngine(std::string(backend) == "cpu" ? "cpu" : "cuda", *std::move(head), options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    absl::StatusOr<SampleResult> result = (*engine)->Sample(b);
+    ASSERT_TRUE(result.ok()) << result.status();
+    results.push_back(*std::move(result));
+  }
+  for (const SampleResult& r : results) {
+    EXPECT_EQ(r.token_ids, results[2].token_ids);
+    for (int64_t row = 0; row < b.rows; ++row) {
+      EXPECT_EQ(r.details[row].token_ids, results[2].details[row].token_ids) << row;
+      EXPECT_EQ(r.details[row].ranks, results[2].details[row].ranks) << row;
+      for (int32_t t : r.details[row].token_ids) EXPECT_LT(t, b.controls[row].top_k) << row;
+    }
+  }
 }
 
 TEST(CudaEngineControls, EveryTokenMaskedFailsPreconditionAndTheEngineStaysUp) {

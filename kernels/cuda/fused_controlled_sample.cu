@@ -1,0 +1,388 @@
+// Fused controlled sampling: stage 1 is the tensor-core GEMM with the
+// controls epilogue (fused_sample_mma.cu + fused_controls.cuh); this file holds
+// stage 2 and the launcher. What it computes and why it is exact:
+// fused_controlled_sample.h. Reads top to bottom: the candidate sort key, the
+// stage-2 kernel (summary rows, then candidate rows step by step), the
+// launcher with its workspace arithmetic.
+#include "kernels/cuda/fused_controlled_sample.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cub/block/block_radix_sort.cuh>
+#include <limits>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_controls.cuh"
+#include "kernels/cuda/fused_sample_mma.cuh"
+#include "kernels/cuda/sample_reduce.cuh"
+
+namespace flashsampler::kernels {
+namespace {
+
+using cuda_internal::FusedCandidate;
+using cuda_internal::kFullWarpMask;
+using cuda_internal::kMmaTileVocab;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Tile heads per thread in the first sort: 8 x 256 = 2048 tiles = kFusedMaxVocab.
+constexpr int kHeadItems = 8;
+static_assert(int64_t{kHeadItems} * kThreads * kMmaTileVocab == kFusedMaxVocab, "one sort holds every tile head");
+// Candidates per thread in the second sort: top_k tiles x m candidates.
+constexpr int kCandItems = (kFusedMaxTopK * kFusedTileCandidates) / kThreads;
+static_assert(kCandItems * kThreads == kFusedMaxTopK * kFusedTileCandidates, "whole items");
+static_assert(kFusedMaxTopK <= 64, "the sample step gives each lane two kept tokens");
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// ---- The canonical order as an integer ------------------------------------------
+// 64-bit key, larger = earlier in (l' desc, id asc): the order-preserving bits
+// of l' above, the complemented id below. -0 is folded into +0 because the
+// order compares l' as floats (CandidateBefore, ScoreBeats). Every finite l'
+// gives a non-zero high word (the order bits of -FLT_MAX are 0x00800000), so
+// 0 is free to mark "no candidate".
+__device__ __forceinline__ uint64_t CandidateKey(const FusedCandidate& c) {
+  if (c.id < 0) return 0;
+  const uint32_t u = __float_as_uint(c.logit == 0.0f ? 0.0f : c.logit);
+  const uint32_t ord = (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
+  return (static_cast<uint64_t>(ord) << 32) | (0xffffffffu - static_cast<uint32_t>(c.id));
+}
+__device__ __forceinline__ FusedCandidate CandidateFromKey(uint64_t key) {
+  const uint32_t ord = static_cast<uint32_t>(key >> 32);
+  const uint32_t u = (ord & 0x80000000u) != 0u ? (ord & 0x7fffffffu) : ~ord;
+  return FusedCandidate{__uint_as_float(u), static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key))};
+}
+
+using HeadSort = cub::BlockRadixSort<uint64_t, kThreads, kHeadItems, int32_t>;
+using CandSort = cub::BlockRadixSort<uint64_t, kThreads, kCandItems>;
+
+struct FinishShared {
+  union {
+    typename HeadSort::TempStorage head_sort;
+    typename CandSort::TempStorage cand_sort;
+    SampleSummary warp_summaries[kWarps];
+  };
+  int32_t tiles[kFusedMaxTopK];    // the selected tiles, best head first
+  float logit[kFusedMaxTopK];      // the row's top-k, canonical order
+  int32_t id[kFusedMaxTopK];
+  double mass[kFusedMaxTopK];      // exp(l' - max), float64
+  int32_t num_tiles_selected;
+  int32_t found;                   // candidates in the top-k (<= top_k)
+  int32_t saturated;
+  int32_t kept;
+  double logz;
+  int32_t sample0;
+};
+
+// ---- Stage 2: one block per row --------------------------------------------------
+// Summary rows: merge the row's tile summaries (thread t takes tiles t,
+// t + 256, ... in order, then a fixed tree), as the plain stage 2 does.
+// Candidate rows: steps 1-5 below. Unserved rows: row_status 2.
+__global__ void __launch_bounds__(kThreads)
+    FusedControlledFinishKernel(const SampleSummary* __restrict__ tile_summaries,
+                                const FusedCandidate* __restrict__ candidates, int64_t num_tiles,
+                                const RowParams* __restrict__ params,
+                                ControlledDeviceControls controls, ControlledSampleOutputs out) {
+  __shared__ FinishShared sh;
+  cuda_internal::GridDependencyWait();  // stage 1's summaries and candidates are written
+  const int64_t row = blockIdx.x;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32, warp = tid / 32;
+  const ControlledRowDesc d = controls.rows[row];
+  const int32_t kind = FusedRowKindOf(d);
+  if (kind == kFusedUnservedRow) {
+    if (tid == 0) {
+      out.row_status[row] = kFusedRowNotServed;
+      out.token_ids[row] = -1;
+    }
+    return;
+  }
+  const RowParams p = params[row];
+
+  if (kind == kFusedSummaryRow) {
+    SampleSummary s = EmptySampleSummary();
+    for (int64_t t = tid; t < num_tiles; t += kThreads) {
+      s = MergeSummaries(s, tile_summaries[row * num_tiles + t]);
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, cuda_internal::ShuffleXorSummary(s, m));
+    if (lane == 0) sh.warp_summaries[warp] = s;
+    __syncthreads();
+    if (tid != 0) return;
+    for (int w = 1; w < kWarps; ++w) s = MergeSummaries(s, sh.warp_summaries[w]);
+    if (s.best_index < 0) {  // every token of the row is masked or non-finite
+      out.row_status[row] = 1;
+      out.token_ids[row] = -1;
+      return;
+    }
+    const float logz = SummaryLogZ(s);
+    out.row_status[row] = 0;
+    out.token_ids[row] = s.best_index;
+    out.sample_tokens[d.sample_begin] = s.best_index;
+    if (out.logz != nullptr) out.logz[row] = logz;
+    if (out.logprobs != nullptr) out.logprobs[row] = s.best_logit - logz;
+    out.top_counts[row] = 0;
+    return;
+  }
+
+  // ---- Candidate row.
+  const int k = d.top_k;
+  const int m = k < kFusedTileCandidates ? k : kFusedTileCandidates;
+  const FusedCandidate* row_cands = candidates + row * num_tiles * kFusedTileCandidates;
+
+  // 1. The top_k tiles by their head (best candidate; key 0: an empty tile).
+  {
+    uint64_t keys[kHeadItems];
+    int32_t tiles[kHeadItems];
+#pragma unroll
+    for (int i = 0; i < kHeadItems; ++i) {
+      const int t = tid * kHeadItems + i;  // blocked arrangement
+      tiles[i] = t;
+      keys[i] = t < num_tiles ? CandidateKey(row_cands[static_cast<int64_t>(t) * kFusedTileCandidates]) : 0;
+    }
+    HeadSort(sh.head_sort).SortDescending(keys, tiles);
+    if (tid == 0) sh.num_tiles_selected = 0;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kHeadItems; ++i) {
+      const int rank = tid * kHeadItems + i;
+      if (rank < k && keys[i] != 0) {
+        sh.tiles[rank] = tiles[i];
+        atomicMax(&sh.num_tiles_selected, rank + 1);  // non-zero keys form a prefix
+      }
+    }
+    __syncthreads();
+  }
+
+  // 2. Their first m candidates, sorted; the first k are the top-k found.
+  const int selected = sh.num_tiles_selected;
+  uint64_t kth_key = 0;
+  {
+    uint64_t keys[kCandItems];
+#pragma unroll
+    for (int i = 0; i < kCandItems; ++i) {
+      const int idx = tid * kCandItems + i;
+      const int s = idx / m, c = idx % m;
+      keys[i] = s < selected
+                    ? CandidateKey(row_cands[static_cast<int64_t>(sh.tiles[s]) * kFusedTileCandidates + c])
+                    : 0;
+    }
+    __syncthreads();  // the union's head-sort storage is reused below
+    CandSort(sh.cand_sort).SortDescending(keys);
+    if (tid == 0) {
+      sh.found = 0;
+      sh.saturated = 0;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kCandItems; ++i) {
+      const int rank = tid * kCandItems + i;
+      if (rank < k && keys[i] != 0) {
+        const FusedCandidate c = CandidateFromKey(keys[i]);
+        sh.logit[rank] = c.logit;
+        sh.id[rank] = c.id;
+        atomicMax(&sh.found, rank + 1);
+      }
+    }
+    __syncthreads();
+  }
+  const int found = sh.found;
+  if (found == k) {
+    kth_key = CandidateKey(FusedCandidate{sh.logit[k - 1], sh.id[k - 1]});
+  }
+
+  // 3. Completeness: a full tile whose last candidate is inside the top-k
+  // (or, when fewer than k were found, any full tile) may hold more of it.
+  if (m < k && tid < selected) {
+    const FusedCandidate last = row_cands[static_cast<int64_t>(sh.tiles[tid]) * kFusedTileCandidates + m - 1];
+    if (last.id >= 0 && CandidateKey(last) >= kth_key) sh.saturated = 1;
+  }
+  __syncthreads();
+  if (sh.saturated != 0 || found == 0) {
+    if (tid == 0) {
+      out.row_status[row] = sh.saturated != 0 ? kFusedRowNotServed : 1;
+      out.token_ids[row] = -1;
+    }
+    return;
+  }
+
+  // 4. min_p, top_p and log Z over the sorted top-k, float64 in canonical
+  // order: the CPU's SampleFromCandidates sums the same terms in the same order.
+  const double max = sh.logit[0];
+  if (tid < found) sh.mass[tid] = exp(static_cast<double>(sh.logit[tid]) - max);
+  __syncthreads();
+  if (tid == 0) {
+    int kept = found;
+    if (d.min_p > 0.0f) {
+      int n = 0;
+      while (n < kept && sh.mass[n] >= static_cast<double>(d.min_p)) ++n;
+      kept = n;  // >= 1: the max has mass 1
+    }
+    if (d.top_p < 1.0f) {
+      double total = 0.0;
+      for (int i = 0; i < kept; ++i) total += sh.mass[i];
+      const double target = static_cast<double>(d.top_p) * total;
+      double before = 0.0;
+      int keep = 0;
+      while (keep < kept && before < target) before += sh.mass[keep++];
+      kept = keep > 1 ? keep : 1;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < kept; ++i) sum += sh.mass[i];
+    sh.kept = kept;
+    sh.logz = max + log(sum);
+  }
+  __syncthreads();
+  const int kept = sh.kept;
+  const double logz = sh.logz;
+
+  // 5. Sample j (warp j % 8): arg-max over the kept tokens of l' + noise on
+  // stream + j * stride (greedy: l'), ties to the lower id; lane L scores
+  // kept tokens L and L + 32.
+  const bool sampled = p.temperature > 0.0f;
+  for (int j = warp; j < d.num_samples; j += kWarps) {
+    RowParams q = p;
+    q.stream = p.stream + static_cast<uint32_t>(j) * d.sample_stream_stride;
+    float best = -INFINITY;
+    int32_t best_id = -1;
+    float best_logit = -INFINITY;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = lane + 32 * h;
+      if (i >= kept) continue;
+      const float l = sh.logit[i];
+      const float score =
+          sampled ? __fadd_rn(l, cuda_internal::DeviceGumbelNoise(q, static_cast<uint32_t>(sh.id[i]))) : l;
+      if (ScoreBeats(score, sh.id[i], best, best_id)) {
+        best = score;
+        best_id = sh.id[i];
+        best_logit = l;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) {
+      const float os = __shfl_xor_sync(kFullWarpMask, best, off);
+      const int32_t oi = __shfl_xor_sync(kFullWarpMask, best_id, off);
+      const float ol = __shfl_xor_sync(kFullWarpMask, best_logit, off);
+      if (ScoreBeats(os, oi, best, best_id)) {
+        best = os;
+        best_id = oi;
+        best_logit = ol;
+      }
+    }
+    // vLLM's rank: kept tokens with l' >= the sample's.
+    const bool ge0 = lane < kept && sh.logit[lane] >= best_logit;
+    const bool ge1 = lane + 32 < kept && sh.logit[lane + 32] >= best_logit;
+    const int rank = __popc(__ballot_sync(kFullWarpMask, ge0)) + __popc(__ballot_sync(kFullWarpMask, ge1));
+    if (lane == 0) {
+      out.sample_tokens[d.sample_begin + j] = best_id;
+      if (d.top_logprobs > 0) {
+        out.sample_logprobs[d.sample_begin + j] = static_cast<float>(static_cast<double>(best_logit) - logz);
+        out.sample_ranks[d.sample_begin + j] = rank;
+      }
+      if (j == 0) {
+        out.token_ids[row] = best_id;
+        if (out.logprobs != nullptr) out.logprobs[row] = static_cast<float>(static_cast<double>(best_logit) - logz);
+      }
+    }
+  }
+  const int top = d.top_logprobs < kept ? d.top_logprobs : kept;
+  if (tid < top) {
+    out.top_ids[row * kMaxTopLogprobs + tid] = sh.id[tid];
+    out.top_logprobs[row * kMaxTopLogprobs + tid] = static_cast<float>(static_cast<double>(sh.logit[tid]) - logz);
+  }
+  if (tid == 0) {
+    out.top_counts[row] = top;
+    out.row_status[row] = 0;
+    if (out.logz != nullptr) out.logz[row] = static_cast<float>(logz);
+  }
+}
+
+// ---- Workspace: [batch, tiles] summaries | [batch, tiles, m] candidates | Hr
+size_t AlignUp(size_t n) { return (n + 255) & ~size_t{255}; }
+int64_t NumTiles(int64_t valid_vocab) { return (valid_vocab + kMmaTileVocab - 1) / kMmaTileVocab; }
+size_t SummaryBytes(int64_t batch, int64_t tiles) {
+  return AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(tiles) * sizeof(SampleSummary));
+}
+size_t CandidateBytes(int64_t batch, int64_t tiles) {
+  return AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(tiles) * kFusedTileCandidates *
+                 sizeof(FusedCandidate));
+}
+
+}  // namespace
+
+bool FusedControlledShapeSupported(CudaWeightDType dtype, int64_t valid_vocab, int64_t hidden_dim) {
+  return (dtype == CudaWeightDType::kBFloat16 || dtype == CudaWeightDType::kFloat16) &&
+         valid_vocab >= 1 && valid_vocab <= kFusedMaxVocab && hidden_dim >= 16 &&
+         hidden_dim % 16 == 0 && hidden_dim <= kMaxInt32;
+}
+
+size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t hidden_dim) {
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kFusedMaxVocab ||
+      hidden_dim < 1 || hidden_dim > kMaxInt32) {
+    return 0;
+  }
+  const int64_t tiles = NumTiles(valid_vocab);
+  return SummaryBytes(batch, tiles) + CandidateBytes(batch, tiles) +
+         AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * sizeof(uint16_t));
+}
+
+// Grid: stage 1 as the plain tensor-core sampler (fused_sample_mma.cu's
+// launcher: one block of 256 threads per (128-token tile, row chunk of 8..128
+// rows)); stage 2 one block of 256 threads per row, static shared memory =
+// sizeof(FinishShared) (the cub sort storage of 2048 64-bit keys with int
+// values, ~26 KB, plus the row's top-k), launched as a programmatic dependent.
+KernelStatus LaunchFusedControlledSample(const FusedControlledArgs& a, cudaStream_t stream) {
+  const ControlledSampleOutputs& o = a.outputs;
+  if (a.weight == nullptr || a.hidden == nullptr || a.params == nullptr ||
+      a.controls.rows == nullptr || a.workspace == nullptr || o.token_ids == nullptr ||
+      o.row_status == nullptr || o.sample_tokens == nullptr || o.sample_logprobs == nullptr ||
+      o.sample_ranks == nullptr || o.top_ids == nullptr || o.top_logprobs == nullptr ||
+      o.top_counts == nullptr) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (a.batch < 1 || a.batch > kMaxInt32 || a.vocab < 1 || a.vocab > kMaxInt32 ||
+      a.valid_vocab < 1 || a.valid_vocab > a.vocab ||
+      !FusedControlledShapeSupported(a.weight_dtype, a.valid_vocab, a.hidden_dim) ||
+      reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.hidden) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0 ||
+      a.workspace_bytes < FusedControlledWorkspaceBytes(a.batch, a.valid_vocab, a.hidden_dim)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  const int64_t tiles = NumTiles(a.valid_vocab);
+  auto* base = static_cast<unsigned char*>(a.workspace);
+  auto* summaries = reinterpret_cast<SampleSummary*>(base);
+  auto* candidates = reinterpret_cast<FusedCandidate*>(base + SummaryBytes(a.batch, tiles));
+  auto* hidden_rounded = reinterpret_cast<unsigned short*>(base + SummaryBytes(a.batch, tiles) +
+                                                           CandidateBytes(a.batch, tiles));
+
+  FusedSampleArgs plain;
+  plain.weight = a.weight;
+  plain.weight_dtype = a.weight_dtype;
+  plain.hidden = a.hidden;
+  plain.params = a.params;
+  plain.batch = a.batch;
+  plain.vocab = a.vocab;
+  plain.valid_vocab = a.valid_vocab;
+  plain.hidden_dim = a.hidden_dim;
+  cuda_internal::MmaControls ctl;
+  ctl.controls = a.controls;
+  ctl.candidates = candidates;
+  cudaError_t err = cuda_internal::LaunchMmaStage1(plain, tiles, /*want_lse=*/true, summaries,
+                                                   hidden_rounded, stream, &ctl);
+  if (err != cudaSuccess) return cuda_internal::StatusFromCuda(err);
+
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cuda_internal::DependentLaunch(
+      dim3(static_cast<unsigned>(a.batch)), dim3(kThreads), 0, stream, &attribute);
+  err = cudaLaunchKernelEx(&config, &FusedControlledFinishKernel,
+                           static_cast<const SampleSummary*>(summaries),
+                           static_cast<const FusedCandidate*>(candidates), tiles, a.params,
+                           a.controls, a.outputs);
+  return cuda_internal::StatusFromCuda(err);
+}
+
+}  // namespace flashsampler::kernels

@@ -1,0 +1,123 @@
+// Controlled sampling on the GPU, fused path: the sampling controls of
+// kernels/common/row_controls.h applied inside the LM-head matmul, so the
+// [batch, vocab] logits never reach device memory (issue 3). Same semantics,
+// noise and outputs as the materialized path (controlled_sample.h) and the CPU
+// backend (kernels/cpu/candidate_sampler.h), for the rows it serves.
+//
+// Which rows (FusedRowKindOf, decided per row from its flattened controls):
+//   - candidate rows: top_k in [1, kFusedMaxTopK], with any min_p / top_p,
+//     bitmask, bans, bias, penalties, num_samples and top_logprobs in the
+//     sampled mode;
+//   - summary rows: no filter, no top list, one sample (plain rows and rows
+//     with only bitmask / bans / bias / penalties);
+//   - every other row (top_p or min_p without top_k, top_k above the limit,
+//     several samples or a top list without top_k, raw-mode top lists) is not
+//     served: row_status 2, and the caller runs it on the materialized path.
+//
+// What it computes. Stage 1 is the tensor-core GEMM of the plain fused sampler
+// (fused_sample_mma.cu: blocks of 128 tokens x up to 128 rows); its epilogue
+// turns each dot into l' exactly as the materialized path does (the allowed
+// bitmask and bans give -inf, TouchedLogit for the row's touched tokens, one
+// fp32 multiply by 1/T, non-finite -> -inf), then per (row, tile):
+//   - summary rows fold (l', l' + Gumbel noise) into a SampleSummary, as the
+//     plain sampler does: the Gumbel-max over the processed logits;
+//   - candidate rows write the tile's best m = min(top_k, kFusedTileCandidates)
+//     tokens in the canonical order (l' desc, id asc) and draw no noise.
+// Stage 2, one block per row: a summary row merges its tiles (token, log Z and
+// log-prob under the processed distribution). A candidate row sorts the tile
+// heads (each tile's best token), takes the top_k tiles, sorts their
+// candidates and keeps the first top_k: the row's global top-k, then min_p,
+// top_p (float64, in canonical order), log Z over the kept set, the samples
+// (Gumbel-max over the kept set with the contract's noise), their log-probs
+// and ranks, and the top list.
+//
+// Why exact. The global top-k lies within the top_k tiles ranked by their
+// heads: a token among the k best has a tile head at least as good, and at
+// most k heads can be that good. Each such tile wrote its m best; if for some
+// tile the m-th written candidate is itself inside the k best found, the tile
+// may hold more of them than it wrote: the row gets row_status 2 (the caller
+// re-runs it on the materialized path). Otherwise the set found is the true
+// top-k: a missing token would sit, in canonical order, after a full tile's
+// last candidate that is already among the k best. With m = top_k (top_k <=
+// kFusedTileCandidates) this never happens. Everything after the top-k is the
+// CPU's SampleFromCandidates step for step (same order of float64 sums), so
+// both backends agree token for token whenever their logits agree.
+//
+// Preconditions: 16-bit weights, hidden_dim % 16 == 0, W and H 16-byte
+// aligned, valid_vocab <= kFusedMaxVocab (FusedControlledShapeSupported), H
+// exactly representable in the weight dtype (as the server provides it;
+// fused_sample.h). Controls flattened by FlattenControls (device data the
+// launcher cannot check). Draft rows (Verify) are not taken.
+//
+// Thread safety: enqueues work on `stream`, keeps no state. Distinct launches
+// need distinct workspaces and outputs.
+// Outcomes: kOk (enqueued; per-row results in outputs.row_status: 0 served, 1
+// no token with a finite l' left, 2 not served here); kInvalidArgument for
+// null pointers, sizes out of range, an unsupported shape, a workspace too
+// small; kDeviceError when a launch fails.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/host_device.h"
+#include "kernels/common/kernel_status.h"
+#include "kernels/common/row_params.h"
+#include "kernels/cuda/controlled_sample.h"
+
+namespace flashsampler::kernels {
+
+// Largest top_k the fused path serves (issue 3 asks for at least 64).
+inline constexpr int32_t kFusedMaxTopK = 64;
+// Candidates a tile writes per row: min(top_k, this). Larger values make the
+// fallback rarer and cost epilogue work and workspace traffic on every launch.
+inline constexpr int kFusedTileCandidates = 16;
+// Largest valid vocabulary (tiles of 128 tokens the stage-2 sort holds).
+inline constexpr int64_t kFusedMaxVocab = 2048 * 128;
+
+enum FusedRowKind : int32_t {
+  kFusedCandidateRow = 0,
+  kFusedSummaryRow = 1,
+  kFusedUnservedRow = 2,
+};
+
+// row_status value of a row this path did not serve (run it materialized).
+inline constexpr int32_t kFusedRowNotServed = 2;
+
+FS_HOST_DEVICE FS_FORCE_INLINE int32_t FusedRowKindOf(const ControlledRowDesc& d) {
+  if (d.top_logprobs > 0 && d.logprobs_mode != 0) return kFusedUnservedRow;  // raw mode
+  if (d.top_k >= 1 && d.top_k <= kFusedMaxTopK) return kFusedCandidateRow;
+  if (d.top_k == 0 && !(d.top_p < 1.0f) && !(d.min_p > 0.0f) && d.top_logprobs == 0 &&
+      d.num_samples == 1) {
+    return kFusedSummaryRow;
+  }
+  return kFusedUnservedRow;
+}
+
+// True when the fused controlled path can run on this head at all.
+bool FusedControlledShapeSupported(CudaWeightDType dtype, int64_t valid_vocab, int64_t hidden_dim);
+
+// Workspace for batches of up to `batch` rows (tile summaries, tile
+// candidates, H rounded to 16 bits). 0 when out of range.
+size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t hidden_dim);
+
+struct FusedControlledArgs {
+  const void* weight = nullptr;  // device [vocab, hidden_dim], fp16 or bf16
+  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
+  const float* hidden = nullptr;      // device [batch, hidden_dim] fp32, 16-byte aligned
+  const RowParams* params = nullptr;  // device [batch]
+  int64_t batch = 0;
+  int64_t vocab = 0;
+  int64_t valid_vocab = 0;
+  int64_t hidden_dim = 0;
+  ControlledDeviceControls controls;
+  ControlledSampleOutputs outputs;  // as for the materialized path
+  void* workspace = nullptr;        // device, 256-byte aligned
+  size_t workspace_bytes = 0;
+};
+
+KernelStatus LaunchFusedControlledSample(const FusedControlledArgs& args, cudaStream_t stream);
+
+}  // namespace flashsampler::kernels

@@ -1,0 +1,173 @@
+// The sampling-controls epilogue of the tensor-core stage 1
+// (fused_sample_mma.cu) for the fused controlled path
+// (fused_controlled_sample.h): how one warp turns a row's 128 dots of a tile
+// into l' (bitmask, bans, bias, penalties, temperature) and then either a
+// SampleSummary or the tile's best candidates. Internal to kernels/cuda:
+// include only from .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/sample_summary.h"
+#include "kernels/common/touched_tokens.h"
+#include "kernels/cuda/fused_controlled_sample.h"
+#include "kernels/cuda/fused_sample_mma.cuh"
+#include "kernels/cuda/sample_reduce.cuh"
+
+namespace flashsampler::kernels::cuda_internal {
+
+// One tile candidate: l' and its global token id; id -1 marks an empty slot.
+struct FusedCandidate {
+  float logit;
+  int32_t id;
+};
+
+// What the controlled epilogue reads and writes, besides the plain kernel's
+// arguments. candidates: [batch, num_tiles, kFusedTileCandidates].
+struct MmaControls {
+  ControlledDeviceControls controls;
+  FusedCandidate* candidates = nullptr;
+};
+
+// The first index in touched[0, count) (sorted by id) whose id >= token: a
+// 32-way search, every lane probing one position per round, so a list of a
+// few thousand ids takes three dependent loads. Warp-uniform result.
+__device__ __forceinline__ int WarpLowerBound(const TouchedToken* touched, int count,
+                                              int64_t token, int lane) {
+  int lo = 0, hi = count;  // the answer lies in [lo, hi]
+  while (hi - lo > 32) {
+    const int step = (hi - lo + 31) / 32;
+    const int probe = lo + lane * step;
+    const bool before = probe < hi && touched[probe].id < token;
+    const int c = __popc(__ballot_sync(kFullWarpMask, before));  // probes before `token`
+    if (c == 0) return lo;  // touched[lo].id >= token
+    const int last_before = lo + (c - 1) * step;
+    const int first_after = lo + c * step;
+    lo = last_before + 1;
+    hi = first_after < hi ? first_after : hi;
+  }
+  const bool before = lo + lane < hi && touched[lo + lane].id < token;
+  return lo + __popc(__ballot_sync(kFullWarpMask, before));
+}
+
+// The controlled epilogue of one (row, tile) for one warp. dot_row: the
+// row's 128 raw dots of the tile in shared memory (this warp's alone; it is
+// overwritten when the row has touched tokens). Lane k takes tokens
+// tok0 + 4k .. tok0 + 4k + 3, as the plain epilogue does.
+__device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const RowParams* params,
+                                                  int64_t row, float* dot_row, int64_t tok0,
+                                                  int64_t valid_vocab, int64_t num_tiles,
+                                                  int64_t tile, int lane,
+                                                  SampleSummary* tile_summaries) {
+  const ControlledRowDesc d = ctl.controls.rows[row];
+  const int32_t kind = FusedRowKindOf(d);
+  if (kind == kFusedUnservedRow) return;
+  const RowParams p = params[row];
+  const float scale = DeviceLogitScale(p.temperature);
+  const uint32_t* mask = d.bitmask_begin >= 0 ? ctl.controls.bitmask + d.bitmask_begin : nullptr;
+  const int64_t t0 = tok0 + 4 * lane;  // a multiple of 4: the lane's tokens share a mask word
+  const float4 raw4 = *reinterpret_cast<const float4*>(dot_row + 4 * lane);
+  const float raw[4] = {raw4.x, raw4.y, raw4.z, raw4.w};
+  const uint32_t word = (mask != nullptr && t0 < valid_vocab) ? mask[t0 >> 5] : ~0u;
+  float l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bool allowed = t0 + i < valid_vocab && ((word >> ((t0 + i) & 31)) & 1u) != 0u;
+    const float y = allowed ? TransformLogit(raw[i], scale) : -INFINITY;
+    l[i] = isfinite(y) ? y : -INFINITY;
+  }
+
+  // Touched tokens (bans, bias, penalties) of this tile: at most 128 distinct
+  // ids, so at most 4 per lane. Each lane computes its entries' l' from the
+  // raw dots, the lanes store their plain l' over the dots, the entries'
+  // owners overwrite theirs, and every lane reads its 4 back.
+  if (d.touched_count > 0) {
+    const TouchedToken* touched = ctl.controls.touched + d.touched_begin;
+    const int first = WarpLowerBound(touched, d.touched_count, tok0, lane);
+    int pos[4];
+    float value[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      pos[q] = -1;
+      value[q] = -INFINITY;
+      const int j = first + lane + 32 * q;
+      if (j >= d.touched_count) continue;
+      const TouchedToken t = touched[j];
+      if (t.id >= tok0 + kMmaTileVocab || t.id >= valid_vocab) continue;
+      pos[q] = static_cast<int>(t.id - tok0);
+      const bool allowed = mask == nullptr || ((mask[t.id >> 5] >> (t.id & 31)) & 1u) != 0u;
+      if (allowed && t.banned == 0) {
+        const float y = TouchedLogit(dot_row[pos[q]], t, d.repetition_penalty,
+                                     d.frequency_penalty, d.presence_penalty, scale);
+        value[q] = isfinite(y) ? y : -INFINITY;
+      }
+    }
+    __syncwarp();  // every raw dot this row needs has been read
+    *reinterpret_cast<float4*>(dot_row + 4 * lane) = make_float4(l[0], l[1], l[2], l[3]);
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (pos[q] >= 0) dot_row[pos[q]] = value[q];
+    }
+    __syncwarp();
+    const float4 back = *reinterpret_cast<const float4*>(dot_row + 4 * lane);
+    l[0] = back.x;
+    l[1] = back.y;
+    l[2] = back.z;
+    l[3] = back.w;
+  }
+
+  if (kind == kFusedSummaryRow) {
+    // The plain sampler's fold over the processed logits; -inf tokens are out.
+    const bool sampled = p.temperature > 0.0f;
+    r123::Philox4x32::ctr_type block = {{0u, 0u, 0u, 0u}};
+    if (sampled) block = PhiloxNoiseBlock(p.seed, p.offset, p.stream, static_cast<uint32_t>(t0) >> 2);
+    SampleSummary s = EmptySampleSummary();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (l[i] == -INFINITY) continue;
+      const float score = sampled ? __fadd_rn(l[i], GumbelFromBits(block.v[i])) : l[i];
+      AddToken(s, static_cast<int32_t>(t0 + i), l[i], score, true);
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+    if (lane == 0) tile_summaries[row * num_tiles + tile] = s;
+    return;
+  }
+
+  // Candidate row: m rounds of a warp arg-max in canonical order (ScoreBeats
+  // on (l', id): higher l', then lower id; -inf tokens never enter). Lane c
+  // keeps the c-th candidate.
+  const int m = d.top_k < kFusedTileCandidates ? d.top_k : kFusedTileCandidates;
+  uint32_t taken = 0;
+  FusedCandidate mine{-INFINITY, -1};
+  for (int c = 0; c < m; ++c) {
+    float bv = -INFINITY;
+    int32_t bi = -1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (((taken >> i) & 1u) == 0u && l[i] > bv) {  // > keeps the lower id on ties
+        bv = l[i];
+        bi = static_cast<int32_t>(t0 + i);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) {
+      const float ov = __shfl_xor_sync(kFullWarpMask, bv, off);
+      const int32_t oi = __shfl_xor_sync(kFullWarpMask, bi, off);
+      if (ScoreBeats(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (bi < 0) break;  // warp-uniform: no finite l' left in the tile
+    if (bi >= t0 && bi < t0 + 4) taken |= 1u << (bi - t0);
+    if (lane == c) mine = FusedCandidate{bv, bi};
+  }
+  if (lane < m) ctl.candidates[(row * num_tiles + tile) * kFusedTileCandidates + lane] = mine;
+}
+
+}  // namespace flashsampler::kernels::cuda_internal

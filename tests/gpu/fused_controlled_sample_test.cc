@@ -1,0 +1,378 @@
+// Tests of kernels/cuda/fused_controlled_sample.h (ctest label `gpu`): the
+// fused controlled path against the float64 reference (every fit case it
+// serves, plus a top-k above the per-tile candidate count spread over many
+// tiles), against the CPU backend and against the materialized path on
+// random rows it serves (ties included), and the edge cases: top_k = 1 is
+// greedy, top-k boundary ties go to the lower id, a tile holding more of the
+// top-k than it keeps reports row_status 2 (the caller's fallback), rows it
+// does not serve report 2, a fully masked row reports 1, bad arguments.
+//
+// Heads are [vocab, 16] bf16 with the logit's factor in column 0 and zeros
+// elsewhere, H [rows, 16] the same: every dot is one exact bf16 x bf16
+// product, so the tensor cores, cuBLAS and the CPU see bit-identical logits.
+#include "kernels/cuda/fused_controlled_sample.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/controlled_sample.h"
+#include "tests/common/controls_fit_cases.h"
+#include "tests/common/controls_reference.h"
+#include "tests/common/goodness_of_fit.h"
+#include "tests/gpu/controls_test_problems.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+using controls_test::Bf16Bits;
+using controls_test::ExpectAgrees;
+using controls_test::MakeRandomProblem;
+using controls_test::Outputs;
+using controls_test::RandomProblem;
+using controls_test::RoundToBf16;
+using controls_test::RunCpu;
+using gpu_test::DeviceBuffer;
+using gpu_test::GpuTest;
+
+constexpr int64_t kDim = 16;
+
+enum class Path { kFused, kMaterialized };
+
+class FusedControlledSampleTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(cublasCreate(&cublas_), CUBLAS_STATUS_SUCCESS);
+  }
+  void TearDown() override {
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+  }
+
+  // w and h must be bf16 values (RoundToBf16).
+  Outputs Run(const std::vector<float>& w, const std::vector<float>& h,
+              const std::vector<RowParams>& params, const std::vector<RowControls>& controls,
+              Path path = Path::kFused) {
+    Outputs out;
+    const int64_t vocab = static_cast<int64_t>(w.size());
+    const int64_t rows = static_cast<int64_t>(h.size());
+    FlatControls flat;
+    EXPECT_EQ(FlattenControls(controls.data(), rows, vocab, vocab, &flat), KernelStatus::kOk);
+    std::vector<uint8_t> packed(flat.PackedBytes());
+    flat.PackTo(packed.data());
+    std::vector<uint16_t> w16(vocab * kDim, 0);
+    for (int64_t v = 0; v < vocab; ++v) w16[v * kDim] = Bf16Bits(w[v]);
+    std::vector<float> h16(rows * kDim, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) h16[r * kDim] = h[r];
+    DeviceBuffer<uint16_t> dw(w16.size());
+    DeviceBuffer<float> dh(h16.size());
+    DeviceBuffer<RowParams> dp(params.size());
+    DeviceBuffer<uint8_t> dc(packed.size());
+    dw.Upload(w16);
+    dh.Upload(h16);
+    dp.Upload(params);
+    dc.Upload(packed);
+    controls_test::DeviceOutputs outputs(rows, flat.total_samples);
+    if (path == Path::kFused) {
+      const size_t ws = FusedControlledWorkspaceBytes(rows, vocab, kDim);
+      EXPECT_GT(ws, 0u);
+      DeviceBuffer<uint8_t> workspace(ws);
+      FusedControlledArgs a;
+      a.weight = dw.data();
+      a.weight_dtype = CudaWeightDType::kBFloat16;
+      a.hidden = dh.data();
+      a.params = dp.data();
+      a.batch = rows;
+      a.vocab = a.valid_vocab = vocab;
+      a.hidden_dim = kDim;
+      a.controls = flat.DeviceView(dc.data());
+      a.outputs = outputs.View();
+      a.workspace = workspace.data();
+      a.workspace_bytes = ws;
+      out.launch = LaunchFusedControlledSample(a, nullptr);
+    } else {
+      const size_t ws = ControlledSampleWorkspaceBytes(rows, vocab, kDim, CudaWeightDType::kBFloat16);
+      DeviceBuffer<uint8_t> workspace(ws);
+      ControlledSampleArgs a;
+      a.weight = dw.data();
+      a.weight_dtype = CudaWeightDType::kBFloat16;
+      a.hidden = dh.data();
+      a.params = dp.data();
+      a.batch = rows;
+      a.vocab = a.valid_vocab = vocab;
+      a.hidden_dim = kDim;
+      a.controls = flat.DeviceView(dc.data());
+      a.outputs = outputs.View();
+      a.workspace = workspace.data();
+      a.workspace_bytes = ws;
+      out.launch = LaunchControlledSample(a, cublas_, nullptr);
+    }
+    const cudaError_t sync = cudaDeviceSynchronize();
+    EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
+    if (out.launch != KernelStatus::kOk || sync != cudaSuccess) return out;
+    outputs.Download(flat, rows, &out);
+    return out;
+  }
+
+  cublasHandle_t cublas_ = nullptr;
+};
+
+std::vector<float> Bf16Logits() {
+  std::vector<float> l = testing::ControlsTestLogits();
+  for (float& x : l) x = RoundToBf16(x);
+  return l;
+}
+
+// ---- Goodness of fit against the float64 reference ---------------------------
+// The CPU suite's cases this path serves, plus "SpreadTopK20": the 24 test
+// logits on tokens 128 i + 5 of a 3072-token head (one per tile, the rest
+// outside the bitmask), top_k = 20 > kFusedTileCandidates and top_p = 0.97:
+// the global top-k is merged from 20 tiles.
+struct FusedFitCase {
+  testing::ControlsFitCase base;
+  bool spread = false;
+};
+void PrintTo(const FusedFitCase& c, std::ostream* os) { *os << c.base.name; }
+
+std::vector<FusedFitCase> FusedFitCases() {
+  std::vector<FusedFitCase> cases;
+  for (const testing::ControlsFitCase& c : testing::EveryControlFitCase()) {
+    const bool candidates = c.controls.top_k >= 1 && c.controls.top_k <= kFusedMaxTopK;
+    if (candidates || !HasFilters(c.controls)) cases.push_back({c, false});
+  }
+  RowControls spread = testing::FilterControls(20, 0.97f, 0.0f);
+  cases.push_back({{"SpreadTopK20", 1.0f, spread}, true});
+  return cases;
+}
+
+class FusedControlledSampleFit : public FusedControlledSampleTest,
+                                 public ::testing::WithParamInterface<FusedFitCase> {};
+
+// 2^21 samples per case. Candidate rows (top_k set): 8 launches of 4096 rows
+// x 64 samples (stream = row, stride = rows, offset = launch). Summary rows
+// take one sample per row: 32 launches of 65536 rows. Power as in the
+// materialized suite (asserted by ExpectCountsMatch).
+TEST_P(FusedControlledSampleFit, MatchesTheFloat64Reference) {
+  const FusedFitCase& fc = GetParam();
+  const std::vector<float> base = Bf16Logits();
+  std::vector<float> logits = base;
+  RowControls c = fc.base.controls;
+  if (fc.spread) {
+    logits.assign(24 * 128, 0.0f);
+    c.allowed_bitmask.assign(24 * 128 / 32, 0u);
+    for (int i = 0; i < 24; ++i) {
+      logits[128 * i + 5] = base[i];
+      c.allowed_bitmask[(128 * i + 5) / 32] |= 1u << ((128 * i + 5) % 32);
+    }
+  }
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  const testing::ReferenceResult ref =
+      testing::ReferenceControlledDistribution(logits, vocab, fc.base.temperature, c);
+  ASSERT_GT(ref.margin, 1e-3);
+  const bool candidates = c.top_k >= 1;
+  const int64_t rows = candidates ? 4096 : 65536;
+  const int32_t samples = candidates ? 64 : 1;
+  const int64_t launches = candidates ? 8 : 32;
+  c.num_samples = samples;
+  c.sample_stream_stride = static_cast<uint32_t>(rows);
+  if (!candidates) c.top_logprobs = 0;  // a summary row (the fit is about the tokens)
+  const std::vector<RowControls> controls(rows, c);
+  const std::vector<float> h(rows, 1.0f);
+  std::vector<int64_t> counts(vocab, 0);
+  for (int64_t call = 0; call < launches; ++call) {
+    std::vector<RowParams> params(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      params[r] = RowParams{fc.base.temperature, 4242, static_cast<uint64_t>(call), static_cast<uint32_t>(r)};
+    }
+    const Outputs out = Run(logits, h, params, controls);
+    ASSERT_EQ(out.launch, KernelStatus::kOk);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(out.row_status[r], 0) << "row " << r;
+      ASSERT_EQ(out.details[r].token_ids.size(), static_cast<size_t>(samples));
+      for (int32_t t : out.details[r].token_ids) {
+        ASSERT_TRUE(t >= 0 && t < vocab) << t;
+        ASSERT_GT(ref.probs[t], 0.0) << "token " << t << " was filtered out";
+        ++counts[t];
+      }
+    }
+  }
+  testing::ExpectCountsMatch(counts, ref.probs, /*required_shift=*/6.0, /*detectable_error=*/0.01);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ServedControls, FusedControlledSampleFit, ::testing::ValuesIn(FusedFitCases()),
+    [](const ::testing::TestParamInfo<FusedFitCase>& info) { return info.param.base.name; });
+
+// ---- Against the CPU backend and the materialized path --------------------------
+TEST_F(FusedControlledSampleTest, MatchesTheCpuBackendOnRandomControls) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+    SCOPED_TRACE(seed);
+    const RandomProblem p = MakeRandomProblem(30000, 512, 0.0f, seed, /*fused_only=*/true);
+    const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(cpu.launch, KernelStatus::kOk);
+    const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(gpu.launch, KernelStatus::kOk);
+    ExpectAgrees(gpu, cpu, p);
+  }
+}
+
+// Weights on a grid of 1/4: top-k, top-p and top-list boundaries inside
+// groups of ties, resolved by the lower id on both backends.
+TEST_F(FusedControlledSampleTest, MatchesTheCpuBackendWithHeavyTies) {
+  for (uint32_t seed : {11u, 12u}) {
+    SCOPED_TRACE(seed);
+    const RandomProblem p = MakeRandomProblem(30000, 512, 0.25f, seed, /*fused_only=*/true);
+    const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
+    const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(gpu.launch, KernelStatus::kOk);
+    ExpectAgrees(gpu, cpu, p);
+  }
+}
+
+// Where both paths apply they sample the same tokens with the same details.
+TEST_F(FusedControlledSampleTest, MatchesTheMaterializedPath) {
+  for (uint32_t seed : {21u, 22u}) {
+    SCOPED_TRACE(seed);
+    const RandomProblem p = MakeRandomProblem(20000, 300, seed == 22u ? 0.25f : 0.0f, seed, true);
+    const Outputs fused = Run(p.w, p.h, p.params, p.controls);
+    const Outputs materialized = Run(p.w, p.h, p.params, p.controls, Path::kMaterialized);
+    ASSERT_EQ(fused.launch, KernelStatus::kOk);
+    ASSERT_EQ(materialized.launch, KernelStatus::kOk);
+    ExpectAgrees(fused, materialized, p);
+  }
+}
+
+// ---- Edge cases ----------------------------------------------------------------------
+TEST_F(FusedControlledSampleTest, TopKOneIsGreedy) {
+  const RandomProblem p = MakeRandomProblem(20000, 256, 0.0f, 31, true);
+  std::vector<RowParams> greedy = p.params;
+  for (RowParams& q : greedy) q.temperature = 0.0f;
+  const size_t rows = p.h.size();
+  const Outputs a = Run(p.w, p.h, p.params, std::vector<RowControls>(rows, testing::FilterControls(1, 1.0f, 0.0f)));
+  const Outputs b = Run(p.w, p.h, greedy, std::vector<RowControls>(rows, RowControls{}));  // summary rows
+  ASSERT_EQ(a.launch, KernelStatus::kOk);
+  ASSERT_EQ(b.launch, KernelStatus::kOk);
+  EXPECT_EQ(a.row_status, std::vector<int32_t>(rows, 0));
+  EXPECT_EQ(b.row_status, std::vector<int32_t>(rows, 0));
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
+// 100 tokens with the same logit in one tile: top_k = 10 keeps ids 0..9
+// (every sample lands there, the top list is 0..9 with log(1/10), ranks 10).
+TEST_F(FusedControlledSampleTest, TopKBoundaryTiesGoToTheLowerId) {
+  std::vector<float> w(100, 0.5f);
+  constexpr int64_t kRows = 512;
+  RowControls c = testing::FilterControls(10, 1.0f, 0.0f);
+  c.top_logprobs = 20;
+  c.num_samples = 8;
+  c.sample_stream_stride = kRows;
+  std::vector<RowParams> params(kRows);
+  for (int64_t r = 0; r < kRows; ++r) params[r] = RowParams{1.0f, 99, 0, static_cast<uint32_t>(r)};
+  const Outputs out = Run(w, std::vector<float>(kRows, 1.0f), params, std::vector<RowControls>(kRows, c));
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  std::vector<int64_t> counts(100, 0);
+  for (int64_t r = 0; r < kRows; ++r) {
+    ASSERT_EQ(out.row_status[r], 0);
+    for (int32_t t : out.details[r].token_ids) {
+      ASSERT_TRUE(t >= 0 && t < 10) << t;
+      ++counts[t];
+    }
+    ASSERT_EQ(out.details[r].top.size(), 10u);
+    for (int i = 0; i < 10; ++i) {
+      EXPECT_EQ(out.details[r].top[i].token_id, i);
+      EXPECT_NEAR(out.details[r].top[i].logprob, std::log(0.1f), 1e-6f);
+    }
+    for (int32_t rank : out.details[r].ranks) EXPECT_EQ(rank, 10);
+  }
+  for (int i = 0; i < 10; ++i) EXPECT_GT(counts[i], 0) << i;  // 4096 draws over 10 tokens
+  for (RowParams& q : params) q.temperature = 0.0f;
+  const Outputs greedy = Run(w, std::vector<float>(kRows, 1.0f), params, std::vector<RowControls>(kRows, c));
+  for (int32_t t : greedy.tokens) EXPECT_EQ(t, 0);
+}
+
+// top_k = 40 over 100 tied tokens of one tile: the tile keeps 16 candidates,
+// all inside the top 40, so it may hold more: row_status 2 (run the row on
+// the materialized path). The same row with top_k = 16 is served.
+TEST_F(FusedControlledSampleTest, ATileHoldingMoreOfTheTopKThanItKeepsIsNotServed) {
+  std::vector<float> w(1000, -1.0f);
+  for (int i = 0; i < 100; ++i) w[i] = 0.5f;
+  const std::vector<RowParams> params(2, RowParams{1.0f, 5, 0, 0});
+  const Outputs out = Run(w, std::vector<float>(2, 1.0f), params,
+                          {testing::FilterControls(40, 1.0f, 0.0f), testing::FilterControls(16, 1.0f, 0.0f)});
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  EXPECT_EQ(out.row_status, (std::vector<int32_t>{kFusedRowNotServed, 0}));
+  EXPECT_TRUE(out.tokens[1] >= 0 && out.tokens[1] < 16) << out.tokens[1];
+}
+
+// Rows this path does not serve report row_status 2; the others in the same
+// batch are served.
+TEST_F(FusedControlledSampleTest, RowsItDoesNotServeReportStatusTwo) {
+  const std::vector<float> w = Bf16Logits();
+  RowControls raw_mode = testing::FilterControls(5, 1.0f, 0.0f);
+  raw_mode.top_logprobs = 3;
+  raw_mode.logprobs_mode = LogprobsMode::kRaw;
+  RowControls two_samples;
+  two_samples.num_samples = 2;
+  RowControls top_list;
+  top_list.top_logprobs = 1;
+  const std::vector<RowControls> controls = {
+      testing::FilterControls(0, 0.9f, 0.0f), testing::FilterControls(0, 1.0f, 0.1f),
+      testing::FilterControls(65, 1.0f, 0.0f), raw_mode, two_samples, top_list,
+      testing::FilterControls(3, 0.9f, 0.05f), RowControls{}};
+  const std::vector<RowParams> params(controls.size(), RowParams{1.0f, 1, 0, 0});
+  const Outputs out = Run(w, std::vector<float>(controls.size(), 1.0f), params, controls);
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  EXPECT_EQ(out.row_status, (std::vector<int32_t>{2, 2, 2, 2, 2, 2, 0, 0}));
+  for (size_t r = 0; r < controls.size(); ++r) {
+    ControlledRowDesc d;
+    d.top_k = controls[r].top_k;
+    d.top_p = controls[r].top_p;
+    d.min_p = controls[r].min_p;
+    d.top_logprobs = controls[r].top_logprobs;
+    d.logprobs_mode = static_cast<int32_t>(controls[r].logprobs_mode);
+    d.num_samples = controls[r].num_samples;
+    EXPECT_EQ(FusedRowKindOf(d) == kFusedUnservedRow, out.row_status[r] == 2) << r;
+  }
+  EXPECT_TRUE(out.tokens[6] == 0 || out.tokens[6] == 13 || out.tokens[6] == 23);
+}
+
+// Row 1 has every token masked (candidate row), row 2 too (summary row):
+// row_status 1 there, rows 0 and 3 are served.
+TEST_F(FusedControlledSampleTest, RowWithEveryTokenMaskedReportsItsStatus) {
+  const std::vector<float> w = Bf16Logits();
+  RowControls masked = testing::FilterControls(3, 1.0f, 0.0f);
+  masked.allowed_bitmask = {1u << 3};
+  masked.banned_token_ids = {3};
+  RowControls masked_plain;
+  masked_plain.allowed_bitmask = {0u};
+  const std::vector<RowParams> params(4, RowParams{1.0f, 1, 0, 0});
+  const Outputs out = Run(w, std::vector<float>(4, 1.0f), params,
+                          {testing::FilterControls(3, 1.0f, 0.0f), masked, masked_plain, RowControls{}});
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  EXPECT_EQ(out.row_status, (std::vector<int32_t>{0, 1, 1, 0}));
+  EXPECT_TRUE(out.tokens[0] == 0 || out.tokens[0] == 13 || out.tokens[0] == 23);
+  EXPECT_TRUE(out.tokens[3] >= 0 && out.tokens[3] < 24);
+}
+
+TEST_F(FusedControlledSampleTest, RejectsBadArguments) {
+  EXPECT_FALSE(FusedControlledShapeSupported(CudaWeightDType::kFloat32, 1000, 64));
+  EXPECT_FALSE(FusedControlledShapeSupported(CudaWeightDType::kBFloat16, 1000, 24));
+  EXPECT_FALSE(FusedControlledShapeSupported(CudaWeightDType::kBFloat16, kFusedMaxVocab + 1, 64));
+  EXPECT_TRUE(FusedControlledShapeSupported(CudaWeightDType::kFloat16, kFusedMaxVocab, 64));
+  EXPECT_EQ(FusedControlledWorkspaceBytes(0, 1000, 64), 0u);
+  FusedControlledArgs a;  // every pointer null
+  a.batch = 1;
+  a.vocab = a.valid_vocab = 24;
+  a.hidden_dim = 16;
+  EXPECT_EQ(LaunchFusedControlledSample(a, nullptr), KernelStatus::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace flashsampler::kernels
