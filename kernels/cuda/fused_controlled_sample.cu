@@ -38,16 +38,14 @@ static_assert(kFusedMaxTopK <= 64, "the sample step gives each lane two kept tok
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 // ---- The canonical order as an integer ------------------------------------------
-// 64-bit key, larger = earlier in (l' desc, id asc): the order-preserving bits
-// of l' above, the complemented id below. -0 is folded into +0 because the
-// order compares l' as floats (CandidateBefore, ScoreBeats). Every finite l'
-// gives a non-zero high word (the order bits of -FLT_MAX are 0x00800000), so
-// 0 is free to mark "no candidate".
+// 64-bit key, larger = earlier in (l' desc, id asc): OrderedFloatBits(l')
+// above (-0 folded into +0: the order compares l' as floats), the
+// complemented id below. Every finite l' gives a non-zero high word, so 0 is
+// free to mark "no candidate".
 __device__ __forceinline__ uint64_t CandidateKey(const FusedCandidate& c) {
   if (c.id < 0) return 0;
-  const uint32_t u = __float_as_uint(c.logit == 0.0f ? 0.0f : c.logit);
-  const uint32_t ord = (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
-  return (static_cast<uint64_t>(ord) << 32) | (0xffffffffu - static_cast<uint32_t>(c.id));
+  return (static_cast<uint64_t>(cuda_internal::OrderedFloatBits(c.logit)) << 32) |
+         (0xffffffffu - static_cast<uint32_t>(c.id));
 }
 __device__ __forceinline__ FusedCandidate CandidateFromKey(uint64_t key) {
   const uint32_t ord = static_cast<uint32_t>(key >> 32);

@@ -32,6 +32,14 @@ struct MmaControls {
   FusedCandidate* candidates = nullptr;
 };
 
+// Order-preserving bits of a finite float: a > b as floats iff the bits
+// compare so as unsigned (-0 maps to +0's bits, since -0 == +0); every finite
+// value maps above 0 (-FLT_MAX to 0x00800000).
+__device__ __forceinline__ uint32_t OrderedFloatBits(float x) {
+  const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
+  return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
+}
+
 // The first index in touched[0, count) (sorted by id) whose id >= token: a
 // 32-way search, every lane probing one position per round, so a list of a
 // few thousand ids takes three dependent loads. Warp-uniform result.
@@ -138,36 +146,42 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
     return;
   }
 
-  // Candidate row: m rounds of a warp arg-max in canonical order (ScoreBeats
-  // on (l', id): higher l', then lower id; -inf tokens never enter). Lane c
-  // keeps the c-th candidate.
+  // Candidate row: m rounds of a warp arg-max in canonical order (higher l',
+  // then lower id; -inf tokens never enter). l' is compared through its
+  // order-preserving bits (-0 folded into +0, as float comparison has them
+  // equal), so a round is one redux.sync max plus a ballot: among lanes
+  // holding the maximum the lowest lane holds the lowest id, and within a
+  // lane the first maximum is the lowest id. Key 0 (below every finite l')
+  // marks taken and -inf tokens. The owner writes the c-th candidate itself.
   const int m = d.top_k < kFusedTileCandidates ? d.top_k : kFusedTileCandidates;
-  uint32_t taken = 0;
-  FusedCandidate mine{-INFINITY, -1};
-  for (int c = 0; c < m; ++c) {
-    float bv = -INFINITY;
-    int32_t bi = -1;
+  FusedCandidate* out = ctl.candidates + (row * num_tiles + tile) * kFusedTileCandidates;
+  uint32_t key[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (((taken >> i) & 1u) == 0u && l[i] > bv) {  // > keeps the lower id on ties
-        bv = l[i];
-        bi = static_cast<int32_t>(t0 + i);
+  for (int i = 0; i < 4; ++i) key[i] = l[i] > -INFINITY ? OrderedFloatBits(l[i]) : 0u;
+  int c = 0;
+  for (; c < m; ++c) {
+    uint32_t bk = key[0];
+    int bi = 0;
+#pragma unroll
+    for (int i = 1; i < 4; ++i) {
+      if (key[i] > bk) {  // > keeps the first (lowest id) of equal keys
+        bk = key[i];
+        bi = i;
       }
     }
+    const uint32_t top = __reduce_max_sync(kFullWarpMask, bk);
+    if (top == 0u) break;  // warp-uniform: no finite l' left in the tile
+    const uint32_t owners = __ballot_sync(kFullWarpMask, bk == top);
+    if (lane == __ffs(owners) - 1) {
+      float bv = l[0];
 #pragma unroll
-    for (int off = 16; off >= 1; off /= 2) {
-      const float ov = __shfl_xor_sync(kFullWarpMask, bv, off);
-      const int32_t oi = __shfl_xor_sync(kFullWarpMask, bi, off);
-      if (ScoreBeats(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
+      for (int i = 1; i < 4; ++i) bv = bi == i ? l[i] : bv;
+      out[c] = FusedCandidate{bv, static_cast<int32_t>(t0 + bi)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) key[i] = bi == i ? 0u : key[i];
     }
-    if (bi < 0) break;  // warp-uniform: no finite l' left in the tile
-    if (bi >= t0 && bi < t0 + 4) taken |= 1u << (bi - t0);
-    if (lane == c) mine = FusedCandidate{bv, bi};
   }
-  if (lane < m) ctl.candidates[(row * num_tiles + tile) * kFusedTileCandidates + lane] = mine;
+  if (lane >= c && lane < m) out[lane] = FusedCandidate{-INFINITY, -1};
 }
 
 }  // namespace flashsampler::kernels::cuda_internal
