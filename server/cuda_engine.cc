@@ -2,8 +2,8 @@
 //
 // Per batch: the fp32 hidden states and RowParams are copied into pinned
 // buffers, uploaded asynchronously, one sampler launch runs (PlanCudaSamplerPath,
-// cuda_controlled_runner.h: batches with sampling controls take the controlled
-// materialized path; plain ones the fused kernel up to --cuda_fused_max_rows
+// cuda_controlled_runner.h: batches with sampling controls take the fused or
+// the materialized controlled path; plain ones the fused kernel up to --cuda_fused_max_rows
 // rows, the cuBLAS-materialized path above: whichever measured faster for that
 // batch size, BENCHMARKS.md), the results come back through pinned memory
 // and the stream is synchronised. Speculative-verification rows

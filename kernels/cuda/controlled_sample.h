@@ -56,8 +56,8 @@
 // largest that still fits the batch in one wave, kControlledClusterAuto) makes
 // a handful of sweeps over its logits (transform, max, 3 per radix select, one
 // per sample; 16-byte loads, 4 in flight per thread), so even one row keeps 8
-// SMs busy; the logits make one round trip through memory (the fused path for
-// controls is not built yet).
+// SMs busy; the logits make one round trip through memory (the fused path,
+// fused_controlled_sample.h, avoids it for the rows it serves).
 //
 // Thread safety: enqueues work on `stream`, keeps no state; binds the cuBLAS
 // handle to `stream`. Distinct launches need distinct workspaces and outputs.
