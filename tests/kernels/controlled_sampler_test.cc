@@ -187,8 +187,11 @@ TEST(ControlledSampler, FusedAndMaterializedPathsAgreeBitForBit) {
   const Outputs fused = RunSampler(sampler, b.h, b.params, b.controls, CpuControlledPath::kFused);
   const Outputs materialized = RunSampler(sampler, b.h, b.params, b.controls, CpuControlledPath::kMaterialized);
   ExpectSameOutputs(fused, materialized);
-  // Thread count and tile size change neither path.
-  CpuControlledSampler one_thread(b.w.data(), vocab, vocab, hidden, {1, 96});
+  // The thread count changes neither path: every sgemm keeps its shape, only
+  // the worker making it changes. (The tile size is not part of this check:
+  // it changes the sgemm shapes, and OpenBLAS 0.3.21's Haswell kernels round
+  // some elements of [rows, 96] tiles differently from [rows, 64] ones.)
+  CpuControlledSampler one_thread(b.w.data(), vocab, vocab, hidden, {1, 64});
   ExpectSameOutputs(fused, RunSampler(one_thread, b.h, b.params, b.controls, CpuControlledPath::kFused));
 }
 
