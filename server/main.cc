@@ -121,6 +121,12 @@ int main(int argc, char** argv) {
   flashsampler::BatcherOptions batching{config->max_batch_rows,
                                         absl::Microseconds(config->max_queue_delay_us),
                                         config->max_queue_rows, config->completion_threads};
+  // The idle poll pays off where the launch waits on a GPU; on the CPU
+  // backend the polling core is one its workers would rather have.
+  const bool gpu_backend = config->backend == "cuda" ||
+                           (config->backend == "auto" && flashsampler::CudaBackendAvailable());
+  batching.idle_spin = absl::Microseconds(
+      config->idle_spin_us >= 0 ? config->idle_spin_us : (gpu_backend ? 1000 : 0));
   flashsampler::DynamicBatcher batcher(batching, &metrics, [&server, &health_server, &metrics] {
     std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
     SetHealth(server.get(), health_server.get(), &metrics, false);

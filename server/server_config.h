@@ -27,6 +27,7 @@ struct ServerConfig {
   int64_t max_queue_delay_us = 0;
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
   int completion_threads = 4;       // threads answering finished requests
+  int64_t idle_spin_us = -1;        // batcher worker's idle poll; -1: by backend
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off
   int cuda_device = -1;            // CUDA backend: one device ordinal; -1: use `devices`
   // CUDA backend: the GPUs W is sharded over by vocabulary (--devices);

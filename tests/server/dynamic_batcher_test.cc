@@ -44,6 +44,7 @@ class FakeEngine final : public Engine {
       absl::MutexLock lock(&mu_);
       launches_.push_back(batch.rows);
       hold = hold_first_ && launches_.size() == 1;
+      sample_thread_ = std::this_thread::get_id();
     }
     if (hold) {
       first_started_.Notify();
@@ -83,6 +84,11 @@ class FakeEngine final : public Engine {
     absl::MutexLock lock(&mu_);
     return launches_;
   }
+  // The thread of the last Sample call (the batcher's worker).
+  std::thread::id sample_thread() const {
+    absl::MutexLock lock(&mu_);
+    return sample_thread_;
+  }
 
  private:
   const bool hold_first_;
@@ -94,6 +100,7 @@ class FakeEngine final : public Engine {
   absl::Notification first_started_, release_;
   mutable absl::Mutex mu_;
   std::vector<int64_t> launches_ ABSL_GUARDED_BY(mu_);
+  std::thread::id sample_thread_ ABSL_GUARDED_BY(mu_);
 };
 
 // Rows with seeds first_seed, first_seed + 1, ...
@@ -114,6 +121,7 @@ struct Outcome {
   struct State {
     absl::Notification done;
     absl::StatusOr<SampleResult> result = absl::UnknownError("not answered");
+    std::thread::id thread;  // the one `done` ran on
   };
   std::shared_ptr<State> state = std::make_shared<State>();
   absl::Notification& done = state->done;
@@ -121,6 +129,7 @@ struct Outcome {
   DynamicBatcher::Done Callback() {
     return [s = state](absl::StatusOr<SampleResult> r) {
       s->result = std::move(r);
+      s->thread = std::this_thread::get_id();
       s->done.Notify();
     };
   }
@@ -184,6 +193,47 @@ TEST(DynamicBatcher, CoalescesRequestsFromConcurrentCallersIntoOneLaunch) {
   }
   ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
   EXPECT_THAT(engine->launches(), ElementsAre(1, queued)) << "the queued requests were not coalesced";
+}
+
+// A launch after which nothing is queued is answered by the worker itself;
+// one with requests queued behind it hands its answers to the pool.
+TEST(DynamicBatcher, AnswersOnTheWorkerOnlyWhenNothingIsQueued) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 7);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  SampleBatch second = Batch(2, 20);
+  Outcome second_outcome;
+  batcher.Submit(&second, second_outcome.Callback());  // queued behind the held launch
+  engine->Release();
+  ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
+  ASSERT_EQ(second_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(second_outcome.result->token_ids, ElementsAre(20, 21));
+  const std::thread::id worker = engine->sample_thread();
+  EXPECT_NE(first_outcome.state->thread, worker) << "answered on the worker with a request queued";
+  EXPECT_EQ(second_outcome.state->thread, worker) << "nothing was queued: the worker answers";
+}
+
+// With an idle poll far longer than the test, requests submitted while the
+// worker polls are served, and Stop() ends the poll (a hang here is the
+// failure: the ctest timeout reports it).
+TEST(DynamicBatcher, IdlePollServesNewRequestsAndEndsOnStop) {
+  BatcherOptions options = Options(64, absl::ZeroDuration());
+  options.idle_spin = absl::Hours(1);
+  DynamicBatcher batcher(options);
+  batcher.SetEngine(std::make_unique<FakeEngine>());
+  for (uint64_t i = 0; i < 20; ++i) {
+    SampleBatch b = Batch(1, 100 + i);
+    Outcome o;
+    batcher.Submit(&b, o.Callback());
+    ASSERT_EQ(o.code(), absl::StatusCode::kOk) << i;
+    EXPECT_THAT(o.result->token_ids, ElementsAre(100 + i));
+  }
+  batcher.Stop();
+  SampleBatch late = Batch(1);
+  Outcome refused;
+  batcher.Submit(&late, refused.Callback());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(DynamicBatcher, WaitsForAFullBatchWithinTheQueueDelay) {
