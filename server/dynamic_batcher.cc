@@ -4,6 +4,10 @@
 #include <chrono>
 #include <utility>
 
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/metrics.h"
@@ -157,8 +161,13 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
   auto full_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queued_rows_ >= options_.max_batch_rows || stopping_;
   };
-  mu_.AwaitWithDeadline(absl::Condition(&full_or_stopping),
-                        queue_.front()->enqueued + options_.max_queue_delay);
+  // Skipped at zero delay: a timed wait whose deadline has passed still
+  // sleeps the thread's timer slack (measured ~45 us per launch on the GPU
+  // machine).
+  if (options_.max_queue_delay > absl::ZeroDuration()) {
+    mu_.AwaitWithDeadline(absl::Condition(&full_or_stopping),
+                          queue_.front()->enqueued + options_.max_queue_delay);
+  }
 
   // Requests that must not run: answered without compute, rows released. No
   // job has rows in flight here (one worker, one launch at a time), so even a
@@ -255,9 +264,14 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
     if (failed && on_engine_failure_) on_engine_failure_();
     return;
   }
-  // Nothing queued: no next launch waits for this thread, so it answers the
-  // requests itself (one thread hand-off less per request at low load).
-  const bool inline_completion = queued_jobs_.load(std::memory_order_acquire) == 0;
+  // A launch of one request with nothing queued behind it: no next launch
+  // waits for this thread, so it answers the request itself (one thread
+  // hand-off less, ~35 us measured at 1 request in flight). Larger launches
+  // go to the pool even then: answering ~25 requests here (~10 us each)
+  // would delay the launch their successors are about to join (measured: 64
+  // in flight lost 15% when every idle-queue launch was answered here).
+  const bool inline_completion =
+      launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0;
   int64_t launch_row = 0;
   for (size_t i = 0; i < launch.jobs.size(); ++i) {
     Job& job = *launch.jobs[i];
@@ -276,6 +290,11 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
 }
 
 void DynamicBatcher::WorkerLoop() {
+#if defined(__linux__)
+  // The queue delay's timed waits wake within a microsecond instead of after
+  // the default 50 us timer slack.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
   for (;;) {
     Launch launch;
     std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> refused;

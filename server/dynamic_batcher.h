@@ -25,16 +25,16 @@
 // to a CompletionPool of `completion_threads` threads (answering a gRPC call
 // costs a few microseconds each; done one by one on the worker they would
 // delay the next launch by tens to hundreds of microseconds) and forms the next
-// launch at once. When nothing is queued there is no next launch to delay: the
-// worker then answers the launch's requests itself, sparing the hand-off.
+// launch at once. A launch of a single request with nothing queued behind it
+// delays no one: the worker answers that request itself, sparing the hand-off.
 //
 // Idle: with idle_spin > 0 the worker polls the queue (without the lock) for
 // up to that long after a launch before it blocks on the mutex.
 //
 // Thread safety: every public method may be called from any thread. `done`
 // runs on a completion thread, on the worker thread (requests answered
-// without compute, failed launches, and launches after which nothing is
-// queued), or inline in Submit when the request is refused.
+// without compute, failed launches, and a lone request's launch with nothing
+// queued behind it), or inline in Submit when the request is refused.
 // Outcomes delivered to `done`, exactly once per Submit: the request's result
 // (only the outputs it asked for); Unavailable when no engine is loaded yet,
 // the engine is unhealthy or the batcher is stopping; ResourceExhausted when

@@ -195,23 +195,32 @@ TEST(DynamicBatcher, CoalescesRequestsFromConcurrentCallersIntoOneLaunch) {
   EXPECT_THAT(engine->launches(), ElementsAre(1, queued)) << "the queued requests were not coalesced";
 }
 
-// A launch after which nothing is queued is answered by the worker itself;
-// one with requests queued behind it hands its answers to the pool.
-TEST(DynamicBatcher, AnswersOnTheWorkerOnlyWhenNothingIsQueued) {
+// A lone request's launch with nothing queued behind it is answered by the
+// worker itself; a launch with requests queued behind it, or of several
+// requests, hands its answers to the pool.
+TEST(DynamicBatcher, AnswersOnTheWorkerOnlyALoneRequestWithNothingQueued) {
   DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
   SampleBatch first = Batch(1, 7);
   Outcome first_outcome;
   FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
-  SampleBatch second = Batch(2, 20);
-  Outcome second_outcome;
+  SampleBatch second = Batch(2, 20), third = Batch(1, 30);
+  Outcome second_outcome, third_outcome;
   batcher.Submit(&second, second_outcome.Callback());  // queued behind the held launch
+  batcher.Submit(&third, third_outcome.Callback());
   engine->Release();
   ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
   ASSERT_EQ(second_outcome.code(), absl::StatusCode::kOk);
-  EXPECT_THAT(second_outcome.result->token_ids, ElementsAre(20, 21));
+  ASSERT_EQ(third_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(engine->launches(), ElementsAre(1, 3));
   const std::thread::id worker = engine->sample_thread();
-  EXPECT_NE(first_outcome.state->thread, worker) << "answered on the worker with a request queued";
-  EXPECT_EQ(second_outcome.state->thread, worker) << "nothing was queued: the worker answers";
+  EXPECT_NE(first_outcome.state->thread, worker) << "answered on the worker with requests queued";
+  EXPECT_NE(second_outcome.state->thread, worker) << "a launch of two requests answered on the worker";
+  EXPECT_NE(third_outcome.state->thread, worker);
+  SampleBatch lone = Batch(1, 40);
+  Outcome lone_outcome;
+  batcher.Submit(&lone, lone_outcome.Callback());
+  ASSERT_EQ(lone_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(lone_outcome.state->thread, engine->sample_thread()) << "a lone request: the worker answers";
 }
 
 // With an idle poll far longer than the test, requests submitted while the
