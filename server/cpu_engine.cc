@@ -71,6 +71,7 @@ class CpuEngine final : public Engine {
     }
     if (!batch.controls.empty()) return SampleWithControls(batch, hidden);
     SampleResult result;
+    result.path = LaunchPath::kCpu;
     result.token_ids.resize(batch.rows);
     if (batch.want_logz) result.logz.resize(batch.rows);
     if (batch.want_logprobs) result.logprobs.resize(batch.rows);
@@ -102,6 +103,7 @@ class CpuEngine final : public Engine {
       (HasAnyControl(batch.controls[r]) ? controlled : plain).push_back(r);
     }
     SampleResult result;
+    result.path = LaunchPath::kCpu;
     result.token_ids.resize(rows);
     if (batch.want_logz) result.logz.resize(rows);
     if (batch.want_logprobs) result.logprobs.resize(rows);

@@ -151,13 +151,21 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
       return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
     }
     absl::StatusOr<SampleResult> result = Finish(batch, flat, stream);
-    if (!result.ok() || !fused_row_not_served_) return result;
+    if (!result.ok()) return result;
+    if (!fused_row_not_served_) {
+      result->path = LaunchPath::kFusedControlled;
+      return result;
+    }
     ++fused_fallbacks_;  // a tile held more of some row's top-k than it kept
   }
   if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
     return KernelStatusToStatus(s, "cuda controlled sampler launch");
   }
-  return Finish(batch, flat, stream);
+  absl::StatusOr<SampleResult> result = Finish(batch, flat, stream);
+  if (result.ok()) {
+    result->path = fused ? LaunchPath::kFusedControlledFallback : LaunchPath::kControlled;
+  }
+  return result;
 }
 
 absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& batch,

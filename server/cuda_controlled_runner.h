@@ -20,7 +20,12 @@
 // A row the fused path finds it cannot finish exactly (a tile held more of
 // the row's top-k than it kept, row_status 2) sends the whole batch through
 // the materialized path again, with the same noise: the results are those the
-// materialized path gives (fused_fallbacks() counts such batches).
+// materialized path gives (fused_fallbacks() counts such batches; the result's
+// path says kFusedControlledFallback). The other rows of that batch are then
+// served by the materialized path too, whose logits (cuBLAS) and top_p sums
+// (fixed point) round differently: at a near-tie, or a cut within rounding of
+// a token, a row's outcome can depend on whether a neighbour forced the
+// fallback.
 //
 // Thread safety: like the engine, one batch at a time (Run is not reentrant).
 // Outcomes of Run: OK with the batch's SampleResult (details for every row);

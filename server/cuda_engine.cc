@@ -235,10 +235,11 @@ class CudaEngine final : public Engine {
     }
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     // Controls that are all neutral reach here (details: one sample per row).
-    return SampleResultFromHostOutputs(batch, static_cast<const int32_t*>(host_tokens_),
-                                       static_cast<const float*>(host_logz_),
-                                       static_cast<const float*>(host_logprobs_),
-                                       static_cast<const float*>(host_draft_logprobs_));
+    SampleResult result = SampleResultFromHostOutputs(
+        batch, static_cast<const int32_t*>(host_tokens_), static_cast<const float*>(host_logz_),
+        static_cast<const float*>(host_logprobs_), static_cast<const float*>(host_draft_logprobs_));
+    result.path = path == CudaSamplerPath::kFused ? LaunchPath::kFused : LaunchPath::kMaterialized;
+    return result;
   }
 
   const ModelShape shape_;

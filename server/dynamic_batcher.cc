@@ -244,7 +244,8 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
                                                    " backend does not serve Verify (draft rows)"));
   }
   if (metrics_ != nullptr) {
-    metrics_->RecordLaunch(batch.rows, absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->RecordLaunch(batch.rows, absl::ToDoubleSeconds(absl::Now() - start),
+                           result.ok() ? LaunchPathName(result->path) : "error");
   }
 
   if (!result.ok()) {
@@ -279,7 +280,8 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
     launch_row += slice.rows;
     job.rows_done += slice.rows;
     if (job.rows_done == job.batch->rows && inline_completion) {
-      job.done(std::move(job.result));
+      Done done = std::move(job.done);  // released here, as a posted one is by the pool
+      done(std::move(job.result));
     } else if (job.rows_done == job.batch->rows) {
       completions_.Post([done = std::move(job.done), result = std::move(job.result)]() mutable {
         done(std::move(result));

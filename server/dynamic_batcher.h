@@ -31,10 +31,12 @@
 // Idle: with idle_spin > 0 the worker polls the queue (without the lock) for
 // up to that long after a launch before it blocks on the mutex.
 //
-// Thread safety: every public method may be called from any thread. `done`
-// runs on a completion thread, on the worker thread (requests answered
-// without compute, failed launches, and a lone request's launch with nothing
-// queued behind it), or inline in Submit when the request is refused.
+// Thread safety: every public method may be called from any thread, but
+// `done` must not block (it may hold up the next launch) nor call Stop() (it
+// may run on the worker, which Stop() joins). `done` runs on a completion
+// thread, on the worker thread (requests answered without compute, failed
+// launches, and a lone request's launch with nothing queued behind it), or
+// inline in Submit when the request is refused.
 // Outcomes delivered to `done`, exactly once per Submit: the request's result
 // (only the outputs it asked for); Unavailable when no engine is loaded yet,
 // the engine is unhealthy or the batcher is stopping; ResourceExhausted when

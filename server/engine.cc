@@ -82,6 +82,20 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
   return absl::OkStatus();
 }
 
+const char* LaunchPathName(LaunchPath path) {
+  switch (path) {
+    case LaunchPath::kCpu: return "cpu";
+    case LaunchPath::kFused: return "fused";
+    case LaunchPath::kMaterialized: return "materialized";
+    case LaunchPath::kFusedControlled: return "fused_controlled";
+    case LaunchPath::kFusedControlledFallback: return "fused_controlled_fallback";
+    case LaunchPath::kControlled: return "controlled";
+    case LaunchPath::kSharded: return "sharded";
+    case LaunchPath::kUnspecified: break;
+  }
+  return "unspecified";
+}
+
 SampleResult SampleResultFromHostOutputs(const SampleBatch& batch, const int32_t* tokens,
                                          const float* logz, const float* logprobs,
                                          const float* draft_logprobs) {

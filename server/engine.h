@@ -72,6 +72,21 @@ struct SampleBatch {
   std::vector<int32_t> draft_tokens;
 };
 
+// Which kernel path served a launch: a label of the launches metric (a fixed
+// set, LaunchPathName) and what tests check a planner's choice with.
+enum class LaunchPath : int32_t {
+  kUnspecified = 0,
+  kCpu,                     // CPU backend (tiled sampler, controlled sampler for controlled rows)
+  kFused,                   // CUDA: LaunchFusedSample
+  kMaterialized,            // CUDA: LaunchMaterializedSample (cuBLAS logits)
+  kFusedControlled,         // CUDA: LaunchFusedControlledSample
+  kFusedControlledFallback, // CUDA: the fused controlled path handed the batch back (row_status 2),
+                            // then LaunchControlledSample served it
+  kControlled,              // CUDA: LaunchControlledSample (materialized controls)
+  kSharded,                 // CUDA, several GPUs: LaunchShardedSample
+};
+const char* LaunchPathName(LaunchPath path);  // "cpu", "fused", ...
+
 struct SampleResult {
   std::vector<int32_t> token_ids;  // [rows]
   std::vector<float> logz;         // [rows] when asked, else empty
@@ -81,6 +96,7 @@ struct SampleResult {
   // [rows] exactly when the batch's `draft_tokens` is non-empty (NaN for rows
   // without a draft), else empty.
   std::vector<float> draft_logprobs;
+  LaunchPath path = LaunchPath::kUnspecified;  // set by every engine
 };
 
 // Memory of one device the engine uses (for the metrics endpoint).

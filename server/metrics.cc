@@ -110,6 +110,11 @@ struct ServerMetrics::Impl {
                        .Help("Rows per engine launch, after coalescing concurrent requests.")
                        .Register(*registry)
                        .Add({}, BatchRowBuckets(max_batch_rows))),
+        launches(prometheus::BuildCounter()
+                     .Name("flashsampler_launches_total")
+                     .Help("Engine launches by kernel path (cpu, fused, materialized, fused_controlled, "
+                           "fused_controlled_fallback, controlled, sharded; error for failed launches).")
+                     .Register(*registry)),
         queue_rows(prometheus::BuildGauge()
                        .Name("flashsampler_queue_rows")
                        .Help("Rows waiting in the batcher queue for a launch.")
@@ -149,6 +154,7 @@ struct ServerMetrics::Impl {
   prometheus::Histogram& queue_duration;
   prometheus::Histogram& compute_duration;
   prometheus::Histogram& batch_rows;
+  prometheus::Family<prometheus::Counter>& launches;
   prometheus::Gauge& queue_rows;
   prometheus::Gauge& queue_capacity_rows;
   prometheus::Gauge& serving;
@@ -177,9 +183,10 @@ void ServerMetrics::RequestFinished(RpcMethod method, grpc::StatusCode code, int
 
 void ServerMetrics::RecordQueueWait(double seconds) { impl_->queue_duration.Observe(seconds); }
 
-void ServerMetrics::RecordLaunch(int64_t rows, double compute_seconds) {
+void ServerMetrics::RecordLaunch(int64_t rows, double compute_seconds, const std::string& path) {
   impl_->batch_rows.Observe(static_cast<double>(rows));
   impl_->compute_duration.Observe(compute_seconds);
+  impl_->launches.Add({{"path", path}}).Increment();
 }
 
 void ServerMetrics::SetQueueRows(int64_t rows) { impl_->queue_rows.Set(static_cast<double>(rows)); }

@@ -56,7 +56,9 @@ class ServerMetrics {
 
   // The batcher.
   void RecordQueueWait(double seconds);
-  void RecordLaunch(int64_t rows, double compute_seconds);
+  // One engine launch: its rows, duration and kernel path (LaunchPathName, or
+  // "error" for a failed launch).
+  void RecordLaunch(int64_t rows, double compute_seconds, const std::string& path);
   void SetQueueRows(int64_t rows);
   void SetQueueCapacityRows(int64_t rows);
 

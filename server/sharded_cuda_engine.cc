@@ -303,9 +303,11 @@ class ShardedCudaEngine final : public Engine {
     if (!copy_status.ok()) return copy_status;
 
     // Controls that are all neutral reach here (details: one sample per row).
-    return SampleResultFromHostOutputs(batch, static_cast<const int32_t*>(host_tokens_),
-                                       static_cast<const float*>(host_logz_),
-                                       static_cast<const float*>(host_logprobs_), nullptr);
+    SampleResult result = SampleResultFromHostOutputs(
+        batch, static_cast<const int32_t*>(host_tokens_), static_cast<const float*>(host_logz_),
+        static_cast<const float*>(host_logprobs_), nullptr);
+    result.path = LaunchPath::kSharded;
+    return result;
   }
 
   const ModelShape shape_;

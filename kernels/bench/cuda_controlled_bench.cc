@@ -93,8 +93,7 @@ std::vector<ControlSet> ControlSets(const std::string& which) {
   all.push_back({"min_p", c});
   c = RowControls{};
   c.allowed_bitmask.assign(1 << 16, 0x55555555u);  // covers any vocabulary <= 2^21
-  for (int32_t i = 0; i < 16; ++i) c.logit_bias.push_back({i * 4099, 1.5f});
-  all.push_back({"bitmask", c});
+  all.push_back({"bitmask", c});  // plus 16 biased tokens, spread over V per shape (below)
   if (which == "all") return all;
   std::vector<ControlSet> out;
   for (const ControlSet& s : all) {
@@ -174,7 +173,13 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
 
     for (const ControlSet& set : sets) {
       FlatControls flat;
-      const std::vector<RowControls> rows(bmax, set.controls);
+      RowControls row_controls = set.controls;
+      if (set.name == "bitmask") {  // 16 biased tokens spread over this vocabulary
+        for (int64_t i = 0; i < 16; ++i) {
+          row_controls.logit_bias.push_back({static_cast<int32_t>(i * (v / 16)), 1.5f});
+        }
+      }
+      const std::vector<RowControls> rows(bmax, row_controls);
       CB_CHECK(FlattenControls(rows.data(), bmax, v, v, &flat));
       std::vector<uint8_t> packed(flat.PackedBytes());
       flat.PackTo(packed.data());

@@ -2,7 +2,11 @@
 // kernels/common/row_controls.h applied inside the LM-head matmul, so the
 // [batch, vocab] logits never reach device memory (issue 3). Same semantics,
 // noise and outputs as the materialized path (controlled_sample.h) and the CPU
-// backend (kernels/cpu/candidate_sampler.h), for the rows it serves.
+// backend (kernels/cpu/candidate_sampler.h), for the rows it serves, with two
+// documented numeric differences: summary rows' logz / logprob come from the
+// fp32 online log-sum-exp of the plain fused sampler (float64 there), and the
+// device's float64 exp / log may differ from glibc's in the last ulp, which
+// can move a min_p or top_p cut only when a token sits that close to it.
 //
 // Which rows (FusedRowKindOf, decided per row from its flattened controls):
 //   - candidate rows: top_k in [1, kFusedMaxTopK], with any min_p / top_p,

@@ -164,6 +164,9 @@ TEST(ServingE2E, ConcurrentClientsGetTheUnbatchedTokensAndLaunchesAreCoalesced) 
   const double launches = SeriesValue(after, "flashsampler_batch_rows_count") - kRequests;
   EXPECT_EQ(SeriesValue(after, "flashsampler_batch_rows_sum"), 2 * total_rows);
   EXPECT_LT(launches, kRequests) << "concurrent requests were never coalesced into one launch";
+  // Every launch of the CPU backend is labelled with its path.
+  EXPECT_EQ(SeriesValue(after, "flashsampler_launches_total{path=\"cpu\"}"),
+            SeriesValue(after, "flashsampler_batch_rows_count"));
   EXPECT_EQ(SeriesValue(after, "flashsampler_requests_total{code=\"OK\",method=\"Sample\"}"),
             kRequests + kRequests / 2);
   EXPECT_EQ(SeriesValue(after, "flashsampler_requests_total{code=\"OK\",method=\"SampleStream\"}"),

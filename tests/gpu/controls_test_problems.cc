@@ -99,7 +99,15 @@ Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
 }
 
 void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p) {
-  const int64_t rows = static_cast<int64_t>(p.h.size());
+  const size_t n = p.h.size();
+  ASSERT_EQ(gpu.row_status.size(), n) << "the GPU launch returned no outputs";
+  for (const Outputs* o : {&gpu, &cpu}) {
+    ASSERT_EQ(o->details.size(), n);
+    ASSERT_EQ(o->tokens.size(), n);
+    ASSERT_EQ(o->logz.size(), n);
+    ASSERT_EQ(o->logprobs.size(), n);
+  }
+  const int64_t rows = static_cast<int64_t>(n);
   int64_t mismatches = 0;
   for (int64_t r = 0; r < rows; ++r) {
     SCOPED_TRACE(::testing::Message() << "row " << r);

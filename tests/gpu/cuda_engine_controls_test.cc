@@ -178,11 +178,17 @@ TEST(CudaEngineControls, FusedControlledPathMatchesTheCpuEngine) {
       absl::StatusOr<SampleResult> c = e.cpu->Sample(batch);
       ASSERT_TRUE(g.ok()) << g.status();
       ASSERT_TRUE(c.ok()) << c.status();
+      // The fused path served it (a fallback would say kFusedControlledFallback).
+      EXPECT_EQ(g->path, LaunchPath::kFusedControlled) << LaunchPathName(g->path);
+      ASSERT_EQ(g->details.size(), static_cast<size_t>(batch_rows));
+      ASSERT_EQ(c->details.size(), static_cast<size_t>(batch_rows));
       for (int64_t r = 0; r < batch_rows; ++r) {
         ++rows;
         const RowSampleDetail& gd = g->details[r];
         const RowSampleDetail& cd = c->details[r];
         ASSERT_EQ(gd.token_ids.size(), cd.token_ids.size());
+        EXPECT_EQ(gd.token_ids[0], g->token_ids[r]);
+        for (int32_t t : gd.token_ids) EXPECT_TRUE(t >= 0 && t < kValid) << t;
         if (gd.token_ids != cd.token_ids) {
           ++mismatches;
           continue;
@@ -191,7 +197,15 @@ TEST(CudaEngineControls, FusedControlledPathMatchesTheCpuEngine) {
         EXPECT_NEAR(g->logz[r], c->logz[r], tol) << "row " << r;
         EXPECT_NEAR(g->logprobs[r], c->logprobs[r], tol) << "row " << r;
         EXPECT_EQ(gd.ranks, cd.ranks) << "row " << r;
+        ASSERT_EQ(gd.logprobs.size(), cd.logprobs.size()) << "row " << r;
+        for (size_t j = 0; j < gd.logprobs.size(); ++j) {
+          EXPECT_NEAR(gd.logprobs[j], cd.logprobs[j], tol) << "row " << r;
+        }
         ASSERT_EQ(gd.top.size(), cd.top.size()) << "row " << r;
+        for (size_t i = 0; i < gd.top.size(); ++i) {
+          // Ids may swap only between near-equal logits (GEMM rounding).
+          EXPECT_NEAR(gd.top[i].logprob, cd.top[i].logprob, tol) << "row " << r << " top " << i;
+        }
       }
     }
   }
@@ -241,7 +255,11 @@ TEST(CudaEngineControls, FusedPathHandsTiedTopKBackToTheMaterializedPath) {
     ASSERT_TRUE(result.ok()) << result.status();
     results.push_back(*std::move(result));
   }
+  EXPECT_EQ(results[0].path, LaunchPath::kFusedControlledFallback) << LaunchPathName(results[0].path);
+  EXPECT_EQ(results[1].path, LaunchPath::kControlled) << LaunchPathName(results[1].path);
+  EXPECT_EQ(results[2].path, LaunchPath::kCpu) << LaunchPathName(results[2].path);
   for (const SampleResult& r : results) {
+    ASSERT_EQ(r.details.size(), static_cast<size_t>(b.rows));
     EXPECT_EQ(r.token_ids, results[2].token_ids);
     for (int64_t row = 0; row < b.rows; ++row) {
       EXPECT_EQ(r.details[row].token_ids, results[2].details[row].token_ids) << row;

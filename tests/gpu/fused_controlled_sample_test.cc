@@ -296,6 +296,9 @@ TEST_F(FusedControlledSampleTest, TopKBoundaryTiesGoToTheLowerId) {
   for (int i = 0; i < 10; ++i) EXPECT_GT(counts[i], 0) << i;  // 4096 draws over 10 tokens
   for (RowParams& q : params) q.temperature = 0.0f;
   const Outputs greedy = Run(w, std::vector<float>(kRows, 1.0f), params, std::vector<RowControls>(kRows, c));
+  ASSERT_EQ(greedy.launch, KernelStatus::kOk);
+  EXPECT_EQ(greedy.row_status, std::vector<int32_t>(kRows, 0));
+  ASSERT_EQ(greedy.tokens.size(), static_cast<size_t>(kRows));
   for (int32_t t : greedy.tokens) EXPECT_EQ(t, 0);
 }
 

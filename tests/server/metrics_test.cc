@@ -25,8 +25,8 @@ TEST(ServerMetrics, RecordsRequestsLaunchesAndModelInfo) {
   metrics.RequestFinished(RpcMethod::kSampleStream, grpc::StatusCode::OK, 2, absl::Seconds(20));
   metrics.RequestFinished(RpcMethod::kVerify, grpc::StatusCode::OK, 9, absl::Microseconds(500));
   metrics.RequestStarted();  // still in flight
-  metrics.RecordLaunch(7, 0.002);
-  metrics.RecordLaunch(64, 0.004);
+  metrics.RecordLaunch(7, 0.002, "fused");
+  metrics.RecordLaunch(64, 0.004, "fused_controlled");
   metrics.RecordQueueWait(0.0001);
   metrics.SetQueueRows(12);
   ModelShape shape;
@@ -61,6 +61,8 @@ TEST(ServerMetrics, RecordsRequestsLaunchesAndModelInfo) {
   EXPECT_THAT(text, HasSubstr("flashsampler_batch_rows_bucket{le=\"64\"} 2"));
   EXPECT_THAT(text, HasSubstr("flashsampler_batch_rows_sum 71"));
   EXPECT_THAT(text, HasSubstr("flashsampler_compute_duration_seconds_count 2"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_launches_total{path=\"fused\"} 1"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_launches_total{path=\"fused_controlled\"} 1"));
   EXPECT_THAT(text, HasSubstr("flashsampler_queue_duration_seconds_count 1"));
   EXPECT_THAT(text, HasSubstr("flashsampler_model_info{backend=\"cpu\",dtype=\"BF16\",hidden_size=\"1024\","
                               "shards=\"1\",valid_vocab=\"31990\",vocab_size=\"32000\"} 1"));
@@ -94,7 +96,7 @@ TEST(ServerMetrics, CodeNamesAreTheCanonicalOnes) {
 
 TEST(ServerMetrics, ServesTheExpositionOverHttp) {
   ServerMetrics metrics(8);
-  metrics.RecordLaunch(3, 0.001);
+  metrics.RecordLaunch(3, 0.001, "cpu");
   absl::StatusOr<int> port = metrics.Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   ASSERT_GT(*port, 0);
