@@ -133,7 +133,6 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
         return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
       });
   if (fused) {
-    ++fused_batches_;
     kernels::FusedControlledArgs f;
     f.weight = weight;
     f.weight_dtype = dtype;
@@ -156,7 +155,7 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
       result->path = LaunchPath::kFusedControlled;
       return result;
     }
-    ++fused_fallbacks_;  // a tile held more of some row's top-k than it kept
+    // A tile held more of some row's top-k than it kept: the materialized path.
   }
   if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
     return KernelStatusToStatus(s, "cuda controlled sampler launch");

@@ -20,8 +20,8 @@
 // A row the fused path finds it cannot finish exactly (a tile held more of
 // the row's top-k than it kept, row_status 2) sends the whole batch through
 // the materialized path again, with the same noise: the results are those the
-// materialized path gives (fused_fallbacks() counts such batches; the result's
-// path says kFusedControlledFallback). The other rows of that batch are then
+// materialized path gives (the result's path says kFusedControlledFallback,
+// counted by flashsampler_launches_total). The other rows of that batch are then
 // served by the materialized path too, whose logits (cuBLAS) and top_p sums
 // (fixed point) round differently: at a near-tie, or a cut within rounding of
 // a token, a row's outcome can depend on whether a neighbour forced the
@@ -64,11 +64,6 @@ class CudaControlledRunner {
   // ...). fused_max_rows = 0: never the fused controlled path.
   absl::Status Init(int64_t max_rows, int64_t fused_max_rows);
 
-  // Batches the fused path handed back to the materialized one (row_status 2).
-  int64_t fused_fallbacks() const { return fused_fallbacks_; }
-  // Batches served by the fused controlled path (fallbacks included).
-  int64_t fused_batches() const { return fused_batches_; }
-
   // Samples `batch` (controls non-empty) whose hidden states (rounded to the
   // weight dtype) and params are already on the device or enqueued on `stream`.
   absl::StatusOr<SampleResult> Run(const SampleBatch& batch, const ModelShape& shape,
@@ -87,8 +82,6 @@ class CudaControlledRunner {
 
   int64_t max_rows_ = 0;
   int64_t fused_max_rows_ = 0;
-  int64_t fused_fallbacks_ = 0;
-  int64_t fused_batches_ = 0;
   bool fused_row_not_served_ = false;
   // Device outputs and their pinned host copies.
   struct Buffer {

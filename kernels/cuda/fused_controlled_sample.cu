@@ -9,8 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cub/block/block_radix_sort.cuh>
 #include <limits>
+
+#include <cub/block/block_radix_sort.cuh>
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
