@@ -13,6 +13,7 @@
 
 #include <cub/block/block_radix_sort.cuh>
 
+#include "kernels/common/candidate_order_key.h"
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
 #include "kernels/cuda/fused_controls.cuh"
@@ -39,14 +40,10 @@ static_assert(kFusedMaxTopK <= 64, "the sample step gives each lane two kept tok
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 // ---- The canonical order as an integer ------------------------------------------
-// 64-bit key, larger = earlier in (l' desc, id asc): OrderedFloatBits(l')
-// above (-0 folded into +0: the order compares l' as floats), the
-// complemented id below. Every finite l' gives a non-zero high word, so 0 is
-// free to mark "no candidate".
+// CandidateOrderKey (kernels/common/candidate_order_key.h): larger = earlier
+// in (l' desc, id asc); 0 marks an empty slot.
 __device__ __forceinline__ uint64_t CandidateKey(const FusedCandidate& c) {
-  if (c.id < 0) return 0;
-  return (static_cast<uint64_t>(cuda_internal::OrderedFloatBits(c.logit)) << 32) |
-         (0xffffffffu - static_cast<uint32_t>(c.id));
+  return c.id < 0 ? 0 : CandidateOrderKey(c.logit, c.id);
 }
 __device__ __forceinline__ FusedCandidate CandidateFromKey(uint64_t key) {
   const uint32_t ord = static_cast<uint32_t>(key >> 32);
@@ -192,11 +189,12 @@ __global__ void __launch_bounds__(kThreads)
     kth_key = CandidateKey(FusedCandidate{sh.logit[k - 1], sh.id[k - 1]});
   }
 
-  // 3. Completeness: a full tile whose last candidate is inside the top-k
-  // (or, when fewer than k were found, any full tile) may hold more of it.
-  if (m < k && tid < selected) {
+  // 3. Completeness (TileMayHoldMoreOfTopK, candidate_order_key.h): a full
+  // tile whose last candidate ranks before the k-th found (or, when fewer
+  // than k were found, any full tile) may hold more of the top-k.
+  if (tid < selected) {
     const FusedCandidate last = row_cands[static_cast<int64_t>(sh.tiles[tid]) * kFusedTileCandidates + m - 1];
-    if (last.id >= 0 && CandidateKey(last) >= kth_key) sh.saturated = 1;
+    if (TileMayHoldMoreOfTopK(last.id >= 0, m, k, CandidateKey(last), kth_key)) sh.saturated = 1;
   }
   __syncthreads();
   if (sh.saturated != 0 || found == 0) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/candidate_order_key.h"
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
 #include "kernels/common/touched_tokens.h"
@@ -31,14 +32,6 @@ struct MmaControls {
   ControlledDeviceControls controls;
   FusedCandidate* candidates = nullptr;
 };
-
-// Order-preserving bits of a finite float: a > b as floats iff the bits
-// compare so as unsigned (-0 maps to +0's bits, since -0 == +0); every finite
-// value maps above 0 (-FLT_MAX to 0x00800000).
-__device__ __forceinline__ uint32_t OrderedFloatBits(float x) {
-  const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
-  return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
-}
 
 // The first index in touched[0, count) (sorted by id) whose id >= token: a
 // 32-way search, every lane probing one position per round, so a list of a
