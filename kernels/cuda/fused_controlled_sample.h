@@ -38,12 +38,15 @@
 // Why exact. The global top-k lies within the top_k tiles ranked by their
 // heads: a token among the k best has a tile head at least as good, and at
 // most k heads can be that good. Each such tile wrote its m best; if for some
-// tile the m-th written candidate is itself inside the k best found, the tile
-// may hold more of them than it wrote: the row gets row_status 2 (the caller
-// re-runs it on the materialized path). Otherwise the set found is the true
-// top-k: a missing token would sit, in canonical order, after a full tile's
-// last candidate that is already among the k best. With m = top_k (top_k <=
-// kFusedTileCandidates) this never happens. Everything after the top-k is the
+// tile that wrote all m slots (m < top_k) the m-th candidate ranks strictly
+// before the k-th found (or fewer than k were found), the tile may hold more
+// of them than it wrote: the row gets row_status 2 (the caller re-runs it on
+// the materialized path). Otherwise the set found is the true top-k: a
+// missing token x would displace some found y, so that tile's last candidate
+// would rank before x, x before y, and y no later than the k-th found
+// (TileMayHoldMoreOfTopK, kernels/common/candidate_order_key.h, tested on the
+// host). With m = top_k (top_k <= kFusedTileCandidates) this never happens.
+// Everything after the top-k is the
 // CPU's SampleFromCandidates step for step (same order of float64 sums), so
 // both backends agree token for token whenever their logits agree.
 //
