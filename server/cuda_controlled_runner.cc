@@ -133,20 +133,7 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
         return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
       });
   if (fused) {
-    kernels::FusedControlledArgs f;
-    f.weight = weight;
-    f.weight_dtype = dtype;
-    f.hidden = hidden;
-    f.params = params;
-    f.batch = rows;
-    f.vocab = shape.vocab_size;
-    f.valid_vocab = shape.valid_vocab;
-    f.hidden_dim = shape.hidden_size;
-    f.controls = args.controls;
-    f.outputs = args.outputs;
-    f.workspace = workspace;
-    f.workspace_bytes = workspace_bytes;
-    if (const KernelStatus s = kernels::LaunchFusedControlledSample(f, stream); s != KernelStatus::kOk) {
+    if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
       return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
     }
     absl::StatusOr<SampleResult> result = Finish(batch, flat, stream);

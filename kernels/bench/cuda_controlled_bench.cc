@@ -198,7 +198,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         auto filter = [&] { return filter_with(kControlledClusterAuto); };
         auto filter_g8 = [&] { return filter_with(kControlledClusterBlocks); };
         auto filter_g1 = [&] { return filter_with(1); };
-        auto full = [&] {
+        auto controlled_args = [&](const Buf& ws) {
           ControlledSampleArgs a;
           a.weight = w.p;
           a.hidden = h.as<float>();
@@ -208,11 +208,11 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           a.hidden_dim = d;
           a.controls = dc;
           a.outputs = out;
-          a.workspace = ws_full.p;
-          a.workspace_bytes = ws_full.bytes;
-          return LaunchControlledSample(a, cublas, stream);
+          a.workspace = ws.p;
+          a.workspace_bytes = ws.bytes;
+          return a;
         };
-        auto plain = [&] {
+        auto plain_args = [&](const Buf& ws) {
           FusedSampleArgs a;
           a.weight = w.p;
           a.hidden = h.as<float>();
@@ -221,38 +221,18 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           a.vocab = a.valid_vocab = v;
           a.hidden_dim = d;
           a.token_ids = tokens.as<int32_t>();
-          a.workspace = ws_mat.p;
-          a.workspace_bytes = ws_mat.bytes;
-          return LaunchMaterializedSample(a, cublas, stream);
+          a.workspace = ws.p;
+          a.workspace_bytes = ws.bytes;
+          return a;
         };
-        auto plain_fused = [&] {
-          FusedSampleArgs a;
-          a.weight = w.p;
-          a.hidden = h.as<float>();
-          a.params = params.as<RowParams>();
-          a.batch = batch;
-          a.vocab = a.valid_vocab = v;
-          a.hidden_dim = d;
-          a.token_ids = tokens.as<int32_t>();
-          a.workspace = ws_fused.p;
-          a.workspace_bytes = ws_fused.bytes;
-          return LaunchFusedSample(a, stream);
-        };
-        auto fused_ctl = [&] {
-          FusedControlledArgs a;
-          a.weight = w.p;
-          a.hidden = h.as<float>();
-          a.params = params.as<RowParams>();
-          a.batch = batch;
-          a.vocab = a.valid_vocab = v;
-          a.hidden_dim = d;
-          a.controls = dc;
-          a.outputs = out;
-          a.workspace = ws_fused_ctl.p;
-          a.workspace_bytes = ws_fused_ctl.bytes;
-          return LaunchFusedControlledSample(a, stream);
-        };
-        const bool fused_served = set.name == "top_k" || set.name == "top_k_top_p" || set.name == "bitmask";
+        auto full = [&] { return LaunchControlledSample(controlled_args(ws_full), cublas, stream); };
+        auto plain = [&] { return LaunchMaterializedSample(plain_args(ws_mat), cublas, stream); };
+        auto plain_fused = [&] { return LaunchFusedSample(plain_args(ws_fused), stream); };
+        auto fused_ctl = [&] { return LaunchFusedControlledSample(controlled_args(ws_fused_ctl), stream); };
+        const bool fused_served =
+            std::none_of(flat.rows.begin(), flat.rows.end(), [](const ControlledRowDesc& r) {
+              return FusedRowKindOf(r) == kFusedUnservedRow;
+            });
         std::vector<int32_t> st(batch), tk(batch);
         if (fused_served) {  // check: every row served (status 0), tokens in range
           CB_CHECK(fused_ctl());

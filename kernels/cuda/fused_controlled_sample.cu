@@ -331,7 +331,7 @@ size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t
 // rows)); stage 2 one block of 256 threads per row, static shared memory =
 // sizeof(FinishShared) (the cub sort storage of 2048 64-bit keys with int
 // values, ~26 KB, plus the row's top-k), launched as a programmatic dependent.
-KernelStatus LaunchFusedControlledSample(const FusedControlledArgs& a, cudaStream_t stream) {
+KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& a, cudaStream_t stream) {
   const ControlledSampleOutputs& o = a.outputs;
   if (a.weight == nullptr || a.hidden == nullptr || a.params == nullptr ||
       a.controls.rows == nullptr || a.workspace == nullptr || o.token_ids == nullptr ||

@@ -110,21 +110,9 @@ bool FusedControlledShapeSupported(CudaWeightDType dtype, int64_t valid_vocab, i
 // candidates, H rounded to 16 bits). 0 when out of range.
 size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t hidden_dim);
 
-struct FusedControlledArgs {
-  const void* weight = nullptr;  // device [vocab, hidden_dim], fp16 or bf16
-  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
-  const float* hidden = nullptr;      // device [batch, hidden_dim] fp32, 16-byte aligned
-  const RowParams* params = nullptr;  // device [batch]
-  int64_t batch = 0;
-  int64_t vocab = 0;
-  int64_t valid_vocab = 0;
-  int64_t hidden_dim = 0;
-  ControlledDeviceControls controls;
-  ControlledSampleOutputs outputs;  // as for the materialized path
-  void* workspace = nullptr;        // device, 256-byte aligned
-  size_t workspace_bytes = 0;
-};
-
-KernelStatus LaunchFusedControlledSample(const FusedControlledArgs& args, cudaStream_t stream);
+// Arguments as for the materialized path (ControlledSampleArgs; W fp16 or
+// bf16, H 16-byte aligned, the workspace 256-byte aligned and at least
+// FusedControlledWorkspaceBytes); cluster_blocks is not used here.
+KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& args, cudaStream_t stream);
 
 }  // namespace flashsampler::kernels

@@ -103,6 +103,44 @@ TEST(CudaPlanner, ControlsPickTheControlledPath) {
   EXPECT_EQ(PlanCudaSamplerPath(batch, 4), CudaSamplerPath::kControlled);
 }
 
+// One batch's CUDA result against the CPU engine's: details for every row,
+// sample 0 = the row's token, tokens in range; rows whose samples differ are
+// counted in *mismatches (near-ties of the GEMM rounding), the others must
+// agree on logz, logprobs, per-sample logprobs, top-list sizes and logprobs
+// (and ranks when check_ranks).
+void CompareWithCpu(const SampleResult& g, const SampleResult& c, int64_t batch_rows,
+                    bool check_ranks, int64_t* rows, int64_t* mismatches) {
+  ASSERT_EQ(g.details.size(), static_cast<size_t>(batch_rows));
+  ASSERT_EQ(c.details.size(), static_cast<size_t>(batch_rows));
+  for (int64_t r = 0; r < batch_rows; ++r) {
+    ++*rows;
+    const RowSampleDetail& gd = g.details[r];
+    const RowSampleDetail& cd = c.details[r];
+    ASSERT_EQ(gd.token_ids.size(), cd.token_ids.size());
+    EXPECT_EQ(gd.token_ids[0], g.token_ids[r]);
+    for (int32_t t : gd.token_ids) EXPECT_TRUE(t >= 0 && t < kValid) << t;
+    if (gd.token_ids != cd.token_ids) {
+      ++*mismatches;
+      continue;
+    }
+    const float tol = 1e-4f * std::max(1.0f, std::abs(c.logz[r]));
+    EXPECT_NEAR(g.logz[r], c.logz[r], tol) << "row " << r;
+    EXPECT_NEAR(g.logprobs[r], c.logprobs[r], tol) << "row " << r;
+    if (check_ranks) {
+      EXPECT_EQ(gd.ranks, cd.ranks) << "row " << r;
+    }
+    ASSERT_EQ(gd.logprobs.size(), cd.logprobs.size()) << "row " << r;
+    for (size_t j = 0; j < gd.logprobs.size(); ++j) {
+      EXPECT_NEAR(gd.logprobs[j], cd.logprobs[j], tol) << "row " << r;
+    }
+    ASSERT_EQ(gd.top.size(), cd.top.size()) << "row " << r;
+    for (size_t i = 0; i < gd.top.size(); ++i) {
+      // Ids may swap only between near-equal logits (GEMM rounding).
+      EXPECT_NEAR(gd.top[i].logprob, cd.top[i].logprob, tol) << "row " << r << " top " << i;
+    }
+  }
+}
+
 TEST(CudaEngineControls, MatchesTheCpuEngine) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
   Engines e = MakeEngines(600);
@@ -116,29 +154,7 @@ TEST(CudaEngineControls, MatchesTheCpuEngine) {
       absl::StatusOr<SampleResult> c = e.cpu->Sample(batch);
       ASSERT_TRUE(g.ok()) << g.status();
       ASSERT_TRUE(c.ok()) << c.status();
-      ASSERT_EQ(g->details.size(), static_cast<size_t>(batch_rows));
-      for (int64_t r = 0; r < batch_rows; ++r) {
-        ++rows;
-        const RowSampleDetail& gd = g->details[r];
-        const RowSampleDetail& cd = c->details[r];
-        ASSERT_EQ(gd.token_ids.size(), cd.token_ids.size());
-        EXPECT_EQ(gd.token_ids[0], g->token_ids[r]);
-        for (int32_t t : gd.token_ids) EXPECT_TRUE(t >= 0 && t < kValid) << t;
-        if (gd.token_ids != cd.token_ids) {
-          ++mismatches;
-          continue;
-        }
-        const float tol = 1e-4f * std::max(1.0f, std::abs(c->logz[r]));
-        EXPECT_NEAR(g->logz[r], c->logz[r], tol) << "row " << r;
-        EXPECT_NEAR(g->logprobs[r], c->logprobs[r], tol) << "row " << r;
-        ASSERT_EQ(gd.logprobs.size(), cd.logprobs.size());
-        ASSERT_EQ(gd.top.size(), cd.top.size()) << "row " << r;
-        for (size_t i = 0; i < gd.top.size(); ++i) {
-          // Ids may swap only between near-equal logits (GEMM rounding).
-          EXPECT_NEAR(gd.top[i].logprob, cd.top[i].logprob, tol) << "row " << r << " top " << i;
-        }
-        for (size_t j = 0; j < gd.logprobs.size(); ++j) EXPECT_NEAR(gd.logprobs[j], cd.logprobs[j], tol);
-      }
+      ASSERT_NO_FATAL_FAILURE(CompareWithCpu(*g, *c, batch_rows, /*check_ranks=*/false, &rows, &mismatches));
     }
   }
   EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
@@ -180,33 +196,7 @@ TEST(CudaEngineControls, FusedControlledPathMatchesTheCpuEngine) {
       ASSERT_TRUE(c.ok()) << c.status();
       // The fused path served it (a fallback would say kFusedControlledFallback).
       EXPECT_EQ(g->path, LaunchPath::kFusedControlled) << LaunchPathName(g->path);
-      ASSERT_EQ(g->details.size(), static_cast<size_t>(batch_rows));
-      ASSERT_EQ(c->details.size(), static_cast<size_t>(batch_rows));
-      for (int64_t r = 0; r < batch_rows; ++r) {
-        ++rows;
-        const RowSampleDetail& gd = g->details[r];
-        const RowSampleDetail& cd = c->details[r];
-        ASSERT_EQ(gd.token_ids.size(), cd.token_ids.size());
-        EXPECT_EQ(gd.token_ids[0], g->token_ids[r]);
-        for (int32_t t : gd.token_ids) EXPECT_TRUE(t >= 0 && t < kValid) << t;
-        if (gd.token_ids != cd.token_ids) {
-          ++mismatches;
-          continue;
-        }
-        const float tol = 1e-4f * std::max(1.0f, std::abs(c->logz[r]));
-        EXPECT_NEAR(g->logz[r], c->logz[r], tol) << "row " << r;
-        EXPECT_NEAR(g->logprobs[r], c->logprobs[r], tol) << "row " << r;
-        EXPECT_EQ(gd.ranks, cd.ranks) << "row " << r;
-        ASSERT_EQ(gd.logprobs.size(), cd.logprobs.size()) << "row " << r;
-        for (size_t j = 0; j < gd.logprobs.size(); ++j) {
-          EXPECT_NEAR(gd.logprobs[j], cd.logprobs[j], tol) << "row " << r;
-        }
-        ASSERT_EQ(gd.top.size(), cd.top.size()) << "row " << r;
-        for (size_t i = 0; i < gd.top.size(); ++i) {
-          // Ids may swap only between near-equal logits (GEMM rounding).
-          EXPECT_NEAR(gd.top[i].logprob, cd.top[i].logprob, tol) << "row " << r << " top " << i;
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(CompareWithCpu(*g, *c, batch_rows, /*check_ranks=*/true, &rows, &mismatches));
     }
   }
   EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";

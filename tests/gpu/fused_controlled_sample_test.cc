@@ -80,40 +80,24 @@ class FusedControlledSampleTest : public GpuTest {
     dp.Upload(params);
     dc.Upload(packed);
     controls_test::DeviceOutputs outputs(rows, flat.total_samples);
-    if (path == Path::kFused) {
-      const size_t ws = FusedControlledWorkspaceBytes(rows, vocab, kDim);
-      EXPECT_GT(ws, 0u);
-      DeviceBuffer<uint8_t> workspace(ws);
-      FusedControlledArgs a;
-      a.weight = dw.data();
-      a.weight_dtype = CudaWeightDType::kBFloat16;
-      a.hidden = dh.data();
-      a.params = dp.data();
-      a.batch = rows;
-      a.vocab = a.valid_vocab = vocab;
-      a.hidden_dim = kDim;
-      a.controls = flat.DeviceView(dc.data());
-      a.outputs = outputs.View();
-      a.workspace = workspace.data();
-      a.workspace_bytes = ws;
-      out.launch = LaunchFusedControlledSample(a, nullptr);
-    } else {
-      const size_t ws = ControlledSampleWorkspaceBytes(rows, vocab, kDim, CudaWeightDType::kBFloat16);
-      DeviceBuffer<uint8_t> workspace(ws);
-      ControlledSampleArgs a;
-      a.weight = dw.data();
-      a.weight_dtype = CudaWeightDType::kBFloat16;
-      a.hidden = dh.data();
-      a.params = dp.data();
-      a.batch = rows;
-      a.vocab = a.valid_vocab = vocab;
-      a.hidden_dim = kDim;
-      a.controls = flat.DeviceView(dc.data());
-      a.outputs = outputs.View();
-      a.workspace = workspace.data();
-      a.workspace_bytes = ws;
-      out.launch = LaunchControlledSample(a, cublas_, nullptr);
-    }
+    const bool fused = path == Path::kFused;
+    const size_t ws = fused ? FusedControlledWorkspaceBytes(rows, vocab, kDim)
+                            : ControlledSampleWorkspaceBytes(rows, vocab, kDim, CudaWeightDType::kBFloat16);
+    EXPECT_GT(ws, 0u);
+    DeviceBuffer<uint8_t> workspace(ws);
+    ControlledSampleArgs a;
+    a.weight = dw.data();
+    a.weight_dtype = CudaWeightDType::kBFloat16;
+    a.hidden = dh.data();
+    a.params = dp.data();
+    a.batch = rows;
+    a.vocab = a.valid_vocab = vocab;
+    a.hidden_dim = kDim;
+    a.controls = flat.DeviceView(dc.data());
+    a.outputs = outputs.View();
+    a.workspace = workspace.data();
+    a.workspace_bytes = ws;
+    out.launch = fused ? LaunchFusedControlledSample(a, nullptr) : LaunchControlledSample(a, cublas_, nullptr);
     const cudaError_t sync = cudaDeviceSynchronize();
     EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
     if (out.launch != KernelStatus::kOk || sync != cudaSuccess) return out;
@@ -372,7 +356,7 @@ TEST_F(FusedControlledSampleTest, RejectsBadArguments) {
   EXPECT_FALSE(FusedControlledShapeSupported(CudaWeightDType::kBFloat16, kFusedMaxVocab + 1, 64));
   EXPECT_TRUE(FusedControlledShapeSupported(CudaWeightDType::kFloat16, kFusedMaxVocab, 64));
   EXPECT_EQ(FusedControlledWorkspaceBytes(0, 1000, 64), 0u);
-  FusedControlledArgs a;  // every pointer null
+  ControlledSampleArgs a;  // every pointer null
   a.batch = 1;
   a.vocab = a.valid_vocab = 24;
   a.hidden_dim = 16;
