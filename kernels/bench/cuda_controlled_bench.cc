@@ -27,8 +27,9 @@
 //   plain_fused  LaunchFusedSample (no controls): fused_ctl's reference.
 // Inputs as in cuda_bench.cc: W ~ N(0, logit_std^2 / D) bf16, H ~ N(0, 1)
 // exactly representable in bf16. Timing: warm-up, then --iterations runs per
-// variant round-robin between CUDA event pairs; medians. A check first: every
-// row's status 0 and token in range.
+// variant between CUDA event pairs; medians. The filter variants run back to
+// back on the same logits (as peers.py times vLLM); the variants from H run
+// round-robin. A check first: every row's status 0 and token in range.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -123,9 +124,9 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   std::printf("flashsampler-kernel-bench backend=cuda controls  %s  %s  commit %s  T=%g "
               "logit_std=%g iterations=%d (median ms, CUDA events)\n",
               prop.name, o.date.c_str(), o.commit.c_str(), o.temperature, o.logit_std, o.iterations);
-  std::printf("resident clusters (cudaOccupancyMaxActiveClusters): g=2 %d, g=4 %d, g=8 %d\n",
+  std::printf("resident clusters (cudaOccupancyMaxActiveClusters): g=2 %d, g=4 %d, g=8 %d, g=16 %d\n",
               ControlledMaxActiveClusters(2), ControlledMaxActiveClusters(4),
-              ControlledMaxActiveClusters(8));
+              ControlledMaxActiveClusters(8), ControlledMaxActiveClusters(16));
   std::printf("%-12s %4s %-12s %10s %6s %10s %10s %10s %10s %10s %10s %8s\n", "DxV", "B", "controls",
               "filter_ms", "auto_g", "filter8_ms", "filter1_ms", "full_ms", "plain_mat_ms",
               "fused_ctl", "plain_fused", "ctl/plain");
@@ -267,8 +268,21 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         const int runs = o.iterations;
         std::vector<cudaEvent_t> ev(2 * variants.size() * runs);
         for (cudaEvent_t& e : ev) CB_CHECK(cudaEventCreate(&e));
+        // The three filter variants (from logits) run back to back, each
+        // `runs` times on the same logits, as peers.py times vLLM's filters:
+        // the logits stay in L2 as they would right after the GEMM that wrote
+        // them. The variants from H run round-robin (each sweeps W through L2).
+        constexpr size_t kFilterVariants = 3;
+        for (size_t k = 0; k < kFilterVariants; ++k) {
+          for (int i = 0; i < runs; ++i) {
+            const size_t e = 2 * (k * runs + i);
+            CB_CHECK(cudaEventRecord(ev[e], stream));
+            CB_CHECK(variants[k]());
+            CB_CHECK(cudaEventRecord(ev[e + 1], stream));
+          }
+        }
         for (int i = 0; i < runs; ++i) {
-          for (size_t k = 0; k < variants.size(); ++k) {
+          for (size_t k = kFilterVariants; k < variants.size(); ++k) {
             const size_t e = 2 * (k * runs + i);
             CB_CHECK(cudaEventRecord(ev[e], stream));
             CB_CHECK(variants[k]());

@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "kernels/common/gumbel_noise.h"
@@ -81,9 +82,18 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;  // 11-bit digits; levels: bits 31..21, 20..10, 9..0
 constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kLevels = 3;
-constexpr int kMaxCluster = 8;
+constexpr int kMaxCluster = 16;  // a non-portable cluster size (sm_90 allows 16)
 __device__ __constant__ int kLevelShift[kLevels] = {21, 10, 0};
 __device__ __constant__ uint32_t kLevelMask[kLevels] = {0x7ffu, 0x7ffu, 0x3ffu};
+
+// The outcome of one radix-descent level (PickBin): the crossing digit (-1:
+// none), its count of tokens, the weight before it, and the level's total.
+struct BinPick {
+  int bin;
+  int count;
+  unsigned long long before;
+  unsigned long long total;
+};
 
 struct Shared {
   union {
@@ -94,13 +104,21 @@ struct Shared {
     cub::BlockScan<unsigned long long, kThreads>::TempStorage scan_u64;
   } cub;
   unsigned int count[kBins];
-  unsigned long long mass[kBins];
+  // A bin's fixed-point mass is mass_hi * 2^32 + mass_lo: two native 32-bit
+  // shared atomics per token (the carry out of the low word goes to the high
+  // one), where a 64-bit shared atomicAdd compiles to a compare-and-swap loop
+  // on sm_90 (ATOMS.CAST.SPIN.64), contended on the few bins most logits
+  // fall into. A block's bin sum is < 2^63, so mass_hi never wraps.
+  unsigned int mass_lo[kBins];
+  unsigned int mass_hi[kBins];
   // Broadcast slots inside the block.
   float f;
   int i0;
   int i1;
   double d;
-  unsigned long long u0;
+  // Per-block slots of the radix descent (PickBin), read by the cluster.
+  unsigned long long range_total;
+  BinPick pick;
   // Per-block partials read by the other blocks of the cluster.
   float part_f;
   int part_i;
@@ -272,20 +290,37 @@ __device__ Cut TieCut(const float* vals, Cut cut, uint32_t d, int rank, int coun
 
 // One level of a radix descent: the histogram of the kept tokens whose key
 // matches `prefix` on `prefix_mask`, by digit (key >> shift) & mask, with
-// counts and (when with_mass) fixed-point masses; then each thread's totals
-// over the cluster for its kBinsPerThread bins, in registers.
+// counts and (when with_mass) fixed-point masses, then the bin where a running
+// sum over the cluster's merged histogram, in digit order, crosses a target.
+//
+// Merging is a reduce-scatter: block `rank` of g owns the digits [rank * R,
+// (rank + 1) * R), R = kBins / g, and sums only those over the g blocks (each
+// thread its kBinsPerThread or fewer). Every block reading every block's whole
+// histogram moved g * 24 KiB through distributed shared memory per block and
+// level, which bounded the kernel (Nsight Compute: most stall samples on
+// those loads at g = 8); this moves 24 KiB per block.
 __device__ __forceinline__ unsigned long long FixedMass(float x, double max, double unit) {
   return __double2ull_rz(exp(static_cast<double>(x) - max) * unit);
 }
 
+// A thread's share of the merged histogram: bins first .. first + n - 1.
+struct OwnedBins {
+  int first;
+  int n;
+  unsigned int count[kBinsPerThread];
+  unsigned long long mass[kBinsPerThread];
+};
+
 template <bool kWithMass>
 __device__ void Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t prefix_mask,
                           int shift, uint32_t mask, double max, double unit, Shared& sh,
-                          const Slice& s, unsigned int (&count)[kBinsPerThread],
-                          unsigned long long (&mass)[kBinsPerThread]) {
+                          const Slice& s, OwnedBins& own) {
   for (int b = threadIdx.x; b < kBins; b += kThreads) {
     sh.count[b] = 0;
-    if (kWithMass) sh.mass[b] = 0;
+    if (kWithMass) {
+      sh.mass_lo[b] = 0;
+      sh.mass_hi[b] = 0;
+    }
   }
   __syncthreads();
   ForEach(vals, s.lo, s.hi, [&](int i, float x) {
@@ -293,24 +328,93 @@ __device__ void Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t 
     if ((d & prefix_mask) == prefix && Kept(d, i, cut)) {
       const uint32_t bin = (d >> shift) & mask;
       atomicAdd(&sh.count[bin], 1u);
-      if (kWithMass) atomicAdd(&sh.mass[bin], FixedMass(x, max, unit));
+      if (kWithMass) {
+        const unsigned long long m = FixedMass(x, max, unit);
+        const unsigned int lo = static_cast<unsigned int>(m);
+        const unsigned int old = atomicAdd(&sh.mass_lo[bin], lo);
+        const unsigned int hi = static_cast<unsigned int>(m >> 32) + (old + lo < old ? 1u : 0u);
+        if (hi != 0) atomicAdd(&sh.mass_hi[bin], hi);
+      }
     }
   });
-  ClusterSync(s);
-  const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
+  ClusterSync(s);  // every block's histogram is complete
+  const int range = kBins / s.g;
+  const int per_thread = range > kThreads ? range / kThreads : 1;
+  const int local = static_cast<int>(threadIdx.x) * per_thread;
+  own.first = s.rank * range + local;
+  own.n = local < range ? per_thread : 0;
+#pragma unroll
   for (int b = 0; b < kBinsPerThread; ++b) {
-    count[b] = 0;
-    mass[b] = 0;
+    own.count[b] = 0;
+    own.mass[b] = 0;
   }
-  for (int q = 0; q < s.g; ++q) {
+#pragma unroll
+  for (int q = 0; q < kMaxCluster; ++q) {
+    if (q >= s.g) break;
     const unsigned int* cq = InBlock(sh.count, q, s);
-    const unsigned long long* mq = InBlock(sh.mass, q, s);
+    const unsigned int* lq = InBlock(sh.mass_lo, q, s);
+    const unsigned int* hq = InBlock(sh.mass_hi, q, s);
+#pragma unroll
     for (int b = 0; b < kBinsPerThread; ++b) {
-      count[b] += cq[first + b];
-      if (kWithMass) mass[b] += mq[first + b];
+      if (b < own.n) {
+        own.count[b] += cq[own.first + b];
+        if (kWithMass) {
+          own.mass[b] += (static_cast<unsigned long long>(hq[own.first + b]) << 32) + lq[own.first + b];
+        }
+      }
     }
   }
-  ClusterSync(s);  // every block has read the histograms before they are zeroed again
+  // No barrier here: the histograms are zeroed again only after PickBin's
+  // cluster barriers, which every block reaches after these reads.
+}
+
+// The crossing bin of one level: the unique bin where the running sum of
+// weights (masses, or counts) over the cluster's digits, starting at `offset`,
+// goes from `before` to `before + w` with crosses(before, before + w, total),
+// total = the level's sum of weights. bin = -1 when no bin crosses. Called by
+// every thread of the cluster right after Histogram; the same result
+// everywhere.
+template <bool kWithMass, class Crosses>
+__device__ BinPick PickBin(const OwnedBins& own, unsigned long long offset, Crosses crosses,
+                           Shared& sh, const Slice& s) {
+  unsigned long long mine = 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    if (b < own.n) mine += kWithMass ? own.mass[b] : own.count[b];
+  }
+  unsigned long long before = 0, block_total = 0;
+  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before, block_total);
+  if (threadIdx.x == 0) {
+    sh.range_total = block_total;
+    sh.pick = BinPick{-1, 0, 0, 0};
+  }
+  ClusterSync(s);  // range totals published, every block done reading histograms
+  unsigned long long total = 0;
+  for (int q = 0; q < s.g; ++q) {
+    const unsigned long long t = *InBlock(&sh.range_total, q, s);
+    if (q < s.rank) before += t;
+    total += t;
+  }
+  before += offset;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    if (b < own.n) {
+      const unsigned long long w = kWithMass ? own.mass[b] : own.count[b];
+      if (crosses(before, before + w, total)) {
+        sh.pick = BinPick{own.first + b, static_cast<int>(own.count[b]), before, total};
+      }
+      before += w;
+    }
+  }
+  ClusterSync(s);  // the owner's pick written
+  BinPick pick{-1, 0, 0, total};
+  for (int q = 0; q < s.g; ++q) {
+    const BinPick other = *InBlock(&sh.pick, q, s);
+    if (other.bin >= 0) pick = other;
+  }
+  // The slots are written again only after the next level's first cluster
+  // barrier, which every block reaches after this read.
+  return pick;
 }
 
 // The cut keeping exactly the first `rank` kept tokens (1 <= rank <= kept
@@ -322,34 +426,19 @@ __device__ Cut SelectNth(const float* vals, Cut cut, int rank, Shared& sh, const
   for (int level = 0; level < kLevels; ++level) {
     const int shift = kLevelShift[level];
     const uint32_t mask = kLevelMask[level];
-    unsigned int count[kBinsPerThread];
-    unsigned long long unused[kBinsPerThread];
-    Histogram<false>(vals, cut, prefix, prefix_mask, shift, mask, 0.0, 0.0, sh, s, count, unused);
-    int mine = 0;
-    for (int b = 0; b < kBinsPerThread; ++b) mine += static_cast<int>(count[b]);
-    int before = 0;
-    if (threadIdx.x == 0) sh.i0 = -1;
-    cub::BlockScan<int, kThreads>(sh.cub.scan_int).ExclusiveSum(mine, before);
-    __syncthreads();  // sh.i0 reset before any winner writes it
-    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
-    for (int b = 0; b < kBinsPerThread; ++b) {
-      const int c = static_cast<int>(count[b]);
-      if (before < remaining && remaining <= before + c) {
-        sh.i0 = first + b;
-        sh.i1 = before;
-        sh.u0 = c;
-      }
-      before += c;
-    }
-    __syncthreads();
-    const int bin = sh.i0;
-    const int bin_before = sh.i1;
-    const int bin_count = static_cast<int>(sh.u0);
-    __syncthreads();
-    if (bin < 0) return cut;  // unreachable for 1 <= rank <= kept count (uniform)
-    remaining -= bin_before;
-    count_eq = bin_count;
-    prefix |= static_cast<uint32_t>(bin) << shift;
+    OwnedBins own;
+    Histogram<false>(vals, cut, prefix, prefix_mask, shift, mask, 0.0, 0.0, sh, s, own);
+    const unsigned long long want = static_cast<unsigned long long>(remaining);
+    const BinPick pick = PickBin<false>(
+        own, 0,
+        [&](unsigned long long lo, unsigned long long hi, unsigned long long) {
+          return lo < want && want <= hi;
+        },
+        sh, s);
+    if (pick.bin < 0) return cut;  // unreachable for 1 <= rank <= kept count (uniform)
+    remaining -= static_cast<int>(pick.before);
+    count_eq = pick.count;
+    prefix |= static_cast<uint32_t>(pick.bin) << shift;
     prefix_mask |= mask << shift;
   }
   return TieCut(vals, cut, prefix, remaining, count_eq, sh, s);
@@ -368,36 +457,21 @@ __device__ Cut SelectTopP(const float* vals, Cut cut, float top_p, double max, i
   for (int level = 0; level < kLevels; ++level) {
     const int shift = kLevelShift[level];
     const uint32_t mask = kLevelMask[level];
-    unsigned int count[kBinsPerThread];
-    unsigned long long mass[kBinsPerThread];
-    Histogram<true>(vals, cut, prefix, prefix_mask, shift, mask, max, unit, sh, s, count, mass);
-    unsigned long long mine = 0;
-    for (int b = 0; b < kBinsPerThread; ++b) mine += mass[b];
-    unsigned long long before = 0, total = 0;
-    if (threadIdx.x == 0) sh.i0 = -1;
-    cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before, total);
-    __syncthreads();
-    if (level == 0) target = static_cast<double>(top_p) * static_cast<double>(total);
-    before += mass_before;
-    const int first = static_cast<int>(threadIdx.x) * kBinsPerThread;
-    for (int b = 0; b < kBinsPerThread; ++b) {
-      const unsigned long long m = mass[b];
-      if (static_cast<double>(before) < target && static_cast<double>(before + m) >= target) {
-        sh.i0 = first + b;
-        sh.i1 = static_cast<int>(count[b]);
-        sh.u0 = before;
-      }
-      before += m;
-    }
-    __syncthreads();
-    const int bin = sh.i0;
-    const int bin_count = sh.i1;
-    const unsigned long long bin_before = sh.u0;
-    __syncthreads();
-    if (bin < 0) return cut;  // unreachable: the level-0 bins reach total > target (uniform)
-    mass_before = bin_before;
-    count_eq = bin_count;
-    prefix |= static_cast<uint32_t>(bin) << shift;
+    OwnedBins own;
+    Histogram<true>(vals, cut, prefix, prefix_mask, shift, mask, max, unit, sh, s, own);
+    const BinPick pick = PickBin<true>(
+        own, mass_before,
+        [&](unsigned long long lo, unsigned long long hi, unsigned long long total) {
+          // Level 0 sees every kept token: its total is the row's mass.
+          const double t = level == 0 ? static_cast<double>(top_p) * static_cast<double>(total) : target;
+          return static_cast<double>(lo) < t && static_cast<double>(hi) >= t;
+        },
+        sh, s);
+    if (level == 0) target = static_cast<double>(top_p) * static_cast<double>(pick.total);
+    if (pick.bin < 0) return cut;  // unreachable: the level-0 bins reach total > target (uniform)
+    mass_before = pick.before;
+    count_eq = pick.count;
+    prefix |= static_cast<uint32_t>(pick.bin) << shift;
     prefix_mask |= mask << shift;
   }
   // The count_eq ties at value v: tie t (0-based, id order) has mass_before +
@@ -589,10 +663,17 @@ __global__ void __launch_bounds__(kThreads)
 
   // ---- Steps 1-4 on this block's slice: l' (non-finite -> -inf), then the
   // touched tokens that fall in it.
+  // The pass also takes the max and count of the finite l' (what MaxAndCount
+  // over AllFinite() returns), valid when no touched token rewrites l' below.
+  float pass_max = -INFINITY;
+  int pass_count = 0;
   const auto transform = [&](int i, float x) {
     const bool allowed = mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u) != 0u;
-    const float y = allowed ? cuda_internal::TransformLogit(x, scale) : -INFINITY;
-    return isfinite(y) ? y : -INFINITY;
+    float y = allowed ? cuda_internal::TransformLogit(x, scale) : -INFINITY;
+    y = isfinite(y) ? y : -INFINITY;
+    pass_max = fmaxf(pass_max, y);
+    pass_count += y > -INFINITY ? 1 : 0;
+    return y;
   };
   int scalar_from = s.lo;
   if ((s.lo & 3) == 0 && (reinterpret_cast<uintptr_t>(raw) & 15u) == 0 &&
@@ -631,7 +712,12 @@ __global__ void __launch_bounds__(kThreads)
   Cut cut = AllFinite();
   float max = -INFINITY;
   int kept = 0;
-  MaxAndCount(lp, cut, sh, s, &max, &kept);
+  if (c.touched_count == 0) {
+    max = ClusterMax(BlockMax(pass_max, sh), sh, s);
+    kept = ClusterSumInt(BlockSumInt(pass_count, sh), sh, s);
+  } else {
+    MaxAndCount(lp, cut, sh, s, &max, &kept);
+  }
   if (kept == 0) {
     if (leader) {
       out.row_status[row] = 1;
@@ -730,7 +816,23 @@ bool ValidOutputs(const ControlledSampleOutputs& o) {
 }
 
 bool ValidCluster(int g) {
-  return g == kControlledClusterAuto || g == 1 || g == 2 || g == 4 || g == kMaxCluster;
+  return g == kControlledClusterAuto || g == 1 || g == 2 || g == 4 || g == 8 || g == kMaxCluster;
+}
+
+// Clusters of 16 blocks are non-portable: the kernel opts in once per device.
+// Where the device refuses, the occupancy query for g = 16 reports 0 (auto
+// never picks it) and an explicit g = 16 launch fails with kDeviceError.
+void AllowLargeClusters() {
+  static std::mutex mu;
+  static std::set<int> done;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert(device).second) return;
+  if (cudaFuncSetAttribute(ControlledRowKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+      cudaSuccess) {
+    cudaGetLastError();  // not sticky
+  }
 }
 
 // One cluster of g blocks per row (a plain launch for g = 1).
@@ -738,6 +840,7 @@ KernelStatus LaunchRows(const float* raw, float* lp, int64_t rows, int64_t row0,
                         const RowParams* params, const ControlledDeviceControls& controls,
                         const ControlledSampleOutputs& outputs, int g, cudaStream_t stream) {
   if (g == kControlledClusterAuto) g = ControlledClusterBlocksFor(rows);
+  if (g > 8) AllowLargeClusters();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(rows * g));
   config.blockDim = dim3(kThreads);
@@ -834,6 +937,7 @@ int ControlledMaxActiveClusters(int g) {
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(device, g);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (g > 8) AllowLargeClusters();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(g));
   config.blockDim = dim3(kThreads);

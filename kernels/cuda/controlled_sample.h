@@ -52,13 +52,14 @@
 // unspecified): the caller fails the request with FailedPrecondition, as the
 // CPU backend does (KernelStatus::kFailedPrecondition).
 //
-// Performance: a cluster of up to 8 blocks of 512 threads per row (the
+// Performance: a cluster of up to 16 blocks of 512 threads per row (the
 // largest that still fits the batch in one wave, kControlledClusterAuto) makes
-// a handful of sweeps over its logits (transform, max, 3 per radix select, one
-// per sample; 16-byte loads, 4 in flight per thread), so even one row keeps 8
-// SMs busy; the logits make one round trip through memory (the fused path,
+// a handful of sweeps over its logits (transform with max and count, 3 per
+// radix select, one per sample; 16-byte loads, 4 in flight per thread), so
+// even one row keeps 16 SMs busy. The blocks merge their histograms by
+// reduce-scatter through distributed shared memory (each block sums 1/g of
+// the digits). The logits make one round trip through memory (the fused path,
 // fused_controlled_sample.h, avoids it for the rows it serves).
-//
 // Thread safety: enqueues work on `stream`, keeps no state; binds the cuBLAS
 // handle to `stream`. Distinct launches need distinct workspaces and outputs.
 // Outcomes: kOk (enqueued); kInvalidArgument for null pointers, sizes out of
@@ -141,12 +142,13 @@ struct ControlledSampleOutputs {
 };
 
 // Blocks per row (a thread-block cluster sharing the row's sweeps through
-// distributed shared memory): 1, 2, 4 or 8, or kControlledClusterAuto. The
+// distributed shared memory): 1, 2, 4, 8 or 16 (a non-portable cluster size;
+// a device that refuses it fails the launch), or kControlledClusterAuto. The
 // results do not depend on it except for the float64 rounding of logz (summed
 // in rank order).
 inline constexpr int kControlledClusterBlocks = 8;
-// Auto (the default): per launch chunk of `rows` rows, the largest g of 8, 4,
-// 2 for which all `rows` clusters can be resident at once on the current
+// Auto (the default): per launch chunk of `rows` rows, the largest g of 16, 8,
+// 4, 2 for which all `rows` clusters can be resident at once on the current
 // device (cudaOccupancyMaxActiveClusters, queried once per device and g),
 // else 1. Many rows per SM beat waves of clusters: 8-block clusters win for a
 // few rows (one row keeps 8 SMs busy) and lose badly once their clusters no

@@ -204,7 +204,7 @@ TEST_F(ControlledSampleTest, ClusterSizesGiveTheSameResults) {
   cluster_blocks_ = 8;
   const Outputs ref = Run(p.w, p.h, p.params, p.controls);
   ASSERT_EQ(ref.launch, KernelStatus::kOk);
-  for (int g : {1, 2, 4, kControlledClusterAuto}) {
+  for (int g : {1, 2, 4, 16, kControlledClusterAuto}) {
     SCOPED_TRACE(g);
     cluster_blocks_ = g;
     const Outputs o = Run(p.w, p.h, p.params, p.controls);
