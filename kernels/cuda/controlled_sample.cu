@@ -103,26 +103,27 @@ struct Shared {
     cub::BlockScan<int, kThreads>::TempStorage scan_int;
     cub::BlockScan<unsigned long long, kThreads>::TempStorage scan_u64;
   } cub;
-  unsigned int count[kBins];
-  // A bin's fixed-point mass is mass_hi * 2^32 + mass_lo: two native 32-bit
-  // shared atomics per token (the carry out of the low word goes to the high
-  // one), where a 64-bit shared atomicAdd compiles to a compare-and-swap loop
-  // on sm_90 (ATOMS.CAST.SPIN.64), contended on the few bins most logits
-  // fall into. A block's bin sum is < 2^63, so mass_hi never wraps.
-  unsigned int mass_lo[kBins];
-  unsigned int mass_hi[kBins];
+  // Two histogram buffers, used by alternate radix-descent levels (see
+  // Histogram for why two). A bin's fixed-point mass is mass_hi * 2^32 +
+  // mass_lo: two native 32-bit shared atomics per token (the carry out of the
+  // low word goes to the high one), where a 64-bit shared atomicAdd compiles
+  // to a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64), contended on the
+  // few bins most logits fall into. A block's bin sum is < 2^63, so mass_hi
+  // never wraps.
+  unsigned int count[2][kBins];
+  unsigned int mass_lo[2][kBins];
+  unsigned int mass_hi[2][kBins];
   // Broadcast slots inside the block.
   float f;
   int i0;
   int i1;
   double d;
-  // Per-block slots of the radix descent (PickBin), read by the cluster.
+  // This block's share of a level's total (PickBin), read by the cluster.
   unsigned long long range_total;
-  BinPick pick;
-  // Per-block partials read by the other blocks of the cluster.
-  float part_f;
-  int part_i;
-  double part_d;
+  BinPick pick;  // broadcast inside the block
+  // Per-block partials read by the other blocks of the cluster
+  // (ClusterCombine), in two slots used by alternate calls.
+  alignas(16) unsigned char ring[2][32];
   float warp_score[kWarps];
   int warp_token[kWarps];
   int top_n;
@@ -137,6 +138,10 @@ struct Slice {
   int g;     // blocks per row
   int lo;    // this block's tokens: [lo, hi)
   int hi;
+  // Calls so far of ClusterCombine and Histogram: which ring slot and which
+  // histogram buffer the next one uses. Every thread counts the same calls.
+  mutable int combines;
+  mutable int histograms;
 };
 
 __device__ __forceinline__ void ClusterSync(const Slice& s) {
@@ -151,6 +156,26 @@ __device__ __forceinline__ void ClusterSync(const Slice& s) {
 template <class T>
 __device__ __forceinline__ T* InBlock(T* p, int rank, const Slice& s) {
   return s.g > 1 ? cooperative_groups::this_cluster().map_shared_rank(p, rank) : p;
+}
+
+// Distributed shared memory reads are slow round trips: a value every block
+// publishes is gathered with one load per lane (lane q reads block q's copy,
+// all in flight at once) and then handed around the warp by shuffles.
+template <class T>
+__device__ __forceinline__ T LaneGather(T* p, T fallback, const Slice& s) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  return lane < s.g ? *InBlock(p, lane, s) : fallback;
+}
+
+template <class T>
+__device__ __forceinline__ T ShuffleFrom(T v, int lane) {
+  static_assert(sizeof(T) % 4 == 0, "shuffled in 32-bit words");
+  unsigned int w[sizeof(T) / 4];
+  memcpy(w, &v, sizeof(T));
+#pragma unroll
+  for (size_t k = 0; k < sizeof(T) / 4; ++k) w[k] = __shfl_sync(kFullWarpMask, w[k], lane);
+  memcpy(&v, w, sizeof(T));
+  return v;
 }
 
 // Calls f(i, vals[i]) for this thread's tokens of [lo, hi), always in the same
@@ -206,33 +231,48 @@ __device__ double BlockSumDouble(double v, Shared& sh) {
 }
 
 // Cluster combinations of block values: op(...op(op(init, v_0), v_1)...) over
-// the blocks of ranks [0, upto), in rank order, the same in every block.
+// the blocks of ranks [0, upto), in rank order, the same in every block. One
+// cluster barrier: call k writes ring slot k % 2, which call k + 2 writes
+// again only after passing call k + 1's barrier, and every block reaches that
+// barrier after its reads of call k.
 template <class T, class Op>
-__device__ T ClusterCombine(T block_value, T* slot, T init, int upto, Op op, const Slice& s) {
+__device__ T ClusterCombine(T block_value, T init, int upto, Op op, Shared& sh, const Slice& s) {
+  static_assert(sizeof(T) <= sizeof(sh.ring[0]), "ring slot too small");
   if (s.g == 1) return upto == 1 ? op(init, block_value) : init;
+  T* slot = reinterpret_cast<T*>(sh.ring[s.combines & 1]);
+  ++s.combines;
   if (threadIdx.x == 0) *slot = block_value;
   ClusterSync(s);
+  const T gathered = LaneGather(slot, init, s);
   T r = init;
-  for (int q = 0; q < upto; ++q) r = op(r, *InBlock(slot, q, s));
-  ClusterSync(s);  // every block has read the slots before they change
+  for (int q = 0; q < upto; ++q) r = op(r, ShuffleFrom(gathered, q));
   return r;
 }
 
-__device__ float ClusterMax(float v, Shared& sh, const Slice& s) {
-  return ClusterCombine(v, &sh.part_f, -INFINITY, s.g, MaxOp(), s);
-}
 __device__ int ClusterSumInt(int v, Shared& sh, const Slice& s) {
-  return ClusterCombine(v, &sh.part_i, 0, s.g, [](int a, int b) { return a + b; }, s);
+  return ClusterCombine(v, 0, s.g, [](int a, int b) { return a + b; }, sh, s);
 }
 // Sum of the blocks ranked below this one (an exclusive prefix over ranks).
 __device__ int ClusterPrefixInt(int v, Shared& sh, const Slice& s) {
-  return ClusterCombine(v, &sh.part_i, 0, s.rank, [](int a, int b) { return a + b; }, s);
+  return ClusterCombine(v, 0, s.rank, [](int a, int b) { return a + b; }, sh, s);
 }
 __device__ int ClusterMinInt(int v, Shared& sh, const Slice& s) {
-  return ClusterCombine(v, &sh.part_i, INT_MAX, s.g, [](int a, int b) { return a < b ? a : b; }, s);
+  return ClusterCombine(v, INT_MAX, s.g, [](int a, int b) { return a < b ? a : b; }, sh, s);
 }
 __device__ double ClusterSumDouble(double v, Shared& sh, const Slice& s) {
-  return ClusterCombine(v, &sh.part_d, 0.0, s.g, [](double a, double b) { return a + b; }, s);
+  return ClusterCombine(v, 0.0, s.g, [](double a, double b) { return a + b; }, sh, s);
+}
+
+// The max of a row's values and how many there are, over the cluster.
+struct MaxCount {
+  float max;
+  int count;
+};
+__device__ MaxCount ClusterMaxCount(float m, int c, Shared& sh, const Slice& s) {
+  const MaxCount block{BlockMax(m, sh), BlockSumInt(c, sh)};
+  return ClusterCombine(block, MaxCount{-INFINITY, 0}, s.g,
+                        [](MaxCount a, MaxCount b) { return MaxCount{fmaxf(a.max, b.max), a.count + b.count}; },
+                        sh, s);
 }
 
 // Max over kept values of the row and their count.
@@ -246,8 +286,9 @@ __device__ void MaxAndCount(const float* vals, Cut cut, Shared& sh, const Slice&
       ++c;
     }
   });
-  *max_out = ClusterMax(BlockMax(m, sh), sh, s);
-  *count_out = ClusterSumInt(BlockSumInt(c, sh), sh, s);
+  const MaxCount r = ClusterMaxCount(m, c, sh, s);
+  *max_out = r.max;
+  *count_out = r.count;
 }
 
 // The id of the rank-th (1-based) token of the row, in id order, whose key is
@@ -290,20 +331,26 @@ __device__ Cut TieCut(const float* vals, Cut cut, uint32_t d, int rank, int coun
 
 // One level of a radix descent: the histogram of the kept tokens whose key
 // matches `prefix` on `prefix_mask`, by digit (key >> shift) & mask, with
-// counts and (when with_mass) fixed-point masses, then the bin where a running
-// sum over the cluster's merged histogram, in digit order, crosses a target.
-//
-// Merging is a reduce-scatter: block `rank` of g owns the digits [rank * R,
-// (rank + 1) * R), R = kBins / g, and sums only those over the g blocks (each
-// thread its kBinsPerThread or fewer). Every block reading every block's whole
-// histogram moved g * 24 KiB through distributed shared memory per block and
-// level, which bounded the kernel (Nsight Compute: most stall samples on
-// those loads at g = 8); this moves 24 KiB per block.
+// counts and (when with_mass) fixed-point masses (Histogram), then the bin
+// where a running sum over the cluster's merged histogram, in digit order,
+// crosses a target (PickBin). Two cluster barriers per level:
+//   A (end of Histogram): every block's histogram is complete. Block `rank`
+//     of g owns the digits [rank * R, (rank + 1) * R), R = kBins / g, and
+//     sums those over the g blocks (a reduce-scatter through distributed
+//     shared memory: every block reading every block's whole histogram moved
+//     g times as much and bounded the kernel).
+//   B (in PickBin): every block's share of the total is published. Every
+//     block finds the range the crossing falls in, merges that range itself
+//     and scans it: the same integers in every block, the same bin.
+// Level k fills buffer k % 2. Blocks read each other's level-k buffers only
+// between A_k and their arrival at A_(k+1); level k + 2 zeroes that buffer
+// after passing A_(k+1). One buffer would need a third barrier per level.
 __device__ __forceinline__ unsigned long long FixedMass(float x, double max, double unit) {
   return __double2ull_rz(exp(static_cast<double>(x) - max) * unit);
 }
 
-// A thread's share of the merged histogram: bins first .. first + n - 1.
+// A thread's share of one range of the merged histogram: bins first ..
+// first + n - 1 (n = 0 for threads past the range).
 struct OwnedBins {
   int first;
   int n;
@@ -311,15 +358,70 @@ struct OwnedBins {
   unsigned long long mass[kBinsPerThread];
 };
 
+// Range `range_index` of histogram buffer `buf`, summed over the cluster.
+// kSlots = g * per_thread: 4 for g <= 4 (1 x 4, 2 x 2, 4 x 1), 8 or 16 for
+// g = 8 or 16 (one bin per thread). Slot k = (block k / per_thread, bin k %
+// per_thread): every slot is loaded first, so that all remote loads are in
+// flight at once, then added.
+template <bool kWithMass, int kSlots>
+__device__ void MergeRangeSlots(int range_index, int buf, Shared& sh, const Slice& s, OwnedBins& own) {
+  const int range = kBins / s.g;
+  const int per_thread = range > kThreads ? range / kThreads : 1;
+  const int local = static_cast<int>(threadIdx.x) * per_thread;
+  own.first = range_index * range + local;
+  own.n = local < range ? per_thread : 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    own.count[b] = 0;
+    own.mass[b] = 0;
+  }
+  if (own.n == 0) return;
+  const int b_bits = per_thread == 4 ? 2 : (per_thread == 2 ? 1 : 0);
+  unsigned int c[kSlots], lo[kSlots], hi[kSlots];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int q = k >> b_bits;
+    const int bin = own.first + (k & (per_thread - 1));
+    c[k] = InBlock(sh.count[buf], q, s)[bin];
+    lo[k] = kWithMass ? InBlock(sh.mass_lo[buf], q, s)[bin] : 0u;
+    hi[k] = kWithMass ? InBlock(sh.mass_hi[buf], q, s)[bin] : 0u;
+  }
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+#pragma unroll
+    for (int b = 0; b < kBinsPerThread; ++b) {
+      if ((k & (per_thread - 1)) == b) {
+        own.count[b] += c[k];
+        if (kWithMass) own.mass[b] += (static_cast<unsigned long long>(hi[k]) << 32) + lo[k];
+      }
+    }
+  }
+}
+
 template <bool kWithMass>
-__device__ void Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t prefix_mask,
-                          int shift, uint32_t mask, double max, double unit, Shared& sh,
-                          const Slice& s, OwnedBins& own) {
+__device__ void MergeRange(int range_index, int buf, Shared& sh, const Slice& s, OwnedBins& own) {
+  static_assert(kBins / kThreads == 4 && kMaxCluster == 16, "slot counts below");
+  if (s.g <= 4) {
+    MergeRangeSlots<kWithMass, 4>(range_index, buf, sh, s, own);
+  } else if (s.g == 8) {
+    MergeRangeSlots<kWithMass, 8>(range_index, buf, sh, s, own);
+  } else {
+    MergeRangeSlots<kWithMass, 16>(range_index, buf, sh, s, own);
+  }
+}
+
+// Returns the buffer this level used; `own` is this block's range, merged.
+template <bool kWithMass>
+__device__ int Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t prefix_mask,
+                         int shift, uint32_t mask, double max, double unit, Shared& sh,
+                         const Slice& s, OwnedBins& own) {
+  const int buf = s.histograms & 1;
+  ++s.histograms;
   for (int b = threadIdx.x; b < kBins; b += kThreads) {
-    sh.count[b] = 0;
+    sh.count[buf][b] = 0;
     if (kWithMass) {
-      sh.mass_lo[b] = 0;
-      sh.mass_hi[b] = 0;
+      sh.mass_lo[buf][b] = 0;
+      sh.mass_hi[buf][b] = 0;
     }
   }
   __syncthreads();
@@ -327,94 +429,84 @@ __device__ void Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t 
     const uint32_t d = DescKey(x);
     if ((d & prefix_mask) == prefix && Kept(d, i, cut)) {
       const uint32_t bin = (d >> shift) & mask;
-      atomicAdd(&sh.count[bin], 1u);
+      atomicAdd(&sh.count[buf][bin], 1u);
       if (kWithMass) {
         const unsigned long long m = FixedMass(x, max, unit);
         const unsigned int lo = static_cast<unsigned int>(m);
-        const unsigned int old = atomicAdd(&sh.mass_lo[bin], lo);
+        const unsigned int old = atomicAdd(&sh.mass_lo[buf][bin], lo);
         const unsigned int hi = static_cast<unsigned int>(m >> 32) + (old + lo < old ? 1u : 0u);
-        if (hi != 0) atomicAdd(&sh.mass_hi[bin], hi);
+        if (hi != 0) atomicAdd(&sh.mass_hi[buf][bin], hi);
       }
     }
   });
-  ClusterSync(s);  // every block's histogram is complete
-  const int range = kBins / s.g;
-  const int per_thread = range > kThreads ? range / kThreads : 1;
-  const int local = static_cast<int>(threadIdx.x) * per_thread;
-  own.first = s.rank * range + local;
-  own.n = local < range ? per_thread : 0;
-#pragma unroll
-  for (int b = 0; b < kBinsPerThread; ++b) {
-    own.count[b] = 0;
-    own.mass[b] = 0;
-  }
-#pragma unroll
-  for (int q = 0; q < kMaxCluster; ++q) {
-    if (q >= s.g) break;
-    const unsigned int* cq = InBlock(sh.count, q, s);
-    const unsigned int* lq = InBlock(sh.mass_lo, q, s);
-    const unsigned int* hq = InBlock(sh.mass_hi, q, s);
-#pragma unroll
-    for (int b = 0; b < kBinsPerThread; ++b) {
-      if (b < own.n) {
-        own.count[b] += cq[own.first + b];
-        if (kWithMass) {
-          own.mass[b] += (static_cast<unsigned long long>(hq[own.first + b]) << 32) + lq[own.first + b];
-        }
-      }
-    }
-  }
-  // No barrier here: the histograms are zeroed again only after PickBin's
-  // cluster barriers, which every block reaches after these reads.
+  ClusterSync(s);  // A: every block's histogram is complete
+  MergeRange<kWithMass>(s.rank, buf, sh, s, own);
+  return buf;
 }
 
 // The crossing bin of one level: the unique bin where the running sum of
 // weights (masses, or counts) over the cluster's digits, starting at `offset`,
 // goes from `before` to `before + w` with crosses(before, before + w, total),
-// total = the level's sum of weights. bin = -1 when no bin crosses. Called by
-// every thread of the cluster right after Histogram; the same result
-// everywhere.
+// total = the level's sum of weights; crosses must hold for at most one step
+// of any running sum (a first-reach test). bin = -1 when no bin crosses.
+// Called by every thread of the cluster right after Histogram; the same
+// result everywhere.
 template <bool kWithMass, class Crosses>
-__device__ BinPick PickBin(const OwnedBins& own, unsigned long long offset, Crosses crosses,
-                           Shared& sh, const Slice& s) {
+__device__ BinPick PickBin(const OwnedBins& own, int buf, unsigned long long offset,
+                           Crosses crosses, Shared& sh, const Slice& s) {
   unsigned long long mine = 0;
 #pragma unroll
   for (int b = 0; b < kBinsPerThread; ++b) {
     if (b < own.n) mine += kWithMass ? own.mass[b] : own.count[b];
   }
-  unsigned long long before = 0, block_total = 0;
-  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before, block_total);
-  if (threadIdx.x == 0) {
-    sh.range_total = block_total;
-    sh.pick = BinPick{-1, 0, 0, 0};
-  }
-  ClusterSync(s);  // range totals published, every block done reading histograms
+  unsigned long long unused = 0, block_total = 0;
+  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, unused, block_total);
+  if (threadIdx.x == 0) sh.range_total = block_total;
+  ClusterSync(s);  // B: every range total published
+  const unsigned long long gathered = LaneGather(&sh.range_total, 0ull, s);
   unsigned long long total = 0;
+  for (int q = 0; q < s.g; ++q) total += ShuffleFrom(gathered, q);
+  int range = -1;
+  unsigned long long range_before = offset;
+  unsigned long long run = offset;
   for (int q = 0; q < s.g; ++q) {
-    const unsigned long long t = *InBlock(&sh.range_total, q, s);
-    if (q < s.rank) before += t;
-    total += t;
+    const unsigned long long t = ShuffleFrom(gathered, q);
+    if (range < 0 && crosses(run, run + t, total)) {
+      range = q;
+      range_before = run;
+    }
+    run += t;
   }
-  before += offset;
+  if (range < 0) return BinPick{-1, 0, 0, total};  // uniform
+  OwnedBins merged;
+  if (range == s.rank) {
+    merged = own;
+  } else {
+    MergeRange<kWithMass>(range, buf, sh, s, merged);
+  }
+  mine = 0;
 #pragma unroll
   for (int b = 0; b < kBinsPerThread; ++b) {
-    if (b < own.n) {
-      const unsigned long long w = kWithMass ? own.mass[b] : own.count[b];
+    if (b < merged.n) mine += kWithMass ? merged.mass[b] : merged.count[b];
+  }
+  unsigned long long before = 0;
+  if (threadIdx.x == 0) sh.pick = BinPick{-1, 0, 0, total};
+  __syncthreads();  // scan storage free again; pick reset before a thread writes it
+  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before);
+  before += range_before;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    if (b < merged.n) {
+      const unsigned long long w = kWithMass ? merged.mass[b] : merged.count[b];
       if (crosses(before, before + w, total)) {
-        sh.pick = BinPick{own.first + b, static_cast<int>(own.count[b]), before, total};
+        sh.pick = BinPick{merged.first + b, static_cast<int>(merged.count[b]), before, total};
       }
       before += w;
     }
   }
-  ClusterSync(s);  // the owner's pick written
-  BinPick pick{-1, 0, 0, total};
-  for (int q = 0; q < s.g; ++q) {
-    const BinPick other = *InBlock(&sh.pick, q, s);
-    if (other.bin >= 0) pick = other;
-  }
-  // The slots are written again only after the next level's first cluster
-  // barrier, which every block reaches after this read.
-  return pick;
+  __syncthreads();
+  // sh.pick is reset again only after the next level's two cluster barriers.
+  return sh.pick;
 }
 
 // The cut keeping exactly the first `rank` kept tokens (1 <= rank <= kept
@@ -427,10 +519,10 @@ __device__ Cut SelectNth(const float* vals, Cut cut, int rank, Shared& sh, const
     const int shift = kLevelShift[level];
     const uint32_t mask = kLevelMask[level];
     OwnedBins own;
-    Histogram<false>(vals, cut, prefix, prefix_mask, shift, mask, 0.0, 0.0, sh, s, own);
+    const int buf = Histogram<false>(vals, cut, prefix, prefix_mask, shift, mask, 0.0, 0.0, sh, s, own);
     const unsigned long long want = static_cast<unsigned long long>(remaining);
     const BinPick pick = PickBin<false>(
-        own, 0,
+        own, buf, 0,
         [&](unsigned long long lo, unsigned long long hi, unsigned long long) {
           return lo < want && want <= hi;
         },
@@ -458,9 +550,9 @@ __device__ Cut SelectTopP(const float* vals, Cut cut, float top_p, double max, i
     const int shift = kLevelShift[level];
     const uint32_t mask = kLevelMask[level];
     OwnedBins own;
-    Histogram<true>(vals, cut, prefix, prefix_mask, shift, mask, max, unit, sh, s, own);
+    const int buf = Histogram<true>(vals, cut, prefix, prefix_mask, shift, mask, max, unit, sh, s, own);
     const BinPick pick = PickBin<true>(
-        own, mass_before,
+        own, buf, mass_before,
         [&](unsigned long long lo, unsigned long long hi, unsigned long long total) {
           // Level 0 sees every kept token: its total is the row's mass.
           const double t = level == 0 ? static_cast<double>(top_p) * static_cast<double>(total) : target;
@@ -489,6 +581,14 @@ __device__ Cut SelectTopP(const float* vals, Cut cut, float top_p, double max, i
   }
   return TieCut(vals, cut, prefix, static_cast<int>(keep), count_eq, sh, s);
 }
+
+// A block's share of a draw: its winner, and the sum and count of its kept tokens.
+struct DrawPart {
+  float score;
+  int token;
+  double sum;
+  int kept;
+};
 
 // argmax over kept i of (l'_i + noise on `stream`) (greedy: l'_i), ties to the
 // lower id; optionally the float64 sum of exp(l' - max) over the kept tokens
@@ -532,37 +632,35 @@ __device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, u
     sh.warp_score[warp] = best_score;
     sh.warp_token[warp] = best;
   }
+  const double block_sum = want_sum ? BlockSumDouble(sum, sh) : 0.0;  // its barriers order the slots
+  const int block_kept = want_sum ? BlockSumInt(kept, sh) : 0;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float bs = sh.warp_score[0];
-    int bt = sh.warp_token[0];
-    for (int w = 1; w < kWarps; ++w) {
-      if (ScoreBeats(sh.warp_score[w], sh.warp_token[w], bs, bt)) {
-        bs = sh.warp_score[w];
-        bt = sh.warp_token[w];
-      }
-    }
-    sh.part_f = bs;
-    sh.part_i = bt;
-  }
-  ClusterSync(s);
-  // Every thread combines the blocks' winners in rank order.
-  float bs = *InBlock(&sh.part_f, 0, s);
-  int bt = *InBlock(&sh.part_i, 0, s);
-  for (int q = 1; q < s.g; ++q) {
-    const float qs = *InBlock(&sh.part_f, q, s);
-    const int qt = *InBlock(&sh.part_i, q, s);
-    if (ScoreBeats(qs, qt, bs, bt)) {
-      bs = qs;
-      bt = qt;
+  DrawPart part{sh.warp_score[0], sh.warp_token[0], block_sum, block_kept};
+  for (int w = 1; w < kWarps; ++w) {
+    if (ScoreBeats(sh.warp_score[w], sh.warp_token[w], part.score, part.token)) {
+      part.score = sh.warp_score[w];
+      part.token = sh.warp_token[w];
     }
   }
-  ClusterSync(s);
+  __syncthreads();  // every thread has read the warp slots before the next draw writes them
+  // The blocks' winners, sums and counts, combined in rank order.
+  const DrawPart all = ClusterCombine(
+      part, DrawPart{-INFINITY, -1, 0.0, 0}, s.g,
+      [](DrawPart a, DrawPart b) {
+        if (ScoreBeats(b.score, b.token, a.score, a.token)) {
+          a.score = b.score;
+          a.token = b.token;
+        }
+        a.sum += b.sum;
+        a.kept += b.kept;
+        return a;
+      },
+      sh, s);
   if (want_sum) {
-    *sum_out = ClusterSumDouble(BlockSumDouble(sum, sh), sh, s);
-    *count_out = ClusterSumInt(BlockSumInt(kept, sh), sh, s);
+    *sum_out = all.sum;
+    *count_out = all.kept;
   }
-  return bt;
+  return all.token;
 }
 
 // vLLM's rank: kept values >= v.
@@ -643,9 +741,13 @@ __global__ void __launch_bounds__(kThreads)
     ControlledRowKernel(const float* __restrict__ raw_all, float* lp_all, int n, int64_t row0,
                         const RowParams* __restrict__ params, ControlledDeviceControls controls,
                         ControlledSampleOutputs out, int frac_bits, int g) {
-  __shared__ Shared sh;
+  // Dynamic: Shared is over the 48 KiB static limit (LaunchRows opts in).
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
   Slice s;
   s.g = g;
+  s.combines = 0;
+  s.histograms = 0;
   s.rank = static_cast<int>(blockIdx.x % g);
   const int per = (((n + g - 1) / g) + 3) & ~3;  // 4-aligned share of the row
   s.lo = min(n, s.rank * per);
@@ -713,8 +815,9 @@ __global__ void __launch_bounds__(kThreads)
   float max = -INFINITY;
   int kept = 0;
   if (c.touched_count == 0) {
-    max = ClusterMax(BlockMax(pass_max, sh), sh, s);
-    kept = ClusterSumInt(BlockSumInt(pass_count, sh), sh, s);
+    const MaxCount r = ClusterMaxCount(pass_max, pass_count, sh, s);
+    max = r.max;
+    kept = r.count;
   } else {
     MaxAndCount(lp, cut, sh, s, &max, &kept);
   }
@@ -723,7 +826,8 @@ __global__ void __launch_bounds__(kThreads)
       out.row_status[row] = 1;
       out.token_ids[row] = -1;
     }
-    return;  // uniform over the cluster; no shared memory is read remotely any more
+    ClusterSync(s);  // no block exits while another may still read its shared memory
+    return;          // uniform over the cluster
   }
   const double dmax = static_cast<double>(max);
   if (c.min_p > 0.0f) {
@@ -773,7 +877,10 @@ __global__ void __launch_bounds__(kThreads)
       out.logprobs[row] = static_cast<float>(static_cast<double>(lp[token0]) - logz);
     }
   }
-  if (c.top_logprobs <= 0) return;
+  if (c.top_logprobs <= 0) {
+    ClusterSync(s);  // no block exits while another may still read its shared memory
+    return;
+  }
 
   // ---- Details: each sample's logprob and rank, and the top list.
   const bool raw_mode = c.logprobs_mode == static_cast<int32_t>(LogprobsMode::kRaw);
@@ -819,18 +926,22 @@ bool ValidCluster(int g) {
   return g == kControlledClusterAuto || g == 1 || g == 2 || g == 4 || g == 8 || g == kMaxCluster;
 }
 
-// Clusters of 16 blocks are non-portable: the kernel opts in once per device.
-// Where the device refuses, the occupancy query for g = 16 reports 0 (auto
-// never picks it) and an explicit g = 16 launch fails with kDeviceError.
-void AllowLargeClusters() {
+// The row kernel's launch attributes, set once per device: Shared (two
+// histogram buffers) is over the 48 KiB of static shared memory, so it is
+// dynamic and needs an opt-in; clusters of 16 blocks are non-portable. Where
+// the device refuses, the launch (or the occupancy query) fails on its own:
+// kDeviceError, or no resident cluster of 16 (auto never picks it).
+void ConfigureRowKernel() {
   static std::mutex mu;
   static std::set<int> done;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return;
   std::lock_guard<std::mutex> lock(mu);
   if (!done.insert(device).second) return;
-  if (cudaFuncSetAttribute(ControlledRowKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-      cudaSuccess) {
+  if (cudaFuncSetAttribute(ControlledRowKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(sizeof(Shared))) != cudaSuccess ||
+      cudaFuncSetAttribute(ControlledRowKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+          cudaSuccess) {
     cudaGetLastError();  // not sticky
   }
 }
@@ -840,11 +951,11 @@ KernelStatus LaunchRows(const float* raw, float* lp, int64_t rows, int64_t row0,
                         const RowParams* params, const ControlledDeviceControls& controls,
                         const ControlledSampleOutputs& outputs, int g, cudaStream_t stream) {
   if (g == kControlledClusterAuto) g = ControlledClusterBlocksFor(rows);
-  if (g > 8) AllowLargeClusters();
+  ConfigureRowKernel();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(rows * g));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = sizeof(Shared);
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
@@ -937,10 +1048,11 @@ int ControlledMaxActiveClusters(int g) {
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(device, g);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (g > 8) AllowLargeClusters();
+  ConfigureRowKernel();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(g));
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = sizeof(Shared);
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = static_cast<unsigned>(g);

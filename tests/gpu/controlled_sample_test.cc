@@ -190,6 +190,15 @@ TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithHeavyTies) {
   }
 }
 
+// A batch of a few rows runs the largest clusters (16 blocks per row on an
+// H100): each block owns a sliver of the histogram digits and of the row.
+TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithAFewRows) {
+  for (uint32_t seed : {51u, 52u}) {
+    SCOPED_TRACE(seed);
+    CompareWithCpu(MakeRandomProblem(20000, 3, 0.25f, seed));
+  }
+}
+
 // One block per row (no cluster) against the CPU as well: both launch shapes
 // of the row kernel are checked.
 TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithOneBlockPerRow) {
