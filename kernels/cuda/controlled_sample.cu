@@ -69,14 +69,17 @@ __device__ __forceinline__ bool Kept(uint32_t d, int32_t i, Cut c) {
 __device__ __forceinline__ Cut AllFinite() { return Cut{DescKey(-INFINITY), -1}; }
 
 // ---- Cluster-wide building blocks ---------------------------------------------
-// A row is served by a cluster of G blocks (G = 1, 2, 4 or 8; one block per
-// cluster when G = 1): block `rank` sweeps the 4-aligned slice [lo, hi) of the
-// row, and every reduction combines the blocks' partial results in rank order
-// through distributed shared memory, so all blocks of the cluster get the same
-// value and the result does not depend on timing (deterministic). Histograms
-// hold integers (order-free). Every helper is called by all threads of all
-// blocks of the cluster with uniform arguments and returns the same value to
-// all of them.
+// A row is served by a cluster of G blocks (G = 1, 2, 4, 8 or 16; one block
+// per cluster when G = 1): block `rank` sweeps the 4-aligned slice [lo, hi) of
+// the row, and every reduction combines the blocks' partial results in rank
+// order through distributed shared memory, so all blocks of the cluster get
+// the same value and the result does not depend on timing (deterministic).
+// Histograms hold integers (order-free). Every helper is called by all threads
+// of all blocks of the cluster with uniform arguments and returns the same
+// value to all of them. Cluster barriers dominate a small batch's time, so
+// each helper uses as few as its shared-memory reuse allows (the reasoning is
+// next to each); a block that read another's shared memory passes one more
+// barrier before it exits.
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;  // 11-bit digits; levels: bits 31..21, 20..10, 9..0
