@@ -13,10 +13,18 @@
 # parsing, hand-offs to the worker and to the completion pool, the response.
 #
 #   loadtest/gpu_latency_breakdown.sh BIN_DIR OUT_DIR [extra server flags...]
+#
+# TRANSPORT=tcp (default: loopback TCP) or uds (a Unix domain socket in
+# OUT_DIR, as a client on the same host would use).
 set -u
 bin=$1; out=$2; shift 2
 mkdir -p "$out"
-"$bin/flashsampler-server" --address=127.0.0.1:0 --backend="${BACKEND:-cuda}" \
+case "${TRANSPORT:-tcp}" in
+  tcp) listen=127.0.0.1:0 ;;
+  uds) listen="unix:$(cd "$out" && pwd)/sampler.sock"; rm -f "${listen#unix:}" ;;
+  *) echo "TRANSPORT must be tcp or uds" >&2; exit 2 ;;
+esac
+"$bin/flashsampler-server" --address="$listen" --backend="${BACKEND:-cuda}" \
   --demo_vocab="${DEMO_VOCAB:-151936}" --demo_hidden="${DEMO_HIDDEN:-4096}" \
   --max_queue_delay_us=0 --metrics_address=127.0.0.1:0 "$@" \
   > "$out/server.out" 2> "$out/server.err" &

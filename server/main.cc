@@ -29,6 +29,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/status/statusor.h"
@@ -180,9 +182,15 @@ int main(int argc, char** argv) {
   }
   SetHealth(server.get(), health_server.get(), &metrics, false);
   std::fprintf(stderr, "flashsampler-server: security: %s\n", security->Describe().c_str());
-  const std::string host = config->address.substr(0, config->address.rfind(':'));
+  // A Unix domain socket (unix:PATH, unix-abstract:NAME) is its own address;
+  // for HOST:PORT, the port actually bound (port 0 picks one).
+  const bool unix_socket = absl::StartsWith(config->address, "unix:") ||
+                           absl::StartsWith(config->address, "unix-abstract:");
+  const std::string listening =
+      unix_socket ? config->address
+                  : absl::StrCat(config->address.substr(0, config->address.rfind(':')), ":", port);
   // Both lines in one write: tests read them from a pipe.
-  std::printf("flashsampler-server listening on %s:%d\n", host.c_str(), port);
+  std::printf("flashsampler-server listening on %s\n", listening.c_str());
   if (health_server != nullptr) {
     const std::string& health = security->health_address;
     std::printf("flashsampler-server health listening on %s:%d\n",

@@ -14,7 +14,7 @@
 namespace flashsampler {
 
 struct ServerConfig {
-  std::string address;       // HOST:PORT; port 0 picks a free port
+  std::string address;       // HOST:PORT (port 0 picks a free port) or unix:PATH
   std::string weights;       // safetensors file or model folder; empty = demo head
   std::string tensor;        // tensor name; empty = lm_head.weight, then tied embeddings
   std::string backend;       // auto | cpu | cuda

@@ -19,6 +19,7 @@
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scoped_temp_dir.h"
 #include "tests/e2e/server_process.h"
 
 namespace flashsampler {
@@ -639,6 +640,44 @@ TEST(ServerLifecycle, SigtermClosesAnIdleStreamAtOnce) {
   const grpc::Status status = stream->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+}
+
+// --address=unix:PATH serves on a Unix domain socket (a client on the same
+// host): the same service, and the same tokens as over TCP for the same
+// request (the demo head and the RNG contract fix them).
+TEST(ServerTransport, UnixDomainSocketServesTheSameTokensAsTcp) {
+  testing::ScopedTempDir dir("uds");
+  const std::string socket_address = "unix:" + dir.Path("sampler.sock");
+  const std::vector<std::string> flags = {"--backend=cpu", "--demo_vocab=2000", "--demo_hidden=64",
+                                          "--threads=2"};
+  std::vector<std::string> uds_flags = flags;
+  uds_flags.push_back("--address=" + socket_address);  // the last --address wins
+  ServerProcess tcp(flags);
+  ServerProcess uds(uds_flags);
+  ASSERT_TRUE(tcp.Start().ok());
+  const absl::Status started = uds.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  EXPECT_EQ(uds.address(), socket_address);
+
+  v1::SampleRequest request = Request(8, 7);
+  request.mutable_params(0)->set_seed(1234);
+  request.set_return_logz(true);
+  SamplerClient over_tcp(tcp.address());
+  SamplerClient over_uds(uds.address());
+  absl::StatusOr<v1::SampleResponse> a = over_tcp.Sample(request);
+  absl::StatusOr<v1::SampleResponse> b = over_uds.Sample(request);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->token_ids_size(), 8);
+  EXPECT_EQ(std::vector<int32_t>(a->token_ids().begin(), a->token_ids().end()),
+            std::vector<int32_t>(b->token_ids().begin(), b->token_ids().end()));
+  EXPECT_EQ(std::vector<float>(a->logz().begin(), a->logz().end()),
+            std::vector<float>(b->logz().begin(), b->logz().end()));
+  for (ServerProcess* server : {&tcp, &uds}) {
+    absl::StatusOr<int> exit_code = server->Stop(SIGTERM, absl::Seconds(30));
+    ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+    EXPECT_EQ(*exit_code, 0);
+  }
 }
 
 TEST(ServerLifecycle, BadFlagsExitTwoAndMissingWeightsExitOne) {
