@@ -40,7 +40,8 @@ CudaSamplerPath PlanCudaSamplerPath(const SampleBatch& batch, int64_t fused_max_
 
 CudaControlledRunner::~CudaControlledRunner() {
   for (Buffer* b : {&tokens_, &logz_, &logprobs_, &status_, &sample_tokens_, &sample_logprobs_,
-                    &sample_ranks_, &top_ids_, &top_logprobs_, &top_counts_, &controls_}) {
+                    &sample_ranks_, &top_ids_, &top_logprobs_, &top_counts_, &draft_logprobs_,
+                    &controls_}) {
     cudaFree(b->device);
     cudaFreeHost(b->host);
   }
@@ -56,7 +57,7 @@ absl::Status CudaControlledRunner::Init(int64_t max_rows, int64_t fused_max_rows
       {&tokens_, rows * 4},       {&logz_, rows * 4},          {&logprobs_, rows * 4},
       {&status_, rows * 4},       {&sample_tokens_, samples * 4}, {&sample_logprobs_, samples * 4},
       {&sample_ranks_, samples * 4}, {&top_ids_, top * 4},     {&top_logprobs_, top * 4},
-      {&top_counts_, rows * 4}};
+      {&top_counts_, rows * 4},   {&draft_logprobs_, rows * 4}};
   for (const auto& [buffer, bytes] : sizes) {
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&buffer->device, bytes));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&buffer->host, bytes));
@@ -80,16 +81,16 @@ absl::Status CudaControlledRunner::EnsureControlsCapacity(size_t bytes) {
 
 absl::StatusOr<SampleResult> CudaControlledRunner::Run(
     const SampleBatch& batch, const ModelShape& shape, const void* weight,
-    kernels::CudaWeightDType dtype, const float* hidden, const RowParams* params, void* workspace,
-    size_t workspace_bytes, cublasHandle_t cublas, cudaStream_t stream) {
+    kernels::CudaWeightDType dtype, const float* hidden, const RowParams* params,
+    const int32_t* draft_tokens, void* workspace, size_t workspace_bytes, cublasHandle_t cublas,
+    cudaStream_t stream) {
   const int64_t rows = batch.rows;
   if (static_cast<int64_t>(batch.controls.size()) != rows || rows > max_rows_) {
     return absl::InvalidArgumentError("cuda engine: controls must be one per row");
   }
-  if (!batch.draft_tokens.empty()) {
-    return absl::UnimplementedError(
-        "the cuda backend does not verify draft tokens in rows with sampling controls yet; run the "
-        "server with --backend=cpu to use them");
+  const bool drafts = !batch.draft_tokens.empty();
+  if (drafts != (draft_tokens != nullptr)) {
+    return absl::InvalidArgumentError("cuda engine: draft tokens must be uploaded with the batch");
   }
   kernels::FlatControls flat;
   if (const KernelStatus s = kernels::FlattenControls(batch.controls.data(), rows, shape.vocab_size,
@@ -112,6 +113,7 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   args.valid_vocab = shape.valid_vocab;
   args.hidden_dim = shape.hidden_size;
   args.controls = flat.DeviceView(controls_.device);
+  args.controls.draft_tokens = draft_tokens;
   kernels::ControlledSampleOutputs& o = args.outputs;
   o.token_ids = static_cast<int32_t*>(tokens_.device);
   o.logz = batch.want_logz ? static_cast<float*>(logz_.device) : nullptr;
@@ -123,11 +125,13 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   o.top_ids = static_cast<int32_t*>(top_ids_.device);
   o.top_logprobs = static_cast<float*>(top_logprobs_.device);
   o.top_counts = static_cast<int32_t*>(top_counts_.device);
+  o.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_.device) : nullptr;
   args.workspace = workspace;
   args.workspace_bytes = workspace_bytes;
 
+  // Draft rows take the materialized path (the fused one does not verify).
   const bool fused =
-      rows <= fused_max_rows_ &&
+      !drafts && rows <= fused_max_rows_ &&
       kernels::FusedControlledShapeSupported(dtype, shape.valid_vocab, shape.hidden_size) &&
       std::none_of(flat.rows.begin(), flat.rows.end(), [](const kernels::ControlledRowDesc& d) {
         return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
@@ -170,6 +174,7 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& bat
   FS_RETURN_IF_CUDA_ERROR(download(sample_tokens_, samples * 4));
   if (batch.want_logz) FS_RETURN_IF_CUDA_ERROR(download(logz_, rows * 4));
   if (batch.want_logprobs) FS_RETURN_IF_CUDA_ERROR(download(logprobs_, rows * 4));
+  if (!batch.draft_tokens.empty()) FS_RETURN_IF_CUDA_ERROR(download(draft_logprobs_, rows * 4));
   if (any_top) {
     FS_RETURN_IF_CUDA_ERROR(download(sample_logprobs_, samples * 4));
     FS_RETURN_IF_CUDA_ERROR(download(sample_ranks_, samples * 4));
@@ -198,6 +203,10 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& bat
   if (batch.want_logprobs) {
     const auto* v = static_cast<const float*>(logprobs_.host);
     result.logprobs.assign(v, v + rows);
+  }
+  if (!batch.draft_tokens.empty()) {
+    const auto* v = static_cast<const float*>(draft_logprobs_.host);
+    result.draft_logprobs.assign(v, v + rows);
   }
   const auto* sample_tokens = static_cast<const int32_t*>(sample_tokens_.host);
   const auto* sample_logprobs = static_cast<const float*>(sample_logprobs_.host);

@@ -31,8 +31,10 @@
 // Outcomes of Run: OK with the batch's SampleResult (details for every row);
 // FailedPrecondition when a row has no token with a finite logit left (the
 // CPU backend's status and message; the engine stays healthy); InvalidArgument
-// for controls the kernel rejects; Unimplemented for controls combined with
-// draft rows; Internal for CUDA / cuBLAS failures.
+// for controls the kernel rejects; Internal for CUDA / cuBLAS failures. Draft
+// rows (speculative verification) always take the materialized path, which
+// applies the draft to the distribution left after every control
+// (controlled_sample.h), as the CPU backend does.
 #pragma once
 
 #include <cublas_v2.h>
@@ -65,10 +67,13 @@ class CudaControlledRunner {
   absl::Status Init(int64_t max_rows, int64_t fused_max_rows);
 
   // Samples `batch` (controls non-empty) whose hidden states (rounded to the
-  // weight dtype) and params are already on the device or enqueued on `stream`.
+  // weight dtype), params and draft tokens (device [rows], exactly when the
+  // batch has draft_tokens, else nullptr) are already on the device or
+  // enqueued on `stream`.
   absl::StatusOr<SampleResult> Run(const SampleBatch& batch, const ModelShape& shape,
                                    const void* weight, kernels::CudaWeightDType dtype,
-                                   const float* hidden, const RowParams* params, void* workspace,
+                                   const float* hidden, const RowParams* params,
+                                   const int32_t* draft_tokens, void* workspace,
                                    size_t workspace_bytes, cublasHandle_t cublas,
                                    cudaStream_t stream);
 
@@ -89,7 +94,7 @@ class CudaControlledRunner {
     void* host = nullptr;
   };
   Buffer tokens_, logz_, logprobs_, status_, sample_tokens_, sample_logprobs_, sample_ranks_,
-      top_ids_, top_logprobs_, top_counts_;
+      top_ids_, top_logprobs_, top_counts_, draft_logprobs_;
   Buffer controls_;
   size_t controls_capacity_ = 0;
 };

@@ -9,9 +9,9 @@
 // and the stream is synchronised. Speculative-verification rows
 // (SampleBatch::draft_tokens) ride in the same launch on the fused and
 // materialized paths: their draft tokens are uploaded beside the params and
-// the kernels exclude / score them (FusedSampleArgs::draft_tokens); the
-// controlled path does not take drafts (UNIMPLEMENTED, and serves_draft_rows
-// keeps such requests out of other requests' launches). Every CUDA call is checked: a failure marks
+// the kernels exclude / score them (FusedSampleArgs::draft_tokens); with
+// controls, the materialized controlled path does (after every control, as
+// the CPU backend). Every CUDA call is checked: a failure marks
 // the engine unhealthy (health flips to NOT_SERVING) and the batch fails with
 // Internal; a sticky device error is not retried.
 #include <cublas_v2.h>
@@ -137,12 +137,6 @@ class CudaEngine final : public Engine {
         !s.ok()) {
       return s;
     }
-    if (!batch.draft_tokens.empty() &&
-        PlanCudaSamplerPath(batch, options_.fused_max_rows) == CudaSamplerPath::kControlled) {
-      return absl::UnimplementedError(
-          "the CUDA backend does not verify draft tokens together with sampling controls; "
-          "send Verify without controls, or use the CPU backend");
-    }
     absl::StatusOr<SampleResult> result = Run(batch);
     if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
     return result;
@@ -153,7 +147,7 @@ class CudaEngine final : public Engine {
   bool healthy() const override { return healthy_; }
   // Draft rows ride the fused and materialized launches; the controlled path
   // refuses them.
-  bool serves_draft_rows(bool with_controls) const override { return !with_controls; }
+  bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
   // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
   // calling thread's current device, so this is safe next to a running Sample.
   std::vector<DeviceMemoryInfo> DeviceMemory() const override {
@@ -186,17 +180,18 @@ class CudaEngine final : public Engine {
                                             cudaMemcpyHostToDevice, stream_));
     FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(params_, host_params_, rows * sizeof(RowParams),
                                             cudaMemcpyHostToDevice, stream_));
-    const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
-    if (path == CudaSamplerPath::kControlled) {
-      return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
-                             static_cast<const float*>(hidden_),
-                             static_cast<const RowParams*>(params_), workspace_, workspace_bytes_,
-                             cublas_, stream_);
-    }
     if (drafts) {
       std::memcpy(host_drafts_, batch.draft_tokens.data(), rows * sizeof(int32_t));
       FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(drafts_, host_drafts_, rows * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, stream_));
+    }
+    const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
+    if (path == CudaSamplerPath::kControlled) {
+      return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
+                             static_cast<const float*>(hidden_),
+                             static_cast<const RowParams*>(params_),
+                             drafts ? static_cast<const int32_t*>(drafts_) : nullptr, workspace_,
+                             workspace_bytes_, cublas_, stream_);
     }
     kernels::FusedSampleArgs args;
     args.weight = weight_;

@@ -593,11 +593,12 @@ struct DrawPart {
   int kept;
 };
 
-// argmax over kept i of (l'_i + noise on `stream`) (greedy: l'_i), ties to the
-// lower id; optionally the float64 sum of exp(l' - max) over the kept tokens
-// and their count.
+// argmax over kept i != exclude of (l'_i + noise on `stream`) (greedy: l'_i),
+// ties to the lower id (-1 when nothing else is kept); optionally the float64
+// sum of exp(l' - max) over the kept tokens (exclude too) and their count.
 __device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, uint32_t stream,
-                          double max, double* sum_out, int* count_out, Shared& sh, const Slice& s) {
+                          int exclude, double max, double* sum_out, int* count_out, Shared& sh,
+                          const Slice& s) {
   p.stream = stream;
   float best_score = -INFINITY;
   int best = -1;
@@ -610,6 +611,7 @@ __device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, u
       sum += exp(static_cast<double>(x) - max);
       ++kept;
     }
+    if (i == exclude) return;  // a draft's residual: x stays in logz only
     float score = x;
     if (sampled) {
       // Exact pruning: l' + any noise < best score cannot win or tie.
@@ -861,11 +863,21 @@ __global__ void __launch_bounds__(kThreads)
   if (c.top_p < 1.0f) cut = SelectTopP(lp, cut, c.top_p, dmax, frac_bits, sh, s);
 
   // ---- Step 8: the samples; logz and the kept count from the first draw's pass.
+  // A kept draft x is left out of a sampled row's draws (the residual); when
+  // x is all that is kept, the draws find nothing and the sample is x.
+  const int32_t draft = controls.draft_tokens != nullptr ? controls.draft_tokens[row] : -1;
+  bool draft_kept = false;
+  if (draft >= 0 && draft < n) {
+    const float xd = lp[draft];
+    draft_kept = xd > -INFINITY && Kept(DescKey(xd), draft, cut);
+  }
+  const int exclude = sampled && draft_kept ? draft : -1;
   double sum = 0.0;
   for (int j = 0; j < c.num_samples; ++j) {
     const uint32_t stream = p.stream + static_cast<uint32_t>(j) * c.sample_stream_stride;
-    const int token = DrawSample(lp, cut, p, sampled, stream, dmax, j == 0 ? &sum : nullptr,
-                                 j == 0 ? &kept : nullptr, sh, s);
+    int token = DrawSample(lp, cut, p, sampled, stream, exclude, dmax, j == 0 ? &sum : nullptr,
+                           j == 0 ? &kept : nullptr, sh, s);
+    if (token < 0) token = draft;  // uniform: every thread has the same token
     if (threadIdx.x == 0) sh.samples[j] = token;
     if (leader) out.sample_tokens[c.sample_begin + j] = token;
   }
@@ -878,6 +890,11 @@ __global__ void __launch_bounds__(kThreads)
     if (out.logz != nullptr) out.logz[row] = static_cast<float>(logz);
     if (out.logprobs != nullptr) {
       out.logprobs[row] = static_cast<float>(static_cast<double>(lp[token0]) - logz);
+    }
+    if (controls.draft_tokens != nullptr) {
+      out.draft_logprobs[row] =
+          draft < 0 ? NAN
+                    : (draft_kept ? static_cast<float>(static_cast<double>(lp[draft]) - logz) : -INFINITY);
     }
   }
   if (c.top_logprobs <= 0) {
@@ -923,6 +940,11 @@ bool ValidOutputs(const ControlledSampleOutputs& o) {
   return o.token_ids != nullptr && o.row_status != nullptr && o.sample_tokens != nullptr &&
          o.sample_logprobs != nullptr && o.sample_ranks != nullptr && o.top_ids != nullptr &&
          o.top_logprobs != nullptr && o.top_counts != nullptr;
+}
+
+// Draft rows need somewhere to put their draft log-probabilities.
+bool ValidDrafts(const ControlledDeviceControls& c, const ControlledSampleOutputs& o) {
+  return c.draft_tokens == nullptr || o.draft_logprobs != nullptr;
 }
 
 bool ValidCluster(int g) {
@@ -1092,7 +1114,8 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                                               cudaStream_t stream, int cluster_blocks) {
   const size_t need = ControlledFromLogitsWorkspaceBytes(batch, valid_vocab);
   if (logits == nullptr || params == nullptr || controls.rows == nullptr ||
-      controls.touched == nullptr || !ValidOutputs(outputs) || workspace == nullptr || need == 0 ||
+      controls.touched == nullptr || !ValidOutputs(outputs) || !ValidDrafts(controls, outputs) ||
+      workspace == nullptr || need == 0 ||
       workspace_bytes < need || !ValidCluster(cluster_blocks) ||
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return KernelStatus::kInvalidArgument;
@@ -1132,7 +1155,8 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
   const Layout layout = ControlledLayout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
   if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
       args.params == nullptr || args.controls.rows == nullptr || args.controls.touched == nullptr ||
-      !ValidOutputs(args.outputs) || args.workspace == nullptr || layout.total == 0 ||
+      !ValidOutputs(args.outputs) || !ValidDrafts(args.controls, args.outputs) ||
+      args.workspace == nullptr || layout.total == 0 ||
       !ValidCluster(args.cluster_blocks) ||
       args.workspace_bytes < layout.total || args.valid_vocab > args.vocab ||
       reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {

@@ -38,6 +38,12 @@
 //      is below the thread's best score skips its noise (exact pruning).
 //   logz = max + log(sum over kept of exp(double(l') - max)) (float64, a
 //   fixed-shape block reduction: deterministic), logprobs = l'_token - logz.
+//   Draft rows (speculative verification, server/engine.h; controls.draft_tokens
+//   set and draft x >= 0): draft_logprobs = l'_x - logz when x is kept, else
+//   -inf (p(x) = 0); the samples of a sampled row (T > 0) are drawn from the
+//   kept tokens other than x (the residual), or are x when x is all that is
+//   kept; greedy rows sample as usual. Rows with x = -1 get NaN. The CPU's
+//   SampleFromCandidates step for step.
 //   top_logprobs > 0: the sampled mode takes the n best kept tokens (the same
 //   radix select), each sample's logprob and vLLM's rank (kept tokens with
 //   l' >= the sample's); the raw mode does the same over the raw logits of
@@ -104,6 +110,9 @@ struct ControlledDeviceControls {
   const ControlledRowDesc* rows = nullptr;  // [batch]
   const TouchedToken* touched = nullptr;    // all rows' touched tokens
   const uint32_t* bitmask = nullptr;        // all rows' bitmask words (may be null if none)
+  // [batch] draft token per row (-1: none), or nullptr when no row verifies
+  // a draft. Not part of the packed upload: the caller sets it.
+  const int32_t* draft_tokens = nullptr;
 };
 
 // A batch's controls flattened on the host into one upload: the row
@@ -139,6 +148,7 @@ struct ControlledSampleOutputs {
   int32_t* top_ids = nullptr;          // [batch * kMaxTopLogprobs]
   float* top_logprobs = nullptr;       // [batch * kMaxTopLogprobs]
   int32_t* top_counts = nullptr;       // [batch]: entries of the row's top list
+  float* draft_logprobs = nullptr;     // [batch], required when controls.draft_tokens is set
 };
 
 // Blocks per row (a thread-block cluster sharing the row's sweeps through

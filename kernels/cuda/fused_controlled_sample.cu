@@ -337,7 +337,7 @@ KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& a, cudaStre
       a.controls.rows == nullptr || a.workspace == nullptr || o.token_ids == nullptr ||
       o.row_status == nullptr || o.sample_tokens == nullptr || o.sample_logprobs == nullptr ||
       o.sample_ranks == nullptr || o.top_ids == nullptr || o.top_logprobs == nullptr ||
-      o.top_counts == nullptr) {
+      o.top_counts == nullptr || a.controls.draft_tokens != nullptr) {  // drafts: materialized only
     return KernelStatus::kInvalidArgument;
   }
   if (a.batch < 1 || a.batch > kMaxInt32 || a.vocab < 1 || a.vocab > kMaxInt32 ||

@@ -54,7 +54,9 @@
 // aligned, valid_vocab <= kFusedMaxVocab (FusedControlledShapeSupported), H
 // exactly representable in the weight dtype (as the server provides it;
 // fused_sample.h). Controls flattened by FlattenControls (device data the
-// launcher cannot check). Draft rows (Verify) are not taken.
+// launcher cannot check). Draft rows (Verify) are not taken: a launch with
+// controls.draft_tokens set is kInvalidArgument (the materialized path serves
+// them).
 //
 // Thread safety: enqueues work on `stream`, keeps no state. Distinct launches
 // need distinct workspaces and outputs.

@@ -63,8 +63,10 @@ class ControlledSampleTest : public GpuTest {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
   }
 
+  // With draft tokens (one per row, -1: none) when `drafts` is given.
   Outputs Run(const std::vector<float>& w, const std::vector<float>& h,
-              const std::vector<RowParams>& params, const std::vector<RowControls>& controls) {
+              const std::vector<RowParams>& params, const std::vector<RowControls>& controls,
+              const std::vector<int32_t>* drafts = nullptr) {
     Outputs out;
     const int64_t vocab = static_cast<int64_t>(w.size());
     const int64_t rows = static_cast<int64_t>(h.size());
@@ -75,6 +77,8 @@ class ControlledSampleTest : public GpuTest {
     DeviceBuffer<float> dw(w.size()), dh(h.size());
     DeviceBuffer<RowParams> dp(params.size());
     DeviceBuffer<uint8_t> dc(packed.size());
+    DeviceBuffer<int32_t> dd(static_cast<size_t>(rows));
+    if (drafts != nullptr) dd.Upload(*drafts);
     dw.Upload(w);
     dh.Upload(h);
     dp.Upload(params);
@@ -95,6 +99,7 @@ class ControlledSampleTest : public GpuTest {
     args.valid_vocab = vocab;
     args.hidden_dim = 1;
     args.controls = flat.DeviceView(dc.data());
+    if (drafts != nullptr) args.controls.draft_tokens = dd.data();
     args.outputs = outputs.View();
     args.workspace = workspace.data();
     args.workspace_bytes = ws_bytes;
@@ -103,7 +108,7 @@ class ControlledSampleTest : public GpuTest {
     const cudaError_t sync = cudaDeviceSynchronize();
     EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
     if (out.launch != KernelStatus::kOk || sync != cudaSuccess) return out;
-    outputs.Download(flat, rows, &out);
+    outputs.Download(flat, rows, &out, drafts != nullptr);
     return out;
   }
 
@@ -197,6 +202,67 @@ TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithAFewRows) {
     SCOPED_TRACE(seed);
     CompareWithCpu(MakeRandomProblem(20000, 3, 0.25f, seed));
   }
+}
+
+// Verify rows with controls (speculative verification): the draft's
+// log-probability under what the controls leave (-inf when they removed it)
+// and samples from the residual (the kept tokens other than the draft),
+// exactly as the CPU backend. Drafts: none, the token the row samples without
+// a draft (kept: its residual is exercised), a random token (usually cut),
+// the row's best listed token.
+TEST_F(ControlledSampleTest, DraftRowsMatchTheCpuBackend) {
+  for (uint32_t seed : {61u, 62u}) {
+    SCOPED_TRACE(seed);
+    const RandomProblem p = MakeRandomProblem(20000, 256, seed == 62u ? 0.25f : 0.0f, seed);
+    const Outputs plain = RunCpu(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(plain.launch, KernelStatus::kOk);
+    std::mt19937 gen(seed);
+    std::vector<int32_t> drafts(p.h.size());
+    for (size_t r = 0; r < drafts.size(); ++r) {
+      switch (r % 4) {
+        case 0: drafts[r] = -1; break;
+        case 1: drafts[r] = plain.tokens[r]; break;
+        case 2: drafts[r] = static_cast<int32_t>(gen() % p.w.size()); break;
+        default:
+          drafts[r] = plain.details[r].top.empty() ? plain.tokens[r] : plain.details[r].top[0].token_id;
+      }
+    }
+    const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls, &drafts);
+    ASSERT_EQ(cpu.launch, KernelStatus::kOk);
+    const Outputs gpu = Run(p.w, p.h, p.params, p.controls, &drafts);
+    ASSERT_EQ(gpu.launch, KernelStatus::kOk);
+    ExpectAgrees(gpu, cpu, p);
+    // A sampled row whose draft was kept with p < 1 never samples it.
+    int64_t residual_rows = 0;
+    for (size_t r = 0; r < drafts.size(); ++r) {
+      const float d = gpu.draft_logprobs[r];
+      if (drafts[r] < 0) {
+        EXPECT_TRUE(std::isnan(d)) << "row " << r << ": " << d;
+        continue;
+      }
+      if (p.params[r].temperature > 0.0f && std::isfinite(d) && d < 0.0f) {
+        ++residual_rows;
+        for (int32_t t : gpu.details[r].token_ids) EXPECT_NE(t, drafts[r]) << "row " << r;
+      }
+    }
+    EXPECT_GT(residual_rows, 20);
+  }
+}
+
+// A draft that is all the controls keep (top_k = 1 on the row's argmax) is
+// the sample, with log-probability 0, on sampled rows too.
+TEST_F(ControlledSampleTest, ADraftThatIsAllThatIsKeptIsTheSample) {
+  const RandomProblem p = MakeRandomProblem(20000, 64, 0.0f, 63);
+  const std::vector<RowControls> top1(p.h.size(), Controls(1, 1.0f, 0.0f));
+  std::vector<RowParams> params = p.params;
+  for (RowParams& q : params) q.temperature = 1.0f;
+  const Outputs argmax = Run(p.w, p.h, params, top1);
+  ASSERT_EQ(argmax.launch, KernelStatus::kOk);
+  const Outputs verified = Run(p.w, p.h, params, top1, &argmax.tokens);
+  ASSERT_EQ(verified.launch, KernelStatus::kOk);
+  EXPECT_EQ(verified.tokens, argmax.tokens);
+  ASSERT_EQ(verified.draft_logprobs.size(), p.h.size());
+  for (size_t r = 0; r < p.h.size(); ++r) EXPECT_EQ(verified.draft_logprobs[r], 0.0f) << "row " << r;
 }
 
 // One block per row (no cluster) against the CPU as well: both launch shapes

@@ -83,7 +83,8 @@ RandomProblem MakeRandomProblem(int64_t vocab, int64_t rows, float tie_step, uin
 }
 
 Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
-               const std::vector<RowParams>& params, const std::vector<RowControls>& controls) {
+               const std::vector<RowParams>& params, const std::vector<RowControls>& controls,
+               const std::vector<int32_t>* drafts) {
   const int64_t vocab = static_cast<int64_t>(w.size());
   const int64_t rows = static_cast<int64_t>(h.size());
   CpuControlledSampler sampler(w.data(), vocab, vocab, 1, {2, 1024});
@@ -92,9 +93,12 @@ Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
   out.logz.assign(rows, NAN);
   out.logprobs.assign(rows, NAN);
   out.details.resize(rows);
-  out.launch = sampler.Sample(h.data(), rows, params.data(), controls.data(),
-                              CpuControlledPath::kMaterialized,
-                              {out.tokens.data(), out.logz.data(), out.logprobs.data(), out.details.data()});
+  if (drafts != nullptr) out.draft_logprobs.assign(rows, 7.0f);
+  out.launch = sampler.Sample(
+      h.data(), rows, params.data(), controls.data(), drafts != nullptr ? drafts->data() : nullptr,
+      CpuControlledPath::kMaterialized,
+      {out.tokens.data(), out.logz.data(), out.logprobs.data(), out.details.data(),
+       drafts != nullptr ? out.draft_logprobs.data() : nullptr});
   return out;
 }
 
@@ -120,6 +124,17 @@ void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p
     }
     EXPECT_EQ(gpu.tokens[r], cpu.tokens[r]);
     const float tol = 2e-5f * std::max(1.0f, std::fabs(cpu.logz[r]));
+    if (!gpu.draft_logprobs.empty() || !cpu.draft_logprobs.empty()) {
+      ASSERT_EQ(gpu.draft_logprobs.size(), n);
+      ASSERT_EQ(cpu.draft_logprobs.size(), n);
+      const float gd = gpu.draft_logprobs[r], cd = cpu.draft_logprobs[r];
+      if (std::isnan(cd) || std::isinf(cd)) {
+        EXPECT_EQ(std::isnan(gd), std::isnan(cd)) << gd << " vs " << cd;
+        EXPECT_EQ(std::isinf(gd), std::isinf(cd)) << gd << " vs " << cd;
+      } else {
+        EXPECT_NEAR(gd, cd, tol);
+      }
+    }
     EXPECT_NEAR(gpu.logz[r], cpu.logz[r], tol);
     EXPECT_NEAR(gpu.logprobs[r], cpu.logprobs[r], tol);
     EXPECT_EQ(g.ranks, c.ranks);
@@ -137,11 +152,11 @@ void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p
 DeviceOutputs::DeviceOutputs(int64_t rows, int64_t samples)
     : tokens_(rows), status_(rows), sample_tokens_(samples), ranks_(samples),
       top_ids_(rows * kMaxTopLogprobs), top_counts_(rows), logz_(rows), logprobs_(rows),
-      sample_logprobs_(samples), top_logprobs_(rows * kMaxTopLogprobs) {
+      sample_logprobs_(samples), top_logprobs_(rows * kMaxTopLogprobs), draft_logprobs_(rows) {
   for (const auto* b : {&tokens_, &status_, &sample_tokens_, &ranks_, &top_ids_, &top_counts_}) {
     EXPECT_EQ(cudaMemset(b->data(), 0xff, b->bytes()), cudaSuccess);
   }
-  for (const auto* b : {&logz_, &logprobs_, &sample_logprobs_, &top_logprobs_}) {
+  for (const auto* b : {&logz_, &logprobs_, &sample_logprobs_, &top_logprobs_, &draft_logprobs_}) {
     EXPECT_EQ(cudaMemset(b->data(), 0xff, b->bytes()), cudaSuccess);
   }
 }
@@ -150,11 +165,13 @@ ControlledSampleOutputs DeviceOutputs::View() {
   return ControlledSampleOutputs{tokens_.data(),        logz_.data(),          logprobs_.data(),
                                  status_.data(),        sample_tokens_.data(), sample_logprobs_.data(),
                                  ranks_.data(),         top_ids_.data(),       top_logprobs_.data(),
-                                 top_counts_.data()};
+                                 top_counts_.data(),    draft_logprobs_.data()};
 }
 
-void DeviceOutputs::Download(const FlatControls& flat, int64_t rows, Outputs* out) const {
+void DeviceOutputs::Download(const FlatControls& flat, int64_t rows, Outputs* out,
+                             bool drafts) const {
   const size_t samples = static_cast<size_t>(flat.total_samples);
+  if (drafts) out->draft_logprobs = draft_logprobs_.Download(rows);
   out->tokens = tokens_.Download(rows);
   out->logz = logz_.Download(rows);
   out->logprobs = logprobs_.Download(rows);

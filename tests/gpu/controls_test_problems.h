@@ -26,6 +26,7 @@ struct Outputs {
   std::vector<float> logprobs;
   std::vector<int32_t> row_status;
   std::vector<RowSampleDetail> details;
+  std::vector<float> draft_logprobs;  // [rows] when the run had draft tokens
 };
 
 struct RandomProblem {
@@ -44,13 +45,17 @@ struct RandomProblem {
 RandomProblem MakeRandomProblem(int64_t vocab, int64_t rows, float tie_step, uint32_t seed,
                                 bool fused_only = false);
 
-// The CPU backend on the same problem (materialized path: it serves every row).
+// The CPU backend on the same problem (materialized path: it serves every row),
+// with draft tokens (speculative verification, one per row, -1: none) when
+// `drafts` is given.
 Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
-               const std::vector<RowParams>& params, const std::vector<RowControls>& controls);
+               const std::vector<RowParams>& params, const std::vector<RowControls>& controls,
+               const std::vector<int32_t>* drafts = nullptr);
 
-// Identical tokens on >= 99.9% of rows; on agreeing rows logz / logprobs to
-// float64 summation-order rounding, ranks and top lists exactly (ids) and to
-// rounding (logprobs). Every GPU row must have row_status 0.
+// Identical tokens on >= 99.9% of rows; on agreeing rows logz / logprobs (and
+// draft log-probabilities, when both runs have them) to float64
+// summation-order rounding, ranks and top lists exactly (ids) and to rounding
+// (logprobs). Every GPU row must have row_status 0.
 void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p);
 
 // Device outputs of one controlled launch (poisoned with 0xff bytes), and
@@ -58,13 +63,14 @@ void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p
 class DeviceOutputs {
  public:
   DeviceOutputs(int64_t rows, int64_t samples);
-  ControlledSampleOutputs View();
-  // Fills tokens, logz, logprobs, row_status and details of `out`.
-  void Download(const FlatControls& flat, int64_t rows, Outputs* out) const;
+  ControlledSampleOutputs View();  // draft_logprobs set: a launch with drafts may write it
+  // Fills tokens, logz, logprobs, row_status and details of `out`, and
+  // draft_logprobs when `drafts`.
+  void Download(const FlatControls& flat, int64_t rows, Outputs* out, bool drafts = false) const;
 
  private:
   gpu_test::DeviceBuffer<int32_t> tokens_, status_, sample_tokens_, ranks_, top_ids_, top_counts_;
-  gpu_test::DeviceBuffer<float> logz_, logprobs_, sample_logprobs_, top_logprobs_;
+  gpu_test::DeviceBuffer<float> logz_, logprobs_, sample_logprobs_, top_logprobs_, draft_logprobs_;
 };
 
 // x rounded to the nearest bf16 (ties to even), as a float; and its bits.

@@ -160,6 +160,50 @@ TEST(CudaEngineControls, MatchesTheCpuEngine) {
   EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
 }
 
+// Verify rows with controls (draft tokens in a controlled batch) take the
+// materialized controlled path and match the CPU engine: the same criteria,
+// plus the drafts' log-probabilities (NaN without a draft, -inf when a
+// control removed it).
+TEST(CudaEngineControls, DraftRowsWithControlsMatchTheCpuEngine) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  Engines e = MakeEngines(300, /*fused_max_rows=*/128);
+  ASSERT_TRUE(e.cuda && e.cpu);
+  ASSERT_TRUE(e.cuda->serves_draft_rows(true));
+  int64_t rows = 0, mismatches = 0;
+  uint64_t seed = 500;
+  for (int64_t batch_rows : {1, 17, 64, 300}) {
+    SampleBatch batch = RandomControlledBatch(batch_rows, seed++);
+    const absl::StatusOr<SampleResult> plain = e.cpu->Sample(batch);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    std::mt19937 gen(static_cast<uint32_t>(seed));
+    batch.draft_tokens.resize(batch_rows);
+    for (int64_t r = 0; r < batch_rows; ++r) {
+      batch.draft_tokens[r] = r % 3 == 0   ? -1
+                              : r % 3 == 1 ? plain->token_ids[r]
+                                           : static_cast<int32_t>(gen() % kValid);
+    }
+    absl::StatusOr<SampleResult> g = e.cuda->Sample(batch);
+    absl::StatusOr<SampleResult> c = e.cpu->Sample(batch);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(g->path, LaunchPath::kControlled) << LaunchPathName(g->path);
+    ASSERT_NO_FATAL_FAILURE(CompareWithCpu(*g, *c, batch_rows, /*check_ranks=*/false, &rows, &mismatches));
+    ASSERT_EQ(g->draft_logprobs.size(), static_cast<size_t>(batch_rows));
+    ASSERT_EQ(c->draft_logprobs.size(), static_cast<size_t>(batch_rows));
+    for (int64_t r = 0; r < batch_rows; ++r) {
+      if (g->token_ids[r] != c->token_ids[r]) continue;  // counted above
+      const float gd = g->draft_logprobs[r], cd = c->draft_logprobs[r];
+      if (std::isnan(cd) || std::isinf(cd)) {
+        EXPECT_EQ(std::isnan(gd), std::isnan(cd)) << "row " << r << ": " << gd << " vs " << cd;
+        EXPECT_EQ(std::isinf(gd), std::isinf(cd)) << "row " << r << ": " << gd << " vs " << cd;
+      } else {
+        EXPECT_NEAR(gd, cd, 1e-4f * std::max(1.0f, std::abs(c->logz[r]))) << "row " << r;
+      }
+    }
+  }
+  EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
+}
+
 // Rows the fused controlled path serves: top_k 1..64 with anything but
 // raw-mode top lists, or no filter at all (bitmask, bans, bias, penalties).
 SampleBatch FusedServedBatch(int64_t rows, uint64_t seed) {

@@ -83,7 +83,7 @@ TEST(CudaEngine, DraftRowsMatchTheCpuEngineOnBothPaths) {
   Engine* const cuda = engines.cuda.get();
   Engine* const cpu = engines.cpu.get();
   EXPECT_TRUE(cuda->serves_draft_rows(false));
-  EXPECT_FALSE(cuda->serves_draft_rows(true));
+  EXPECT_TRUE(cuda->serves_draft_rows(true));  // with controls: the materialized controlled path
 
   int64_t rows = 0, mismatches = 0, drafted = 0;
   uint64_t seed = 100;
@@ -136,7 +136,11 @@ absl::StatusOr<std::unique_ptr<Engine>> SmallCudaEngine() {
   return MakeEngine("cuda", LmHead::Demo(300, 16, 1), options);
 }
 
-TEST(CudaEngine, DraftRowsWithSamplingControlsAreUnimplemented) {
+// Draft rows with controls are served (the materialized controlled path; its
+// agreement with the CPU engine is in cuda_engine_controls_test): a draft the
+// controls keep with p < 1 is excluded from the sample, a row without a draft
+// reports NaN.
+TEST(CudaEngine, DraftRowsWithSamplingControlsAreServed) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
   const absl::StatusOr<std::unique_ptr<Engine>> cuda = SmallCudaEngine();
   ASSERT_TRUE(cuda.ok()) << cuda.status();
@@ -148,11 +152,18 @@ TEST(CudaEngine, DraftRowsWithSamplingControlsAreUnimplemented) {
   batch.controls.resize(2);
   batch.controls[0].top_k = 5;
   batch.controls[1].top_k = 5;
-  batch.draft_tokens = {3, -1};
-  EXPECT_EQ((*cuda)->Sample(batch).status().code(), absl::StatusCode::kUnimplemented);
+  const absl::StatusOr<SampleResult> first = (*cuda)->Sample(batch);
+  ASSERT_TRUE(first.ok()) << first.status();
+  batch.draft_tokens = {first->token_ids[0], -1};  // row 0's draft is a kept token
+  const absl::StatusOr<SampleResult> verified = (*cuda)->Sample(batch);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_EQ(verified->path, LaunchPath::kControlled);
+  ASSERT_EQ(verified->draft_logprobs.size(), 2u);
+  EXPECT_TRUE(std::isfinite(verified->draft_logprobs[0]));
+  EXPECT_LT(verified->draft_logprobs[0], 0.0f);  // top_k = 5 keeps others: p < 1
+  EXPECT_NE(verified->token_ids[0], batch.draft_tokens[0]);
+  EXPECT_TRUE(std::isnan(verified->draft_logprobs[1]));
   EXPECT_TRUE((*cuda)->healthy());
-  batch.draft_tokens.clear();  // the same controls without drafts are served
-  EXPECT_TRUE((*cuda)->Sample(batch).ok());
 }
 
 TEST(CudaEngine, OversizedBatchIsInvalidAndTheEngineStaysHealthy) {
