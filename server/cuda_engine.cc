@@ -145,8 +145,8 @@ class CudaEngine final : public Engine {
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "cuda"; }
   bool healthy() const override { return healthy_; }
-  // Draft rows ride the fused and materialized launches; the controlled path
-  // refuses them.
+  // Draft rows ride every launch: the fused and materialized ones, and with
+  // controls the materialized controlled one.
   bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
   // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
   // calling thread's current device, so this is safe next to a running Sample.

@@ -110,8 +110,10 @@ struct ControlledDeviceControls {
   const ControlledRowDesc* rows = nullptr;  // [batch]
   const TouchedToken* touched = nullptr;    // all rows' touched tokens
   const uint32_t* bitmask = nullptr;        // all rows' bitmask words (may be null if none)
-  // [batch] draft token per row (-1: none), or nullptr when no row verifies
-  // a draft. Not part of the packed upload: the caller sets it.
+  // [batch] draft token per row, -1 (none) or in [0, valid_vocab) (the caller
+  // validates; a token past valid_vocab counts as removed: -inf), or nullptr
+  // when no row verifies a draft. Not part of the packed upload: the caller
+  // sets it.
   const int32_t* draft_tokens = nullptr;
 };
 

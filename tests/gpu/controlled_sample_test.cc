@@ -209,17 +209,19 @@ TEST_F(ControlledSampleTest, MatchesTheCpuBackendWithAFewRows) {
 // and samples from the residual (the kept tokens other than the draft),
 // exactly as the CPU backend. Drafts: none, the token the row samples without
 // a draft (kept: its residual is exercised), a random token (usually cut),
-// the row's best listed token.
+// the row's best listed token. Every cluster shape: the draft's l' is read
+// from whichever block's slice holds it.
 TEST_F(ControlledSampleTest, DraftRowsMatchTheCpuBackend) {
-  for (uint32_t seed : {61u, 62u}) {
+  for (uint32_t seed : {61u, 62u, 63u, 64u}) {
     SCOPED_TRACE(seed);
-    const RandomProblem p = MakeRandomProblem(20000, 256, seed == 62u ? 0.25f : 0.0f, seed);
+    cluster_blocks_ = seed == 63u ? 1 : (seed == 64u ? 16 : kControlledClusterAuto);
+    const RandomProblem p = MakeRandomProblem(20000, 256, seed % 2 == 0 ? 0.25f : 0.0f, seed);
     const Outputs plain = RunCpu(p.w, p.h, p.params, p.controls);
     ASSERT_EQ(plain.launch, KernelStatus::kOk);
     std::mt19937 gen(seed);
     std::vector<int32_t> drafts(p.h.size());
     for (size_t r = 0; r < drafts.size(); ++r) {
-      switch (r % 4) {
+      switch (gen() % 4) {  // not r % 4: MakeRandomProblem's controls follow r
         case 0: drafts[r] = -1; break;
         case 1: drafts[r] = plain.tokens[r]; break;
         case 2: drafts[r] = static_cast<int32_t>(gen() % p.w.size()); break;
