@@ -17,6 +17,10 @@
 //   - every other row (top_p or min_p without top_k, top_k above the limit,
 //     several samples or a top list without top_k, raw-mode top lists) is not
 //     served: row_status 2, and the caller runs it on the materialized path.
+//     A top list without top_k stays out by design: the sampled token's rank
+//     (vLLM's: every token at least as likely) needs every logit unless the
+//     sample falls inside the list, so a fused attempt would hand the batch
+//     back whenever a row samples outside its list (often, on flat rows).
 //
 // What it computes. Stage 1 is the tensor-core GEMM of the plain fused sampler
 // (fused_sample_mma.cu: blocks of 128 tokens x up to 128 rows); its epilogue
