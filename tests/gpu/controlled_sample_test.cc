@@ -164,6 +164,57 @@ TEST_P(ControlledSampleFit, MatchesTheFloat64Reference) {
   testing::ExpectCountsMatch(counts, ref.probs, /*required_shift=*/6.0, /*detectable_error=*/0.01);
 }
 
+// A draft row's samples follow the residual: the float64 reference
+// distribution after the controls with the draft's mass removed and the rest
+// renormalised; its log-probability is log p(x) of the reference. top_k 8 at
+// T = 0.8 on the shared test logits (three tokens near 3, a tail below 0),
+// the draft = the reference's most likely token (the residual that differs
+// most from the plain one).
+// 2^21 samples, the same power as the cases above.
+TEST_F(ControlledSampleTest, DraftResidualMatchesTheFloat64Reference) {
+  const std::vector<float> logits = TestLogits();
+  constexpr float kTemperature = 0.8f;
+  constexpr int64_t kRows = 4096;
+  constexpr int32_t kSamples = 64;
+  RowControls c = Controls(8, 1.0f, 0.0f);
+  const testing::ReferenceResult ref =
+      testing::ReferenceControlledDistribution(logits, 24, kTemperature, c);
+  ASSERT_GT(ref.margin, 1e-3);
+  const int32_t draft =
+      static_cast<int32_t>(std::max_element(ref.probs.begin(), ref.probs.end()) - ref.probs.begin());
+  ASSERT_LT(ref.probs[draft], 0.9);  // other tokens are kept: a residual exists
+  std::vector<double> residual = ref.probs;
+  residual[draft] = 0.0;
+  for (double& q : residual) q /= 1.0 - ref.probs[draft];
+  c.num_samples = kSamples;
+  c.sample_stream_stride = kRows;
+  const std::vector<RowControls> controls(kRows, c);
+  const std::vector<float> h(kRows, 1.0f);
+  const std::vector<int32_t> drafts(kRows, draft);
+  std::vector<int64_t> counts(24, 0);
+  for (int64_t call = 0; call < 8; ++call) {
+    std::vector<RowParams> params(kRows);
+    for (int64_t r = 0; r < kRows; ++r) {
+      params[r] = RowParams{kTemperature, 5151, static_cast<uint64_t>(call), static_cast<uint32_t>(r)};
+    }
+    const Outputs out = Run(logits, h, params, controls, &drafts);
+    ASSERT_EQ(out.launch, KernelStatus::kOk);
+    ASSERT_EQ(out.draft_logprobs.size(), static_cast<size_t>(kRows));
+    for (int64_t r = 0; r < kRows; ++r) {
+      ASSERT_NEAR(out.draft_logprobs[r], std::log(ref.probs[draft]), 1e-5) << "row " << r;
+    }
+    for (const RowSampleDetail& d : out.details) {
+      ASSERT_EQ(d.token_ids.size(), static_cast<size_t>(kSamples));
+      for (int32_t t : d.token_ids) {
+        ASSERT_TRUE(t >= 0 && t < 24) << t;
+        ++counts[t];
+      }
+    }
+  }
+  EXPECT_EQ(counts[draft], 0);
+  testing::ExpectCountsMatch(counts, residual, /*required_shift=*/6.0, /*detectable_error=*/0.01);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     EveryControl, ControlledSampleFit,
     ::testing::ValuesIn(testing::EveryControlFitCase()),
