@@ -232,6 +232,35 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
     concatenated = ConcatenateSlices(launch.slices, engine->shape().hidden_size);
   }
   const SampleBatch& batch = whole_request ? *launch.slices[0].batch : concatenated;
+  absl::StatusOr<SampleResult> result = SampleOnce(engine, batch);
+  if (!result.ok()) {
+    const absl::StatusCode code = result.status().code();
+    const bool request_error = code == absl::StatusCode::kInvalidArgument ||
+                               code == absl::StatusCode::kFailedPrecondition ||
+                               code == absl::StatusCode::kUnimplemented;
+    if (request_error && launch.slices.size() > 1 && engine->healthy()) {
+      RunSlicesAlone(engine, launch);
+    } else {
+      FailLaunch(engine, launch, result.status());
+    }
+    return;
+  }
+  // A launch of one request with nothing queued behind it: no next launch
+  // waits for this thread, so it answers the request itself (one thread
+  // hand-off less, ~35 us measured at 1 request in flight). Larger launches
+  // go to the pool even then: answering ~25 requests here (~10 us each)
+  // would delay the launch their successors are about to join.
+  const bool inline_completion =
+      launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0;
+  int64_t launch_row = 0;
+  for (size_t i = 0; i < launch.jobs.size(); ++i) {
+    CompleteSlice(*launch.jobs[i], launch.slices[i], *result, launch_row, inline_completion);
+    launch_row += launch.slices[i].rows;
+  }
+}
+
+absl::StatusOr<SampleResult> DynamicBatcher::SampleOnce(Engine* engine, const SampleBatch& batch) {
+  const absl::Time start = absl::Now();
   // The engine is only touched by this thread; the lock is not held while
   // computing, so Submit never waits for a launch to finish.
   absl::StatusOr<SampleResult> result = engine->Sample(batch);
@@ -247,47 +276,81 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
     metrics_->RecordLaunch(batch.rows, absl::ToDoubleSeconds(absl::Now() - start),
                            result.ok() ? LaunchPathName(result->path) : "error");
   }
+  return result;
+}
 
-  if (!result.ok()) {
-    const bool failed = !engine->healthy();
-    {
-      // A split request whose other rows are still queued is answered now:
-      // drop its remainder (it can only be at the queue's front).
-      absl::MutexLock lock(&mu_);
-      const std::shared_ptr<Job>& last = launch.jobs.back();
-      if (!queue_.empty() && queue_.front() == last) {
-        queued_rows_ -= last->batch->rows - last->next_row;
-        queue_.pop_front();
-        PublishQueueRows();
-      }
-    }
-    for (const std::shared_ptr<Job>& job : launch.jobs) job->done(result.status());
-    if (failed && on_engine_failure_) on_engine_failure_();
-    return;
+void DynamicBatcher::CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
+                                   int64_t launch_row, bool inline_completion) {
+  ScatterSlice(result, launch_row, slice, &job.result);
+  job.rows_done += slice.rows;
+  if (job.rows_done != job.batch->rows) return;
+  if (inline_completion) {
+    Done done = std::move(job.done);  // released here, as a posted one is by the pool
+    done(std::move(job.result));
+  } else {
+    completions_.Post([done = std::move(job.done), result = std::move(job.result)]() mutable {
+      done(std::move(result));
+    });
   }
-  // A launch of one request with nothing queued behind it: no next launch
-  // waits for this thread, so it answers the request itself (one thread
-  // hand-off less, ~35 us measured at 1 request in flight). Larger launches
-  // go to the pool even then: answering ~25 requests here (~10 us each)
-  // would delay the launch their successors are about to join.
-  const bool inline_completion =
-      launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0;
-  int64_t launch_row = 0;
-  for (size_t i = 0; i < launch.jobs.size(); ++i) {
-    Job& job = *launch.jobs[i];
+}
+
+void DynamicBatcher::FailLaunch(Engine* engine, Launch& launch, const absl::Status& status) {
+  const bool failed = !engine->healthy();
+  {
+    // A split request whose other rows are still queued is answered now:
+    // drop its remainder (it can only be at the queue's front).
+    absl::MutexLock lock(&mu_);
+    const std::shared_ptr<Job>& last = launch.jobs.back();
+    if (!queue_.empty() && queue_.front() == last) {
+      queued_rows_ -= last->batch->rows - last->next_row;
+      queue_.pop_front();
+      PublishQueueRows();
+    }
+  }
+  for (const std::shared_ptr<Job>& job : launch.jobs) job->done(status);
+  if (failed && on_engine_failure_) on_engine_failure_();
+}
+
+void DynamicBatcher::RunSlicesAlone(Engine* engine, Launch& launch) {
+  // Each slice is one request's rows (a request appears once per launch).
+  // Run them all first, then answer: a request's outcome does not depend on
+  // the order of the others'.
+  const size_t n = launch.slices.size();
+  std::vector<absl::StatusOr<SampleResult>> results;
+  results.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!engine->healthy()) {  // an earlier re-run failed the engine: no more compute
+      results.push_back(absl::UnavailableError("the engine failed while isolating a failed launch"));
+      continue;
+    }
     const RowSlice& slice = launch.slices[i];
-    ScatterSlice(*result, launch_row, slice, &job.result);
-    launch_row += slice.rows;
-    job.rows_done += slice.rows;
-    if (job.rows_done == job.batch->rows && inline_completion) {
-      Done done = std::move(job.done);  // released here, as a posted one is by the pool
-      done(std::move(job.result));
-    } else if (job.rows_done == job.batch->rows) {
-      completions_.Post([done = std::move(job.done), result = std::move(job.result)]() mutable {
-        done(std::move(result));
-      });
+    const bool whole = slice.first_row == 0 && slice.rows == slice.batch->rows;
+    if (whole) {
+      results.push_back(SampleOnce(engine, *slice.batch));
+    } else {
+      const SampleBatch part = ConcatenateSlices({slice}, engine->shape().hidden_size);
+      results.push_back(SampleOnce(engine, part));
     }
   }
+  {
+    // The split request at the end whose slice failed leaves the queue.
+    absl::MutexLock lock(&mu_);
+    const std::shared_ptr<Job>& last = launch.jobs.back();
+    if (!results.back().ok() && !queue_.empty() && queue_.front() == last) {
+      queued_rows_ -= last->batch->rows - last->next_row;
+      queue_.pop_front();
+      PublishQueueRows();
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Job& job = *launch.jobs[i];
+    if (!results[i].ok()) {
+      job.done(results[i].status());
+      continue;
+    }
+    CompleteSlice(job, launch.slices[i], *results[i], /*launch_row=*/0, /*inline_completion=*/false);
+  }
+  if (!engine->healthy() && on_engine_failure_) on_engine_failure_();
 }
 
 void DynamicBatcher::WorkerLoop() {

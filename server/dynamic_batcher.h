@@ -42,7 +42,12 @@
 // the engine is unhealthy or the batcher is stopping; ResourceExhausted when
 // the queue is full; DeadlineExceeded when the deadline passed before the
 // request ran; Cancelled when the caller went away before it ran; the engine's
-// error (Internal, or InvalidArgument) for every request of a failed launch.
+// error for a failed launch. A launch of several requests that fails with an
+// error one request's rows can cause (InvalidArgument, FailedPrecondition: a
+// row with no token left, Unimplemented) while the engine stays healthy is
+// re-run request by request, so only the requests at fault get the error;
+// any other error (Internal: the engine failed) answers every request of the
+// launch.
 #pragma once
 
 #include <atomic>
@@ -122,6 +127,19 @@ class DynamicBatcher {
   // Requests answered without compute are moved to `refused`.
   bool NextLaunch(Launch* launch, std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused);
   void RunLaunch(Engine* engine, Launch& launch);
+  // engine->Sample(batch), checked for the draft log-probabilities the
+  // scatter needs, and recorded in the launch metrics.
+  absl::StatusOr<SampleResult> SampleOnce(Engine* engine, const SampleBatch& batch);
+  // After a launch of several requests failed with a request's error: each
+  // request's slice alone, each request answered with its own outcome.
+  void RunSlicesAlone(Engine* engine, Launch& launch);
+  // Answers every request of `launch` with `status` (and drops the queued
+  // rest of a split request).
+  void FailLaunch(Engine* engine, Launch& launch, const absl::Status& status);
+  // Scatters one slice's result into its request; answers the request once
+  // all its rows are done (inline: on this thread, else through the pool).
+  void CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
+                     int64_t launch_row, bool inline_completion);
   void PublishQueueRows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls queued_jobs_ for up to options_.idle_spin while it is 0.
   void SpinWhileIdle() const;

@@ -37,6 +37,7 @@
 #include "server/authenticated_sampler_service.h"
 #include "server/bearer_token_auth.h"
 #include "server/engine.h"
+#include "server/health_gate.h"
 #include "server/health_only_server.h"
 #include "server/lm_head.h"
 #include "server/dynamic_batcher.h"
@@ -129,9 +130,14 @@ int main(int argc, char** argv) {
                            (config->backend == "auto" && flashsampler::CudaBackendAvailable());
   batching.idle_spin = absl::Microseconds(
       config->idle_spin_us >= 0 ? config->idle_spin_us : (gpu_backend ? 1000 : 0));
-  flashsampler::DynamicBatcher batcher(batching, &metrics, [&server, &health_server, &metrics] {
+  // SERVING once the engine is loaded, NOT_SERVING for good after a drain
+  // starts or the engine fails, whatever order those come in.
+  flashsampler::HealthGate health_gate([&server, &health_server, &metrics](bool serving) {
+    SetHealth(server.get(), health_server.get(), &metrics, serving);
+  });
+  flashsampler::DynamicBatcher batcher(batching, &metrics, [&health_gate] {
     std::fprintf(stderr, "flashsampler-server: backend failed; health is now NOT_SERVING\n");
-    SetHealth(server.get(), health_server.get(), &metrics, false);
+    health_gate.Close();
   });
   metrics.SetDeviceMemorySource([&batcher] { return batcher.DeviceMemory(); });
   // Scrapes may come until `metrics` goes: unhook the batcher before it is destroyed.
@@ -257,7 +263,7 @@ int main(int argc, char** argv) {
     const int shards = std::max<int>(1, static_cast<int>((*engine)->DeviceMemory().size()));
     metrics.SetModelInfo((*engine)->shape(), backend, shards);
     batcher.SetEngine(*std::move(engine));
-    SetHealth(server.get(), health_server.get(), &metrics, true);
+    health_gate.EngineReady();
     std::string where;
     if (backend == "cuda" && shards > 1) {
       for (int d : options.cuda.devices) where += (where.empty() ? " (GPUs " : ",") + std::to_string(d);
@@ -271,7 +277,7 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "flashsampler-server: %s, draining (grace %.1f s)\n",
                signal_number == SIGINT ? "SIGINT" : "SIGTERM", config->grace_period_s);
-  SetHealth(server.get(), health_server.get(), &metrics, false);
+  health_gate.Close();
   // A second SIGINT/SIGTERM during the drain ends the process at once.
   std::thread([&stop_signals] {
     int again = 0;

@@ -54,6 +54,11 @@ class FakeEngine final : public Engine {
       healthy_ = false;
       return absl::InternalError("device lost");
     }
+    for (const RowParams& p : batch.params) {
+      if (poison_seed_ >= 0 && p.seed == static_cast<uint64_t>(poison_seed_.load())) {
+        return absl::FailedPreconditionError("a row has no token left to sample");
+      }
+    }
     SampleResult r;
     for (const RowParams& p : batch.params) {
       r.token_ids.push_back(static_cast<int32_t>(p.seed));
@@ -74,6 +79,10 @@ class FakeEngine final : public Engine {
   void set_serves_draft_rows(bool serves) { serves_drafts_ = serves; }
   // Breaks the contract: returns no draft_logprobs for a batch with drafts.
   void set_ignores_drafts(bool ignores) { ignores_drafts_ = ignores; }
+  // A batch holding a row with this seed fails with FailedPrecondition (a
+  // row the engine cannot serve, e.g. no token left after its controls); the
+  // engine stays healthy.
+  void set_poison_seed(int64_t seed) { poison_seed_ = seed; }
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "fake"; }
   bool healthy() const override { return healthy_; }
@@ -96,6 +105,7 @@ class FakeEngine final : public Engine {
   std::atomic<bool> healthy_{true};
   std::atomic<bool> serves_drafts_{false};
   std::atomic<bool> ignores_drafts_{false};
+  std::atomic<int64_t> poison_seed_{-1};
   ModelShape shape_;
   absl::Notification first_started_, release_;
   mutable absl::Mutex mu_;
@@ -357,6 +367,56 @@ TEST(DynamicBatcher, DraftRowsIgnoredByTheEngineAreUnimplemented) {
   EXPECT_EQ(plain_outcome.code(), absl::StatusCode::kOk);
   EXPECT_EQ(verify_outcome.code(), absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(batcher.ready());
+}
+
+// One request's bad row fails only that request: the launch it shared with
+// others is re-run request by request.
+TEST(DynamicBatcher, ARowTheEngineRefusesFailsOnlyItsOwnRequest) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  engine->set_poison_seed(666);
+  SampleBatch a = Batch(2, 10), bad = Batch(3, 665), c = Batch(1, 20);  // bad's row 1: seed 666
+  Outcome a_outcome, bad_outcome, c_outcome;
+  batcher.Submit(&a, a_outcome.Callback());
+  batcher.Submit(&bad, bad_outcome.Callback());
+  batcher.Submit(&c, c_outcome.Callback());
+  engine->Release();
+  ASSERT_EQ(a_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(a_outcome.result->token_ids, ElementsAre(10, 11));
+  EXPECT_EQ(bad_outcome.code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(c_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(c_outcome.result->token_ids, ElementsAre(20));
+  // The shared launch of 6 rows, then each request alone.
+  EXPECT_THAT(engine->launches(), ElementsAre(1, 6, 2, 3, 1));
+  EXPECT_TRUE(batcher.ready());
+}
+
+// The same when the bad request is split over launches: its queued rest
+// leaves the queue with it, and the batcher goes on serving.
+TEST(DynamicBatcher, ASplitRequestWithARefusedRowFailsAloneAndLeavesTheQueue) {
+  DynamicBatcher batcher(Options(4, absl::ZeroDuration()));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  engine->set_poison_seed(666);
+  SampleBatch small = Batch(1, 50), big = Batch(6, 665);  // big's row 1: seed 666
+  Outcome small_outcome, big_outcome;
+  batcher.Submit(&small, small_outcome.Callback());
+  batcher.Submit(&big, big_outcome.Callback());
+  engine->Release();
+  ASSERT_EQ(small_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(small_outcome.result->token_ids, ElementsAre(50));
+  EXPECT_EQ(big_outcome.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(batcher.queued_rows(), 0) << "the failed request's other rows must leave the queue";
+  // small + big's first 3 rows, then small alone and big's 3 rows alone.
+  EXPECT_THAT(engine->launches(), ElementsAre(1, 4, 1, 3));
+  SampleBatch later = Batch(2, 70);
+  Outcome later_outcome;
+  batcher.Submit(&later, later_outcome.Callback());
+  ASSERT_EQ(later_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(later_outcome.result->token_ids, ElementsAre(70, 71));
 }
 
 TEST(DynamicBatcher, RefusesAtOnceWhenTheQueueIsFullAndRecovers) {
