@@ -153,7 +153,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     any_controls = true;
     // Rows sharing an entry are spaced `rows` streams apart per extra sample.
     const uint32_t stride = num_params == 1 ? static_cast<uint32_t>(rows) : 1u;
-    absl::StatusOr<RowControls> c = ParseRowControls(request.params(i), i, shape, stride);
+    absl::StatusOr<RowControls> c = ParseRowControls(request.params(i), absl::StrCat("params[", i, "]"), shape, stride);
     if (!c.ok()) return c.status();
     entry_controls[i] = *std::move(c);
   }

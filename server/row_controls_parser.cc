@@ -15,15 +15,15 @@ namespace {
 constexpr float kMaxAbsPenalty = 2.0f;
 constexpr float kMaxAbsLogitBias = 100.0f;
 
-absl::Status Invalid(int index, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("params[", index, "].", what));
+absl::Status Invalid(const std::string& entry, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(entry, ".", what));
 }
 
-absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, int index,
+absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, const std::string& entry,
                            const char* field, int64_t vocab) {
   for (int i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
-      return Invalid(index, absl::StrCat(field, "[", i, "] = ", ids[i], " is outside [0, ", vocab,
+      return Invalid(entry, absl::StrCat(field, "[", i, "] = ", ids[i], " is outside [0, ", vocab,
                                          ") (the vocabulary)"));
     }
   }
@@ -63,36 +63,36 @@ bool HasControls(const v1::SamplingParams& p) {
          p.has_num_samples();
 }
 
-absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, int index,
+absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, const std::string& entry,
                                              const ModelShape& shape, uint32_t stream_stride) {
   RowControls c;
   const int64_t vocab = shape.vocab_size;
-  if (p.top_k() < 0) return Invalid(index, absl::StrCat("top_k must be >= 0 (0 = off), got ", p.top_k()));
+  if (p.top_k() < 0) return Invalid(entry, absl::StrCat("top_k must be >= 0 (0 = off), got ", p.top_k()));
   c.top_k = p.top_k();
   if (p.has_top_p()) {
     // !(x > 0 && x <= 1) also rejects NaN.
     if (!(p.top_p() > 0.0f && p.top_p() <= 1.0f)) {
-      return Invalid(index, absl::StrCat("top_p must lie in (0, 1] (1 = off), got ", p.top_p()));
+      return Invalid(entry, absl::StrCat("top_p must lie in (0, 1] (1 = off), got ", p.top_p()));
     }
     c.top_p = p.top_p();
   }
   if (!(p.min_p() >= 0.0f && p.min_p() < 1.0f)) {
-    return Invalid(index, absl::StrCat("min_p must lie in [0, 1) (0 = off), got ", p.min_p()));
+    return Invalid(entry, absl::StrCat("min_p must lie in [0, 1) (0 = off), got ", p.min_p()));
   }
   c.min_p = p.min_p();
   for (const auto& [token, bias] : p.logit_bias()) {
     if (token < 0 || token >= vocab) {
-      return Invalid(index, absl::StrCat("logit_bias token id ", token, " is outside [0, ", vocab, ")"));
+      return Invalid(entry, absl::StrCat("logit_bias token id ", token, " is outside [0, ", vocab, ")"));
     }
     if (!(std::abs(bias) <= kMaxAbsLogitBias)) {
-      return Invalid(index, absl::StrCat("logit_bias[", token, "] = ", bias, " must be finite and in [-",
+      return Invalid(entry, absl::StrCat("logit_bias[", token, "] = ", bias, " must be finite and in [-",
                                          kMaxAbsLogitBias, ", ", kMaxAbsLogitBias, "]"));
     }
     c.logit_bias.emplace_back(token, bias);
   }
   // Map iteration order is unspecified; keep the engine's input deterministic.
   std::sort(c.logit_bias.begin(), c.logit_bias.end());
-  if (absl::Status s = CheckTokenIds(p.banned_token_ids(), index, "banned_token_ids", vocab); !s.ok()) {
+  if (absl::Status s = CheckTokenIds(p.banned_token_ids(), entry, "banned_token_ids", vocab); !s.ok()) {
     return s;
   }
   c.banned_token_ids.assign(p.banned_token_ids().begin(), p.banned_token_ids().end());
@@ -102,7 +102,7 @@ absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, int in
     const int64_t valid_words = (shape.valid_vocab + 31) / 32;
     const int64_t words = static_cast<int64_t>(bytes.size()) / 4;
     if (bytes.size() % 4 != 0 || (words != full_words && words != valid_words)) {
-      return Invalid(index, absl::StrCat("allowed_token_bitmask has ", bytes.size(),
+      return Invalid(entry, absl::StrCat("allowed_token_bitmask has ", bytes.size(),
                                          " bytes; it must hold ceil(V / 32) int32 words: ",
                                          full_words * 4, " bytes (V = vocab_size ", vocab, ") or ",
                                          valid_words * 4, " bytes (V = valid_vocab_size ",
@@ -117,40 +117,40 @@ absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, int in
   }
   if (p.has_repetition_penalty()) {
     if (!(std::isfinite(p.repetition_penalty()) && p.repetition_penalty() > 0.0f)) {
-      return Invalid(index, absl::StrCat("repetition_penalty must be finite and > 0 (1 = off), got ",
+      return Invalid(entry, absl::StrCat("repetition_penalty must be finite and > 0 (1 = off), got ",
                                          p.repetition_penalty()));
     }
     c.repetition_penalty = p.repetition_penalty();
   }
   if (!(std::abs(p.presence_penalty()) <= kMaxAbsPenalty)) {
-    return Invalid(index, absl::StrCat("presence_penalty must lie in [-2, 2], got ", p.presence_penalty()));
+    return Invalid(entry, absl::StrCat("presence_penalty must lie in [-2, 2], got ", p.presence_penalty()));
   }
   c.presence_penalty = p.presence_penalty();
   if (!(std::abs(p.frequency_penalty()) <= kMaxAbsPenalty)) {
-    return Invalid(index, absl::StrCat("frequency_penalty must lie in [-2, 2], got ", p.frequency_penalty()));
+    return Invalid(entry, absl::StrCat("frequency_penalty must lie in [-2, 2], got ", p.frequency_penalty()));
   }
   c.frequency_penalty = p.frequency_penalty();
-  if (absl::Status s = CheckTokenIds(p.output_token_ids(), index, "output_token_ids", vocab); !s.ok()) {
+  if (absl::Status s = CheckTokenIds(p.output_token_ids(), entry, "output_token_ids", vocab); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckTokenIds(p.prompt_token_ids(), index, "prompt_token_ids", vocab); !s.ok()) {
+  if (absl::Status s = CheckTokenIds(p.prompt_token_ids(), entry, "prompt_token_ids", vocab); !s.ok()) {
     return s;
   }
   c.output_token_ids.assign(p.output_token_ids().begin(), p.output_token_ids().end());
   c.prompt_token_ids.assign(p.prompt_token_ids().begin(), p.prompt_token_ids().end());
   if (p.top_logprobs() < 0 || p.top_logprobs() > kMaxTopLogprobs) {
-    return Invalid(index, absl::StrCat("top_logprobs must lie in [0, ", kMaxTopLogprobs, "], got ",
+    return Invalid(entry, absl::StrCat("top_logprobs must lie in [0, ", kMaxTopLogprobs, "], got ",
                                        p.top_logprobs()));
   }
   c.top_logprobs = p.top_logprobs();
   if (!v1::LogprobsMode_IsValid(p.logprobs_mode())) {
-    return Invalid(index, absl::StrCat("logprobs_mode ", p.logprobs_mode(), " is not a known mode"));
+    return Invalid(entry, absl::StrCat("logprobs_mode ", p.logprobs_mode(), " is not a known mode"));
   }
   c.logprobs_mode = p.logprobs_mode() == v1::LOGPROBS_MODE_RAW ? LogprobsMode::kRaw
                                                                : LogprobsMode::kSampled;
   if (p.has_num_samples()) {
     if (p.num_samples() < 1 || p.num_samples() > kMaxNumSamples) {
-      return Invalid(index, absl::StrCat("num_samples must lie in [1, ", kMaxNumSamples, "], got ",
+      return Invalid(entry, absl::StrCat("num_samples must lie in [1, ", kMaxNumSamples, "], got ",
                                          p.num_samples()));
     }
     c.num_samples = p.num_samples();
@@ -159,7 +159,7 @@ absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, int in
   if ((!c.allowed_bitmask.empty() || !c.banned_token_ids.empty()) &&
       !AnyTokenAllowed(c, shape.valid_vocab)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "params[", index, "] allows no token: allowed_token_bitmask and banned_token_ids exclude all ",
+        "params[", entry, "] allows no token: allowed_token_bitmask and banned_token_ids exclude all ",
         shape.valid_vocab, " sampleable tokens"));
   }
   return c;

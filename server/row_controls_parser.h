@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "flashsampler/v1/sampler.pb.h"
@@ -37,9 +38,10 @@ int64_t ControlElements(const RowControls& c);
 // True when `p` sets any control (a field other than temperature, seed, offset).
 bool HasControls(const v1::SamplingParams& p);
 
-// The validated controls of params entry `index`; `stream_stride` is the
+// The validated controls of one params entry, named `entry` in error
+// messages ("params[3]", "sequences[1].params"); `stream_stride` is the
 // number of rows sharing the entry (num_samples' stream spacing).
-absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, int index,
+absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, const std::string& entry,
                                              const ModelShape& shape, uint32_t stream_stride);
 
 }  // namespace flashsampler

@@ -97,7 +97,7 @@ absl::StatusOr<ParsedVerifyRequest> ParseVerifyRequest(const v1::VerifyRequest& 
     const bool has_controls = HasControls(p);
     if (has_controls) {
       if (absl::Status st = CheckVerifyControls(p, field + ".params"); !st.ok()) return st;
-      absl::StatusOr<RowControls> c = ParseRowControls(p, i, shape, 1);
+      absl::StatusOr<RowControls> c = ParseRowControls(p, field + ".params", shape, 1);
       if (!c.ok()) return c.status();
       entry = *std::move(c);
       if (controls.empty()) controls.resize(static_cast<size_t>(total_rows));

@@ -23,7 +23,7 @@ ModelShape Shape() {
 }
 
 absl::StatusOr<RowControls> Parse(const v1::SamplingParams& p) {
-  return ParseRowControls(p, 2, Shape(), 5);
+  return ParseRowControls(p, "params[2]", Shape(), 5);
 }
 
 void ExpectInvalid(const v1::SamplingParams& p, const std::string& fragment) {

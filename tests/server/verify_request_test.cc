@@ -169,6 +169,13 @@ TEST(VerifyRequest, BadInputsAreInvalidArgument) {
     ExpectInvalid(r, "top_k");
   }
   {
+    // A bad control names the sequence's params entry, not a Sample request's.
+    v1::VerifyRequest r;
+    AddSequence(&r, {1});
+    AddSequence(&r, {2})->mutable_params()->set_top_p(1.5f);
+    ExpectInvalid(r, "sequences[1].params.top_p must lie in (0, 1]");
+  }
+  {
     v1::VerifyRequest r;
     std::vector<float> nan(2 * kHidden, NAN);
     AddSequence(&r, {1})->mutable_hidden_states()->mutable_data()->assign(
