@@ -159,7 +159,7 @@ absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, const 
   if ((!c.allowed_bitmask.empty() || !c.banned_token_ids.empty()) &&
       !AnyTokenAllowed(c, shape.valid_vocab)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "params[", entry, "] allows no token: allowed_token_bitmask and banned_token_ids exclude all ",
+        entry, " allows no token: allowed_token_bitmask and banned_token_ids exclude all ",
         shape.valid_vocab, " sampleable tokens"));
   }
   return c;

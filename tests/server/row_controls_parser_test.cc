@@ -192,7 +192,7 @@ TEST(RowControlsParser, NoAllowedTokenIsFailedPrecondition) {
   absl::StatusOr<RowControls> c = Parse(p);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("allows no token"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("params[2] allows no token"));
   // Only token 69 allowed (word 2, bit 5), and then banned.
   p.set_allowed_token_bitmask(Words({0, 0, 1u << 5}));
   EXPECT_TRUE(Parse(p).ok());
