@@ -29,6 +29,18 @@ FS_HOST_DEVICE FS_FORCE_INLINE uint32_t OrderedFloatBits(float x) {
   return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
 }
 
+// The float whose OrderedFloatBits are `bits` (+0 for the bits of -0).
+FS_HOST_DEVICE FS_FORCE_INLINE float FloatOfOrderedBits(uint32_t bits) {
+  const uint32_t u = (bits & 0x80000000u) != 0u ? (bits & 0x7fffffffu) : ~bits;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
 // 64-bit key of a candidate with finite logit and id >= 0: larger = earlier
 // in the canonical order; distinct candidates have distinct keys, and every
 // key is > 0, so 0 can stand for "no candidate".

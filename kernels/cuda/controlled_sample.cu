@@ -19,6 +19,7 @@
 #include <set>
 #include <utility>
 
+#include "kernels/common/candidate_order_key.h"
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
 #include "kernels/cuda/logits_gemm.h"
@@ -40,18 +41,9 @@ size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // DescKey(x) ascends as x descends: the canonical order (l' desc, id asc) is
 // (DescKey asc, id asc). -0 is folded into +0 (the CPU compares them equal, so
 // they tie and go by id).
-__device__ __forceinline__ uint32_t DescKey(float x) {
-  if (x == 0.0f) x = 0.0f;
-  const uint32_t u = __float_as_uint(x);
-  const uint32_t key = (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
-  return ~key;
-}
+__device__ __forceinline__ uint32_t DescKey(float x) { return ~OrderedFloatBits(x); }
 
-__device__ __forceinline__ float FloatOfDescKey(uint32_t d) {
-  const uint32_t key = ~d;
-  const uint32_t u = (key & 0x80000000u) != 0u ? (key & 0x7fffffffu) : ~key;
-  return __uint_as_float(u);
-}
+__device__ __forceinline__ float FloatOfDescKey(uint32_t d) { return FloatOfOrderedBits(~d); }
 
 // A prefix of the canonical order: token (key d, id i) is kept iff
 // d < key || (d == key && i <= id).
@@ -361,6 +353,23 @@ struct OwnedBins {
   unsigned long long mass[kBinsPerThread];
 };
 
+// The weight a radix level sums: bin b's mass (top_p) or count.
+template <bool kWithMass>
+__device__ __forceinline__ unsigned long long BinWeight(const OwnedBins& bins, int b) {
+  return kWithMass ? bins.mass[b] : bins.count[b];
+}
+
+// The thread's share of a level's total weight.
+template <bool kWithMass>
+__device__ __forceinline__ unsigned long long OwnedWeight(const OwnedBins& bins) {
+  unsigned long long w = 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    if (b < bins.n) w += BinWeight<kWithMass>(bins, b);
+  }
+  return w;
+}
+
 // Range `range_index` of histogram buffer `buf`, summed over the cluster.
 // kSlots = g * per_thread: 4 for g <= 4 (1 x 4, 2 x 2, 4 x 1), 8 or 16 for
 // g = 8 or 16 (one bin per thread). Slot k = (block k / per_thread, bin k %
@@ -457,13 +466,9 @@ __device__ int Histogram(const float* vals, Cut cut, uint32_t prefix, uint32_t p
 template <bool kWithMass, class Crosses>
 __device__ BinPick PickBin(const OwnedBins& own, int buf, unsigned long long offset,
                            Crosses crosses, Shared& sh, const Slice& s) {
-  unsigned long long mine = 0;
-#pragma unroll
-  for (int b = 0; b < kBinsPerThread; ++b) {
-    if (b < own.n) mine += kWithMass ? own.mass[b] : own.count[b];
-  }
   unsigned long long unused = 0, block_total = 0;
-  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, unused, block_total);
+  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64)
+      .ExclusiveSum(OwnedWeight<kWithMass>(own), unused, block_total);
   if (threadIdx.x == 0) sh.range_total = block_total;
   ClusterSync(s);  // B: every range total published
   const unsigned long long gathered = LaneGather(&sh.range_total, 0ull, s);
@@ -487,20 +492,16 @@ __device__ BinPick PickBin(const OwnedBins& own, int buf, unsigned long long off
   } else {
     MergeRange<kWithMass>(range, buf, sh, s, merged);
   }
-  mine = 0;
-#pragma unroll
-  for (int b = 0; b < kBinsPerThread; ++b) {
-    if (b < merged.n) mine += kWithMass ? merged.mass[b] : merged.count[b];
-  }
   unsigned long long before = 0;
   if (threadIdx.x == 0) sh.pick = BinPick{-1, 0, 0, total};
   __syncthreads();  // scan storage free again; pick reset before a thread writes it
-  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64).ExclusiveSum(mine, before);
+  cub::BlockScan<unsigned long long, kThreads>(sh.cub.scan_u64)
+      .ExclusiveSum(OwnedWeight<kWithMass>(merged), before);
   before += range_before;
 #pragma unroll
   for (int b = 0; b < kBinsPerThread; ++b) {
     if (b < merged.n) {
-      const unsigned long long w = kWithMass ? merged.mass[b] : merged.count[b];
+      const unsigned long long w = BinWeight<kWithMass>(merged, b);
       if (crosses(before, before + w, total)) {
         sh.pick = BinPick{merged.first + b, static_cast<int>(merged.count[b]), before, total};
       }
@@ -936,15 +937,13 @@ int FracBits(int64_t n) {
   return 63 - bits;
 }
 
-bool ValidOutputs(const ControlledSampleOutputs& o) {
+// Every required output, and a place for draft log-probabilities when rows
+// have drafts.
+bool ValidOutputs(const ControlledDeviceControls& c, const ControlledSampleOutputs& o) {
   return o.token_ids != nullptr && o.row_status != nullptr && o.sample_tokens != nullptr &&
          o.sample_logprobs != nullptr && o.sample_ranks != nullptr && o.top_ids != nullptr &&
-         o.top_logprobs != nullptr && o.top_counts != nullptr;
-}
-
-// Draft rows need somewhere to put their draft log-probabilities.
-bool ValidDrafts(const ControlledDeviceControls& c, const ControlledSampleOutputs& o) {
-  return c.draft_tokens == nullptr || o.draft_logprobs != nullptr;
+         o.top_logprobs != nullptr && o.top_counts != nullptr &&
+         (c.draft_tokens == nullptr || o.draft_logprobs != nullptr);
 }
 
 bool ValidCluster(int g) {
@@ -1114,8 +1113,8 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                                               cudaStream_t stream, int cluster_blocks) {
   const size_t need = ControlledFromLogitsWorkspaceBytes(batch, valid_vocab);
   if (logits == nullptr || params == nullptr || controls.rows == nullptr ||
-      controls.touched == nullptr || !ValidOutputs(outputs) || !ValidDrafts(controls, outputs) ||
-      workspace == nullptr || need == 0 ||
+      controls.touched == nullptr || !ValidOutputs(controls, outputs) || workspace == nullptr ||
+      need == 0 ||
       workspace_bytes < need || !ValidCluster(cluster_blocks) ||
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return KernelStatus::kInvalidArgument;
@@ -1155,8 +1154,7 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
   const Layout layout = ControlledLayout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
   if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
       args.params == nullptr || args.controls.rows == nullptr || args.controls.touched == nullptr ||
-      !ValidOutputs(args.outputs) || !ValidDrafts(args.controls, args.outputs) ||
-      args.workspace == nullptr || layout.total == 0 ||
+      !ValidOutputs(args.controls, args.outputs) || args.workspace == nullptr || layout.total == 0 ||
       !ValidCluster(args.cluster_blocks) ||
       args.workspace_bytes < layout.total || args.valid_vocab > args.vocab ||
       reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {

@@ -46,9 +46,8 @@ __device__ __forceinline__ uint64_t CandidateKey(const FusedCandidate& c) {
   return c.id < 0 ? 0 : CandidateOrderKey(c.logit, c.id);
 }
 __device__ __forceinline__ FusedCandidate CandidateFromKey(uint64_t key) {
-  const uint32_t ord = static_cast<uint32_t>(key >> 32);
-  const uint32_t u = (ord & 0x80000000u) != 0u ? (ord & 0x7fffffffu) : ~ord;
-  return FusedCandidate{__uint_as_float(u), static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key))};
+  return FusedCandidate{FloatOfOrderedBits(static_cast<uint32_t>(key >> 32)),
+                        static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key))};
 }
 
 using HeadSort = cub::BlockRadixSort<uint64_t, kThreads, kHeadItems, int32_t>;

@@ -34,6 +34,10 @@ TEST(CandidateOrderKey, OrderedFloatBitsFollowFloatComparison) {
   for (int i = 0; i < 200; ++i) v.push_back(normal(rng));
   for (float a : v) {
     EXPECT_GT(OrderedFloatBits(a), 0u) << a;
+    // The inverse gives the value back (-0 as +0, which compares equal).
+    const float back = FloatOfOrderedBits(OrderedFloatBits(a));
+    EXPECT_EQ(back, a) << a;
+    EXPECT_FALSE(std::signbit(back) && back == 0.0f) << a;
     for (float b : v) {
       EXPECT_EQ(a > b, OrderedFloatBits(a) > OrderedFloatBits(b)) << a << " " << b;
       EXPECT_EQ(a == b, OrderedFloatBits(a) == OrderedFloatBits(b)) << a << " " << b;
