@@ -224,15 +224,7 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
     job.result = ResultFor(*job.batch);
     if (metrics_ != nullptr) metrics_->RecordQueueWait(absl::ToDoubleSeconds(start - job.enqueued));
   }
-  // A launch of one whole request runs on the request's own batch: no copy.
-  const bool whole_request =
-      launch.slices.size() == 1 && launch.slices[0].rows == launch.slices[0].batch->rows;
-  SampleBatch concatenated;
-  if (!whole_request) {
-    concatenated = ConcatenateSlices(launch.slices, engine->shape().hidden_size);
-  }
-  const SampleBatch& batch = whole_request ? *launch.slices[0].batch : concatenated;
-  absl::StatusOr<SampleResult> result = SampleOnce(engine, batch);
+  absl::StatusOr<SampleResult> result = SampleSlices(engine, launch.slices);
   if (!result.ok()) {
     const absl::StatusCode code = result.status().code();
     const bool request_error = code == absl::StatusCode::kInvalidArgument ||
@@ -259,8 +251,15 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
   }
 }
 
-absl::StatusOr<SampleResult> DynamicBatcher::SampleOnce(Engine* engine, const SampleBatch& batch) {
+absl::StatusOr<SampleResult> DynamicBatcher::SampleSlices(Engine* engine,
+                                                          const std::vector<RowSlice>& slices) {
   const absl::Time start = absl::Now();
+  // One whole request runs on the request's own batch: no copy.
+  const bool whole_request = slices.size() == 1 && slices[0].first_row == 0 &&
+                             slices[0].rows == slices[0].batch->rows;
+  SampleBatch concatenated;
+  if (!whole_request) concatenated = ConcatenateSlices(slices, engine->shape().hidden_size);
+  const SampleBatch& batch = whole_request ? *slices[0].batch : concatenated;
   // The engine is only touched by this thread; the lock is not held while
   // computing, so Submit never waits for a launch to finish.
   absl::StatusOr<SampleResult> result = engine->Sample(batch);
@@ -294,19 +293,18 @@ void DynamicBatcher::CompleteSlice(Job& job, const RowSlice& slice, const Sample
   }
 }
 
+void DynamicBatcher::DropQueuedRest(const std::shared_ptr<Job>& job) {
+  absl::MutexLock lock(&mu_);
+  if (!queue_.empty() && queue_.front() == job) {
+    queued_rows_ -= job->batch->rows - job->next_row;
+    queue_.pop_front();
+    PublishQueueRows();
+  }
+}
+
 void DynamicBatcher::FailLaunch(Engine* engine, Launch& launch, const absl::Status& status) {
   const bool failed = !engine->healthy();
-  {
-    // A split request whose other rows are still queued is answered now:
-    // drop its remainder (it can only be at the queue's front).
-    absl::MutexLock lock(&mu_);
-    const std::shared_ptr<Job>& last = launch.jobs.back();
-    if (!queue_.empty() && queue_.front() == last) {
-      queued_rows_ -= last->batch->rows - last->next_row;
-      queue_.pop_front();
-      PublishQueueRows();
-    }
-  }
+  DropQueuedRest(launch.jobs.back());
   for (const std::shared_ptr<Job>& job : launch.jobs) job->done(status);
   if (failed && on_engine_failure_) on_engine_failure_();
 }
@@ -323,25 +321,10 @@ void DynamicBatcher::RunSlicesAlone(Engine* engine, Launch& launch) {
       results.push_back(absl::UnavailableError("the engine failed while isolating a failed launch"));
       continue;
     }
-    const RowSlice& slice = launch.slices[i];
-    const bool whole = slice.first_row == 0 && slice.rows == slice.batch->rows;
-    if (whole) {
-      results.push_back(SampleOnce(engine, *slice.batch));
-    } else {
-      const SampleBatch part = ConcatenateSlices({slice}, engine->shape().hidden_size);
-      results.push_back(SampleOnce(engine, part));
-    }
+    results.push_back(SampleSlices(engine, {launch.slices[i]}));
   }
-  {
-    // The split request at the end whose slice failed leaves the queue.
-    absl::MutexLock lock(&mu_);
-    const std::shared_ptr<Job>& last = launch.jobs.back();
-    if (!results.back().ok() && !queue_.empty() && queue_.front() == last) {
-      queued_rows_ -= last->batch->rows - last->next_row;
-      queue_.pop_front();
-      PublishQueueRows();
-    }
-  }
+  // The split request at the end whose slice failed leaves the queue.
+  if (!results.back().ok()) DropQueuedRest(launch.jobs.back());
   for (size_t i = 0; i < n; ++i) {
     Job& job = *launch.jobs[i];
     if (!results[i].ok()) {

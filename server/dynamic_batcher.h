@@ -127,15 +127,19 @@ class DynamicBatcher {
   // Requests answered without compute are moved to `refused`.
   bool NextLaunch(Launch* launch, std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused);
   void RunLaunch(Engine* engine, Launch& launch);
-  // engine->Sample(batch), checked for the draft log-probabilities the
-  // scatter needs, and recorded in the launch metrics.
-  absl::StatusOr<SampleResult> SampleOnce(Engine* engine, const SampleBatch& batch);
+  // One engine launch of `slices` (a lone whole request without a copy),
+  // checked for the draft log-probabilities the scatter needs, and recorded
+  // in the launch metrics.
+  absl::StatusOr<SampleResult> SampleSlices(Engine* engine, const std::vector<RowSlice>& slices);
   // After a launch of several requests failed with a request's error: each
   // request's slice alone, each request answered with its own outcome.
   void RunSlicesAlone(Engine* engine, Launch& launch);
   // Answers every request of `launch` with `status` (and drops the queued
   // rest of a split request).
   void FailLaunch(Engine* engine, Launch& launch, const absl::Status& status);
+  // A request answered early: its rows still queued (only ever at the
+  // queue's front) leave the queue.
+  void DropQueuedRest(const std::shared_ptr<Job>& job);
   // Scatters one slice's result into its request; answers the request once
   // all its rows are done (inline: on this thread, else through the pool).
   void CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
