@@ -172,13 +172,19 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
   // Requests that must not run: answered without compute, rows released. No
   // job has rows in flight here (one worker, one launch at a time), so even a
   // partly launched request can be dropped.
+  // gRPC cancels a call when its deadline passes, timed on its own clock; the
+  // deadline a job holds was converted from it, so that cancellation can be
+  // seen just before `now` reaches the deadline. A call cancelled within
+  // kDeadlineClockSlack of its deadline is answered as the deadline it is.
+  constexpr absl::Duration kDeadlineClockSlack = absl::Milliseconds(2);
   const absl::Time now = absl::Now();
   for (auto it = queue_.begin(); it != queue_.end();) {
     Job& job = **it;
     absl::Status status;
-    if (job.deadline <= now) {
+    const bool cancelled = job.deadline > now && job.cancelled && job.cancelled();
+    if (job.deadline <= now || (cancelled && job.deadline <= now + kDeadlineClockSlack)) {
       status = absl::DeadlineExceededError("the deadline passed while the request was queued");
-    } else if (job.cancelled && job.cancelled()) {
+    } else if (cancelled) {
       status = absl::CancelledError("the call was cancelled before its batch ran");
     } else {
       ++it;
