@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -79,42 +80,33 @@ absl::Status CudaControlledRunner::EnsureControlsCapacity(size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SampleResult> CudaControlledRunner::Run(
-    const SampleBatch& batch, const ModelShape& shape, const void* weight,
-    kernels::CudaWeightDType dtype, const float* hidden, const RowParams* params,
-    const int32_t* draft_tokens, void* workspace, size_t workspace_bytes, cublasHandle_t cublas,
+absl::StatusOr<CudaControlledRunner::LaunchBuffers> CudaControlledRunner::Prepare(
+    const SampleBatch& batch, const ModelShape& shape, const int32_t* draft_tokens,
     cudaStream_t stream) {
   const int64_t rows = batch.rows;
-  if (static_cast<int64_t>(batch.controls.size()) != rows || rows > max_rows_) {
+  if ((!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != rows) ||
+      rows < 1 || rows > max_rows_) {
     return absl::InvalidArgumentError("cuda engine: controls must be one per row");
   }
   const bool drafts = !batch.draft_tokens.empty();
   if (drafts != (draft_tokens != nullptr)) {
     return absl::InvalidArgumentError("cuda engine: draft tokens must be uploaded with the batch");
   }
-  kernels::FlatControls flat;
-  if (const KernelStatus s = kernels::FlattenControls(batch.controls.data(), rows, shape.vocab_size,
-                                                      shape.valid_vocab, &flat);
+  const std::vector<RowControls> neutral(batch.controls.empty() ? static_cast<size_t>(rows) : 0);
+  const RowControls* controls = batch.controls.empty() ? neutral.data() : batch.controls.data();
+  if (const KernelStatus s = kernels::FlattenControls(controls, rows, shape.vocab_size,
+                                                      shape.valid_vocab, &flat_);
       s != KernelStatus::kOk) {
     return KernelStatusToStatus(s, "cuda controlled sampler (controls)");
   }
-  if (absl::Status s = EnsureControlsCapacity(flat.PackedBytes()); !s.ok()) return s;
-  flat.PackTo(controls_.host);
-  FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(controls_.device, controls_.host, flat.PackedBytes(),
+  if (absl::Status s = EnsureControlsCapacity(flat_.PackedBytes()); !s.ok()) return s;
+  flat_.PackTo(controls_.host);
+  FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(controls_.device, controls_.host, flat_.PackedBytes(),
                                           cudaMemcpyHostToDevice, stream));
-
-  kernels::ControlledSampleArgs args;
-  args.weight = weight;
-  args.weight_dtype = dtype;
-  args.hidden = hidden;
-  args.params = params;
-  args.batch = rows;
-  args.vocab = shape.vocab_size;
-  args.valid_vocab = shape.valid_vocab;
-  args.hidden_dim = shape.hidden_size;
-  args.controls = flat.DeviceView(controls_.device);
-  args.controls.draft_tokens = draft_tokens;
-  kernels::ControlledSampleOutputs& o = args.outputs;
+  LaunchBuffers b;
+  b.controls = flat_.DeviceView(controls_.device);
+  b.controls.draft_tokens = draft_tokens;
+  kernels::ControlledSampleOutputs& o = b.outputs;
   o.token_ids = static_cast<int32_t*>(tokens_.device);
   o.logz = batch.want_logz ? static_cast<float*>(logz_.device) : nullptr;
   o.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_.device) : nullptr;
@@ -126,21 +118,45 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   o.top_logprobs = static_cast<float*>(top_logprobs_.device);
   o.top_counts = static_cast<int32_t*>(top_counts_.device);
   o.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_.device) : nullptr;
+  return b;
+}
+
+absl::StatusOr<SampleResult> CudaControlledRunner::Run(
+    const SampleBatch& batch, const ModelShape& shape, const void* weight,
+    kernels::CudaWeightDType dtype, const float* hidden, const RowParams* params,
+    const int32_t* draft_tokens, void* workspace, size_t workspace_bytes, cublasHandle_t cublas,
+    cudaStream_t stream) {
+  if (static_cast<int64_t>(batch.controls.size()) != batch.rows) {
+    return absl::InvalidArgumentError("cuda engine: controls must be one per row");
+  }
+  absl::StatusOr<LaunchBuffers> buffers = Prepare(batch, shape, draft_tokens, stream);
+  if (!buffers.ok()) return buffers.status();
+  kernels::ControlledSampleArgs args;
+  args.weight = weight;
+  args.weight_dtype = dtype;
+  args.hidden = hidden;
+  args.params = params;
+  args.batch = batch.rows;
+  args.vocab = shape.vocab_size;
+  args.valid_vocab = shape.valid_vocab;
+  args.hidden_dim = shape.hidden_size;
+  args.controls = buffers->controls;
+  args.outputs = buffers->outputs;
   args.workspace = workspace;
   args.workspace_bytes = workspace_bytes;
 
   // Draft rows take the materialized path (the fused one does not verify).
   const bool fused =
-      !drafts && rows <= fused_max_rows_ &&
+      draft_tokens == nullptr && batch.rows <= fused_max_rows_ &&
       kernels::FusedControlledShapeSupported(dtype, shape.valid_vocab, shape.hidden_size) &&
-      std::none_of(flat.rows.begin(), flat.rows.end(), [](const kernels::ControlledRowDesc& d) {
+      std::none_of(flat_.rows.begin(), flat_.rows.end(), [](const kernels::ControlledRowDesc& d) {
         return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
       });
   if (fused) {
     if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
       return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
     }
-    absl::StatusOr<SampleResult> result = Finish(batch, flat, stream);
+    absl::StatusOr<SampleResult> result = Finish(batch, stream);
     if (!result.ok()) return result;
     if (!fused_row_not_served_) {
       result->path = LaunchPath::kFusedControlled;
@@ -151,21 +167,18 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
     return KernelStatusToStatus(s, "cuda controlled sampler launch");
   }
-  absl::StatusOr<SampleResult> result = Finish(batch, flat, stream);
+  absl::StatusOr<SampleResult> result = Finish(batch, stream);
   if (result.ok()) {
     result->path = fused ? LaunchPath::kFusedControlledFallback : LaunchPath::kControlled;
   }
   return result;
 }
 
-absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& batch,
-                                                          const kernels::FlatControls& flat,
-                                                          cudaStream_t stream) {
+absl::Status CudaControlledRunner::EnqueueDownloads(const SampleBatch& batch, cudaStream_t stream) {
   const int64_t rows = batch.rows;
-  fused_row_not_served_ = false;
   const bool any_top = std::any_of(batch.controls.begin(), batch.controls.end(),
                                    [](const RowControls& c) { return c.top_logprobs > 0; });
-  const size_t samples = static_cast<size_t>(flat.total_samples);
+  const size_t samples = static_cast<size_t>(flat_.total_samples);
   auto download = [&](const Buffer& b, size_t bytes) {
     return cudaMemcpyAsync(b.host, b.device, bytes, cudaMemcpyDeviceToHost, stream);
   };
@@ -182,8 +195,19 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& bat
     FS_RETURN_IF_CUDA_ERROR(download(top_logprobs_, rows * kMaxTopLogprobs * 4));
     FS_RETURN_IF_CUDA_ERROR(download(top_counts_, rows * 4));
   }
-  FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
 
+absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& batch,
+                                                          cudaStream_t stream) {
+  if (absl::Status s = EnqueueDownloads(batch, stream); !s.ok()) return s;
+  FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  return Collect(batch);
+}
+
+absl::StatusOr<SampleResult> CudaControlledRunner::Collect(const SampleBatch& batch) {
+  const int64_t rows = batch.rows;
+  fused_row_not_served_ = false;
   const auto* status = static_cast<const int32_t*>(status_.host);
   if (std::any_of(status, status + rows,
                   [](int32_t s) { return s == kernels::kFusedRowNotServed; })) {
@@ -193,6 +217,7 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& bat
   if (std::any_of(status, status + rows, [](int32_t s) { return s != 0; })) {
     return KernelStatusToStatus(KernelStatus::kFailedPrecondition, "cuda controlled sampler");
   }
+  const kernels::FlatControls& flat = flat_;
   SampleResult result;
   const auto* tokens = static_cast<const int32_t*>(tokens_.host);
   result.token_ids.assign(tokens, tokens + rows);

@@ -77,17 +77,37 @@ class CudaControlledRunner {
                                    size_t workspace_bytes, cublasHandle_t cublas,
                                    cudaStream_t stream);
 
+  // Run's steps, for a caller that launches a sampler of its own on this
+  // runner's buffers (the sharded engine's gathered-logits path) and waits in
+  // its own way. In order, for one batch at a time:
+  //  - Prepare flattens the batch's controls (neutral ones when
+  //    batch.controls is empty: a batch of plain draft rows), enqueues their
+  //    upload on `stream` and returns the device controls (with
+  //    `draft_tokens`) and the outputs the launch must write;
+  //  - EnqueueDownloads enqueues the outputs' copies to the host on `stream`
+  //    after the launch;
+  //  - Collect, once `stream` has passed them, assembles the SampleResult
+  //    (FailedPrecondition when a row has no token left).
+  struct LaunchBuffers {
+    kernels::ControlledDeviceControls controls;
+    kernels::ControlledSampleOutputs outputs;
+  };
+  absl::StatusOr<LaunchBuffers> Prepare(const SampleBatch& batch, const ModelShape& shape,
+                                        const int32_t* draft_tokens, cudaStream_t stream);
+  absl::Status EnqueueDownloads(const SampleBatch& batch, cudaStream_t stream);
+  absl::StatusOr<SampleResult> Collect(const SampleBatch& batch);
+
  private:
   absl::Status EnsureControlsCapacity(size_t bytes);
-  // Downloads the outputs of the launch enqueued on `stream`, waits for it and
-  // assembles the SampleResult. Sets fused_row_not_served_ (and returns an
-  // empty result) when a row has row_status kFusedRowNotServed.
-  absl::StatusOr<SampleResult> Finish(const SampleBatch& batch, const kernels::FlatControls& flat,
-                                      cudaStream_t stream);
+  // EnqueueDownloads, a wait for `stream`, Collect. Sets
+  // fused_row_not_served_ (and returns an empty result) when a row has
+  // row_status kFusedRowNotServed.
+  absl::StatusOr<SampleResult> Finish(const SampleBatch& batch, cudaStream_t stream);
 
   int64_t max_rows_ = 0;
   int64_t fused_max_rows_ = 0;
   bool fused_row_not_served_ = false;
+  kernels::FlatControls flat_;  // the batch in flight's (Prepare .. Collect)
   // Device outputs and their pinned host copies.
   struct Buffer {
     void* device = nullptr;

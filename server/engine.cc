@@ -91,6 +91,7 @@ const char* LaunchPathName(LaunchPath path) {
     case LaunchPath::kFusedControlledFallback: return "fused_controlled_fallback";
     case LaunchPath::kControlled: return "controlled";
     case LaunchPath::kSharded: return "sharded";
+    case LaunchPath::kShardedControlled: return "sharded_controlled";
     case LaunchPath::kUnspecified: break;
   }
   return "unspecified";

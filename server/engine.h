@@ -84,6 +84,7 @@ enum class LaunchPath : int32_t {
                             // then LaunchControlledSample served it
   kControlled,              // CUDA: LaunchControlledSample (materialized controls)
   kSharded,                 // CUDA, several GPUs: LaunchShardedSample
+  kShardedControlled,       // CUDA, several GPUs: LaunchShardedControlledSample (controls, drafts)
 };
 const char* LaunchPathName(LaunchPath path);  // "cpu", "fused", ...
 

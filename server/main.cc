@@ -242,9 +242,8 @@ int main(int argc, char** argv) {
     }
     if (options.cuda.devices.size() > 1) {
       std::fprintf(stderr,
-                   "flashsampler-server: sharding the LM head over %zu GPUs; sampling controls "
-                   "and Verify with draft tokens are UNIMPLEMENTED across shards (--devices=0 "
-                   "serves them on one GPU)\n",
+                   "flashsampler-server: sharding the LM head over %zu GPUs; batches with "
+                   "sampling controls or draft tokens gather the logits on GPU 0\n",
                    options.cuda.devices.size());
     }
     options.cpu.num_threads = config->threads;

@@ -23,8 +23,17 @@
 // NOT_SERVING) and fails the batch with Internal; it is never retried. A GPU
 // that fails to initialise fails MakeEngine with the GPU named.
 //
-// Not served yet (Unimplemented, never silently ignored): rows with sampling
-// controls and speculative draft rows.
+// Controls and drafts. A batch with a sampling control on any row, or with
+// draft tokens (Verify), takes the gathered-logits path instead
+// (LaunchShardedControlledSample): each GPU writes its logits slice with
+// cuBLAS, GPU 0 gathers them into [rows, valid_vocab] and runs the
+// single-GPU materialized controlled sampler over them (global token ids), so
+// every control and the verification behave exactly as on one GPU; the
+// controlled runner (cuda_controlled_runner.h) flattens the controls and
+// assembles the result, plain rows of such a batch sampling with neutral
+// controls. That path moves rows * valid_vocab floats per step instead of
+// summaries; its buffers are allocated at start-up for max_batch_rows rows
+// (in chunks of at most 256).
 //
 // Thread safety: as Engine (Sample is serialised by its one caller).
 #include <cublas_v2.h>
@@ -43,6 +52,7 @@
 #include "kernels/cuda/fused_sample.h"
 #include "kernels/cuda/materialized_sample.h"
 #include "kernels/cuda/sharded_sample.h"
+#include "server/cuda_controlled_runner.h"
 #include "server/engine.h"
 #include "server/vocab_shards.h"
 
@@ -82,6 +92,8 @@ struct ShardState {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   void* exchange = nullptr;  // kernels::ShardExchangeBytes
+  void* controlled_scratch = nullptr;  // kernels::ShardedControlledShardBytes
+  size_t controlled_scratch_bytes = 0;
 };
 
 class ShardedCudaEngine final : public Engine {
@@ -108,14 +120,17 @@ class ShardedCudaEngine final : public Engine {
     for (ShardState& s : shards_) {
       cudaSetDevice(s.device.device);
       if (s.device.cublas != nullptr) cublasDestroy(s.device.cublas);
-      for (void* p : {s.weight, s.hidden, s.params, s.workspace, s.exchange}) cudaFree(p);
+      for (void* p : {s.weight, s.hidden, s.params, s.workspace, s.exchange, s.controlled_scratch}) {
+        cudaFree(p);
+      }
       if (s.device.stream != nullptr) cudaStreamDestroy(s.device.stream);
     }
     if (!shards_.empty()) {
       cudaSetDevice(shards_[0].device.device);
-      for (void* p : {tokens_, logz_, logprobs_}) cudaFree(p);
+      for (void* p : {tokens_, logz_, logprobs_, drafts_, gather_scratch_}) cudaFree(p);
     }
-    for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_}) {
+    for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_,
+                    host_drafts_}) {
       cudaFreeHost(p);
     }
   }
@@ -156,6 +171,12 @@ class ShardedCudaEngine final : public Engine {
                                                     dtype));
       if (s.workspace_bytes == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
       FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.workspace, s.workspace_bytes));
+      s.controlled_scratch_bytes =
+          kernels::ShardedControlledShardBytes(max_rows_, shard_rows, shape_.hidden_size, dtype);
+      if (s.controlled_scratch_bytes == 0) {
+        return absl::InvalidArgumentError("model too large for the sharded CUDA backend");
+      }
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.controlled_scratch, s.controlled_scratch_bytes));
     }
     const int d0 = shards_[0].device.device;
     FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaSetDevice(d0));
@@ -167,6 +188,13 @@ class ShardedCudaEngine final : public Engine {
     FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_tokens_, rows * sizeof(int32_t)));
     FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_logz_, rows * sizeof(float)));
     FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMalloc(&drafts_, rows * sizeof(int32_t)));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMallocHost(&host_drafts_, rows * sizeof(int32_t)));
+    gather_bytes_ = kernels::ShardedControlledGatherBytes(max_rows_, shape_.valid_vocab);
+    if (gather_bytes_ == 0) return absl::InvalidArgumentError("model too large for the sharded CUDA backend");
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMalloc(&gather_scratch_, gather_bytes_));
+    // The controlled runner's buffers live on GPU 0 (current device).
+    if (absl::Status s = controlled_.Init(max_rows_, /*fused_max_rows=*/0); !s.ok()) return s;
 
     // One communicator per GPU, rank k = shard k.
     std::vector<ncclComm_t> comms(shards_.size(), nullptr);
@@ -188,16 +216,6 @@ class ShardedCudaEngine final : public Engine {
         !s.ok()) {
       return s;
     }
-    if (const std::string control = FirstRowControlName(batch); !control.empty()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "the sharded cuda backend (several --devices) does not implement the sampling "
-          "control '", control, "' yet; use one GPU (--devices=0) or --backend=cpu"));
-    }
-    if (!batch.draft_tokens.empty()) {
-      return absl::UnimplementedError(
-          "the sharded cuda backend (several --devices) does not verify draft tokens yet; use "
-          "one GPU (--devices=0) or --backend=cpu");
-    }
     absl::StatusOr<SampleResult> result = Run(batch);
     if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
     return result;
@@ -206,6 +224,8 @@ class ShardedCudaEngine final : public Engine {
   const ModelShape& shape() const override { return shape_; }
   std::string backend_name() const override { return "cuda"; }
   bool healthy() const override { return healthy_; }
+  // Draft rows take the gathered-logits path, with or without controls.
+  bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
   // One entry per shard's GPU (the metrics' `shards` label counts them).
   std::vector<DeviceMemoryInfo> DeviceMemory() const override {
     std::vector<DeviceMemoryInfo> out;
@@ -237,6 +257,10 @@ class ShardedCudaEngine final : public Engine {
       return s;
     }
     std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
+    const bool drafts = !batch.draft_tokens.empty();
+    if (drafts || PlanCudaSamplerPath(batch, options_.fused_max_rows) == CudaSamplerPath::kControlled) {
+      return RunControlled(batch);
+    }
 
     const int32_t n = static_cast<int32_t>(shards_.size());
     std::vector<kernels::FusedSampleArgs> args(n);
@@ -244,12 +268,9 @@ class ShardedCudaEngine final : public Engine {
     std::vector<kernels::ShardDevice> devices(n);
     for (int32_t k = 0; k < n; ++k) {
       ShardState& s = shards_[k];
-      const int d = s.device.device;
-      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaSetDevice(d));
-      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMemcpyAsync(s.hidden, host_hidden_, hidden_bytes,
-                                                       cudaMemcpyHostToDevice, s.device.stream));
-      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMemcpyAsync(s.params, host_params_, rows * sizeof(RowParams),
-                                                       cudaMemcpyHostToDevice, s.device.stream));
+      if (absl::Status st = UploadToShard(s, hidden_bytes, rows, /*with_params=*/true); !st.ok()) {
+        return st;
+      }
       kernels::FusedSampleArgs& a = args[k];
       a.weight = s.weight;
       a.weight_dtype = ToCudaDType(shape_.weight_dtype);
@@ -292,13 +313,7 @@ class ShardedCudaEngine final : public Engine {
     }
     // Always wait (bounded), even after a failed launch: earlier shards' work
     // may be in flight and owns the buffers.
-    std::string wait_error;
-    const KernelStatus waited =
-        kernels::WaitForShards(devices.data(), n, options_.shard_timeout_s, &wait_error);
-    for (int32_t k = 0; k < n; ++k) shards_[k].device.comm = devices[k].comm;  // null if aborted
-    if (waited != KernelStatus::kOk) {
-      return absl::InternalError(absl::StrCat("sharded sampling step failed: ", wait_error));
-    }
+    if (absl::Status s = AwaitShards(devices); !s.ok()) return s;
     if (launch != KernelStatus::kOk) return KernelStatusToStatus(launch, "sharded cuda sampler launch");
     if (!copy_status.ok()) return copy_status;
 
@@ -307,6 +322,102 @@ class ShardedCudaEngine final : public Engine {
         batch, static_cast<const int32_t*>(host_tokens_), static_cast<const float*>(host_logz_),
         static_cast<const float*>(host_logprobs_), nullptr);
     result.path = LaunchPath::kSharded;
+    return result;
+  }
+
+  // Waits (bounded) for every shard's stream; on an error or a hang the
+  // communicators are aborted (their handles become null) and the step fails
+  // with Internal.
+  absl::Status AwaitShards(std::vector<kernels::ShardDevice>& devices) {
+    const int32_t n = static_cast<int32_t>(devices.size());
+    std::string wait_error;
+    const KernelStatus waited =
+        kernels::WaitForShards(devices.data(), n, options_.shard_timeout_s, &wait_error);
+    for (int32_t k = 0; k < n; ++k) shards_[k].device.comm = devices[k].comm;  // null if aborted
+    if (waited != KernelStatus::kOk) {
+      return absl::InternalError(absl::StrCat("sharded sampling step failed: ", wait_error));
+    }
+    return absl::OkStatus();
+  }
+
+  // Enqueues the copy of the batch's (pinned) hidden states to shard s's GPU,
+  // and of its params when `with_params`, on the shard's stream.
+  absl::Status UploadToShard(ShardState& s, size_t hidden_bytes, int64_t rows, bool with_params) {
+    const int d = s.device.device;
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaSetDevice(d));
+    FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMemcpyAsync(s.hidden, host_hidden_, hidden_bytes,
+                                                     cudaMemcpyHostToDevice, s.device.stream));
+    if (with_params) {
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMemcpyAsync(s.params, host_params_, rows * sizeof(RowParams),
+                                                       cudaMemcpyHostToDevice, s.device.stream));
+    }
+    return absl::OkStatus();
+  }
+
+  // The gathered-logits path (header comment): the hidden states go to every
+  // GPU, the params, drafts and controls to GPU 0.
+  absl::StatusOr<SampleResult> RunControlled(const SampleBatch& batch) {
+    const int64_t rows = batch.rows;
+    const size_t hidden_bytes = batch.hidden.size() * sizeof(float);
+    const int32_t n = static_cast<int32_t>(shards_.size());
+    std::vector<kernels::ShardDevice> devices(n);
+    std::vector<kernels::ShardedControlledShard> slices(n);
+    for (int32_t k = 0; k < n; ++k) {
+      ShardState& s = shards_[k];
+      devices[k] = s.device;
+      kernels::ShardedControlledShard& slice = slices[k];
+      slice.weight = s.weight;
+      slice.hidden = static_cast<const float*>(s.hidden);
+      slice.begin = s.range.begin;
+      slice.end = s.range.end;
+      slice.scratch = s.controlled_scratch;
+      slice.scratch_bytes = s.controlled_scratch_bytes;
+    }
+    // Everything enqueued is awaited (bounded) before returning, whatever
+    // fails on the way: the buffers belong to the work in flight.
+    absl::Status enqueued = [&]() -> absl::Status {
+      for (int32_t k = 0; k < n; ++k) {
+        if (absl::Status st = UploadToShard(shards_[k], hidden_bytes, rows, /*with_params=*/k == 0);
+            !st.ok()) {
+          return st;
+        }
+      }
+      ShardState& s0 = shards_[0];
+      const int d0 = s0.device.device;
+      cudaStream_t stream0 = s0.device.stream;
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaSetDevice(d0));
+      const bool drafts = !batch.draft_tokens.empty();
+      if (drafts) {
+        std::memcpy(host_drafts_, batch.draft_tokens.data(), rows * sizeof(int32_t));
+        FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMemcpyAsync(drafts_, host_drafts_, rows * sizeof(int32_t),
+                                                          cudaMemcpyHostToDevice, stream0));
+      }
+      absl::StatusOr<CudaControlledRunner::LaunchBuffers> buffers = controlled_.Prepare(
+          batch, shape_, drafts ? static_cast<const int32_t*>(drafts_) : nullptr, stream0);
+      if (!buffers.ok()) return buffers.status();
+      kernels::ShardedControlledArgs args;
+      args.shards = slices.data();
+      args.devices = devices.data();
+      args.num_shards = n;
+      args.weight_dtype = ToCudaDType(shape_.weight_dtype);
+      args.batch = rows;
+      args.hidden_dim = shape_.hidden_size;
+      args.valid_vocab = shape_.valid_vocab;
+      args.params = static_cast<const RowParams*>(s0.params);
+      args.controls = buffers->controls;
+      args.outputs = buffers->outputs;
+      args.gather_scratch = gather_scratch_;
+      args.gather_scratch_bytes = gather_bytes_;
+      if (const KernelStatus st = kernels::LaunchShardedControlledSample(args); st != KernelStatus::kOk) {
+        return KernelStatusToStatus(st, "sharded cuda controlled sampler launch");
+      }
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaSetDevice(d0));
+      return controlled_.EnqueueDownloads(batch, stream0);
+    }();
+    if (absl::Status s = AwaitShards(devices); !s.ok()) return s;
+    if (!enqueued.ok()) return enqueued;
+    absl::StatusOr<SampleResult> result = controlled_.Collect(batch);
+    if (result.ok()) result->path = LaunchPath::kShardedControlled;
     return result;
   }
 
@@ -324,6 +435,12 @@ class ShardedCudaEngine final : public Engine {
   void* host_tokens_ = nullptr;
   void* host_logz_ = nullptr;
   void* host_logprobs_ = nullptr;
+  void* drafts_ = nullptr;  // GPU 0, [max_rows]
+  void* host_drafts_ = nullptr;
+  void* gather_scratch_ = nullptr;  // GPU 0, kernels::ShardedControlledGatherBytes
+  size_t gather_bytes_ = 0;
+  // On GPU 0; destroyed after ~ShardedCudaEngine's body has waited for the streams.
+  CudaControlledRunner controlled_;
 };
 
 }  // namespace

@@ -1123,6 +1123,28 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                     controls, outputs, cluster_blocks, stream);
 }
 
+bool ControlledBuffersValid(const ControlledDeviceControls& controls,
+                            const ControlledSampleOutputs& outputs) {
+  return controls.rows != nullptr && controls.touched != nullptr && ValidOutputs(controls, outputs);
+}
+
+KernelStatus LaunchControlledChunkFromLogits(const float* logits, float* lp, int64_t rows,
+                                             int64_t row_begin, int64_t valid_vocab,
+                                             const RowParams* params,
+                                             const ControlledDeviceControls& controls,
+                                             const ControlledSampleOutputs& outputs,
+                                             cudaStream_t stream, int cluster_blocks) {
+  if (logits == nullptr || lp == nullptr || params == nullptr || controls.rows == nullptr ||
+      controls.touched == nullptr || !ValidOutputs(controls, outputs) || rows < 1 ||
+      row_begin < 0 || row_begin > kMaxInt32 - rows || valid_vocab < 1 ||
+      valid_vocab > kMaxInt32 || !ValidCluster(cluster_blocks) ||
+      reinterpret_cast<uintptr_t>(lp) % 16 != 0) {
+    return KernelStatus::kInvalidArgument;
+  }
+  return LaunchRows(logits, lp, rows, row_begin, valid_vocab, params, controls, outputs,
+                    cluster_blocks, stream);
+}
+
 namespace {
 struct Layout {
   size_t raw = 0, lp = 0, cast = 0, total = 0;

@@ -213,4 +213,25 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                                               cudaStream_t stream,
                                               int cluster_blocks = kControlledClusterAuto);
 
+// True when `outputs` holds every output a launch with `controls` writes
+// (the required ones, and draft_logprobs when controls.draft_tokens is set)
+// and the controls' required parts are set: what every launcher checks
+// first. For launchers that enqueue other work before the sampler.
+bool ControlledBuffersValid(const ControlledDeviceControls& controls,
+                            const ControlledSampleOutputs& outputs);
+
+// Steps 1-8 for one chunk of a larger batch: the rows [row_begin, row_begin +
+// rows) from their raw logits [rows, valid_vocab] (device, fp32). params,
+// controls and outputs are the whole batch's, indexed by batch row; lp is
+// device scratch of rows * valid_vocab floats (the chunk's l'), 16-byte
+// aligned. The step a launcher that produces logits chunk by chunk itself
+// runs (the sharded one, sharded_sample.h).
+KernelStatus LaunchControlledChunkFromLogits(const float* logits, float* lp, int64_t rows,
+                                             int64_t row_begin, int64_t valid_vocab,
+                                             const RowParams* params,
+                                             const ControlledDeviceControls& controls,
+                                             const ControlledSampleOutputs& outputs,
+                                             cudaStream_t stream,
+                                             int cluster_blocks = kControlledClusterAuto);
+
 }  // namespace flashsampler::kernels

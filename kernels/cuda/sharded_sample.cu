@@ -1,7 +1,8 @@
 // Sharded sampling over the local GPUs: per-shard samplers, one NCCL
-// all-gather of per-row summaries, the merge on shard 0. Contract:
-// sharded_sample.h. Reads top to bottom: exchange layout, the merge kernel,
-// the launcher, the bounded wait.
+// all-gather of per-row summaries, the merge on shard 0; and for controlled
+// rows the gathered-logits path. Contract: sharded_sample.h. Reads top to
+// bottom: exchange layout, the merge kernel, the launcher, the controlled
+// launcher, the bounded wait.
 #include "kernels/cuda/sharded_sample.h"
 
 #include <cuda_runtime.h>
@@ -9,7 +10,9 @@
 #include <chrono>
 #include <limits>
 #include <thread>
+#include <vector>
 
+#include "kernels/cuda/logits_gemm.h"
 #include "kernels/cuda/materialized_sample.h"
 
 namespace flashsampler::kernels {
@@ -129,6 +132,170 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
   return FromCuda(LaunchMergeShardSummaries(
       static_cast<const SampleSummary*>(args.exchange[0]), batch, n, args.shard_args[0].params,
       args.mode, args.token_ids, args.logz, args.logprobs, args.devices[0].stream));
+}
+
+// ---- Controlled rows: gathered logits ------------------------------------------
+namespace {
+
+size_t AlignUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+int64_t ChunkRows(int64_t batch) {
+  return batch < kControlledChunkRows ? batch : kControlledChunkRows;
+}
+
+// Events of one launch: done[k] on device k (shard k's GEMM of the current
+// chunk), copied on device 0 (shard 0's stream has read every slice of the
+// current chunk, so the shards may overwrite their logits). Destroying an
+// event whose record is still pending is allowed: it is released once done.
+class LaunchEvents {
+ public:
+  explicit LaunchEvents(int32_t n) : done_(static_cast<size_t>(n), nullptr) {}
+  ~LaunchEvents() {
+    for (cudaEvent_t e : done_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (copied_ != nullptr) cudaEventDestroy(copied_);
+  }
+  LaunchEvents(const LaunchEvents&) = delete;
+  LaunchEvents& operator=(const LaunchEvents&) = delete;
+
+  cudaError_t Create(const ShardDevice* devices) {
+    for (size_t k = 0; k < done_.size(); ++k) {
+      if (const cudaError_t err = cudaSetDevice(devices[k].device); err != cudaSuccess) return err;
+      if (const cudaError_t err = cudaEventCreateWithFlags(&done_[k], cudaEventDisableTiming);
+          err != cudaSuccess) {
+        return err;
+      }
+    }
+    if (const cudaError_t err = cudaSetDevice(devices[0].device); err != cudaSuccess) return err;
+    return cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
+  }
+  cudaEvent_t done(int32_t k) const { return done_[static_cast<size_t>(k)]; }
+  cudaEvent_t copied() const { return copied_; }
+
+ private:
+  std::vector<cudaEvent_t> done_;
+  cudaEvent_t copied_ = nullptr;
+};
+
+}  // namespace
+
+size_t ShardedControlledShardBytes(int64_t batch, int64_t shard_vocab, int64_t hidden_dim,
+                                   CudaWeightDType weight_dtype) {
+  if (batch < 1 || batch > kMaxInt32 || shard_vocab < 1 || shard_vocab > kMaxInt32 ||
+      hidden_dim < 1 || hidden_dim > kMaxInt32 || CudaWeightDTypeBytes(weight_dtype) == 0) {
+    return 0;
+  }
+  const int64_t chunk = ChunkRows(batch);
+  return AlignUp256(static_cast<size_t>(chunk) * static_cast<size_t>(shard_vocab) * sizeof(float)) +
+         AlignUp256(LogitsGemmCastBytes(chunk, hidden_dim, weight_dtype));
+}
+
+size_t ShardedControlledGatherBytes(int64_t batch, int64_t valid_vocab) {
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kMaxInt32) return 0;
+  return 2 * AlignUp256(static_cast<size_t>(ChunkRows(batch)) * static_cast<size_t>(valid_vocab) *
+                        sizeof(float));
+}
+
+KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
+  // ---- Arguments (nothing is enqueued when they are wrong).
+  const int32_t n = args.num_shards;
+  if (n < 1 || n > 1024 || args.shards == nullptr || args.devices == nullptr ||
+      args.params == nullptr || !ControlledBuffersValid(args.controls, args.outputs) ||
+      args.gather_scratch == nullptr ||
+      reinterpret_cast<uintptr_t>(args.gather_scratch) % 256 != 0 ||
+      args.gather_scratch_bytes < ShardedControlledGatherBytes(args.batch, args.valid_vocab) ||
+      ShardedControlledGatherBytes(args.batch, args.valid_vocab) == 0) {
+    return KernelStatus::kInvalidArgument;
+  }
+  int64_t expected_begin = 0;
+  for (int32_t k = 0; k < n; ++k) {
+    const ShardedControlledShard& s = args.shards[k];
+    const size_t need =
+        ShardedControlledShardBytes(args.batch, s.end - s.begin, args.hidden_dim, args.weight_dtype);
+    if (s.begin != expected_begin || s.end <= s.begin || s.weight == nullptr ||
+        s.hidden == nullptr || s.scratch == nullptr || need == 0 || s.scratch_bytes < need ||
+        reinterpret_cast<uintptr_t>(s.scratch) % 256 != 0 || args.devices[k].cublas == nullptr ||
+        args.devices[k].stream == nullptr) {
+      return KernelStatus::kInvalidArgument;
+    }
+    expected_begin = s.end;
+  }
+  if (expected_begin != args.valid_vocab) return KernelStatus::kInvalidArgument;
+
+  LaunchEvents events(n);
+  if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
+  const int64_t chunk = ChunkRows(args.batch);
+  const size_t gathered_bytes =
+      AlignUp256(static_cast<size_t>(chunk) * static_cast<size_t>(args.valid_vocab) * sizeof(float));
+  float* gathered = static_cast<float*>(args.gather_scratch);
+  float* lp = reinterpret_cast<float*>(static_cast<char*>(args.gather_scratch) + gathered_bytes);
+  const ShardDevice& d0 = args.devices[0];
+
+  for (int64_t row0 = 0; row0 < args.batch; row0 += chunk) {
+    const int64_t rows = args.batch - row0 < chunk ? args.batch - row0 : chunk;
+    // ---- 1. Each shard's logits of the chunk, on its stream; after the
+    // previous chunk's copies out of its buffer.
+    for (int32_t k = 0; k < n; ++k) {
+      const ShardedControlledShard& s = args.shards[k];
+      const ShardDevice& d = args.devices[k];
+      const int64_t shard_vocab = s.end - s.begin;
+      if (cudaSetDevice(d.device) != cudaSuccess) return KernelStatus::kDeviceError;
+      if (row0 > 0 && cudaStreamWaitEvent(d.stream, events.copied(), 0) != cudaSuccess) {
+        return KernelStatus::kDeviceError;
+      }
+      LogitsGemmArgs gemm;
+      gemm.weight = s.weight;
+      gemm.weight_dtype = args.weight_dtype;
+      gemm.hidden = s.hidden + row0 * args.hidden_dim;
+      gemm.batch = rows;
+      gemm.valid_vocab = shard_vocab;
+      gemm.hidden_dim = args.hidden_dim;
+      gemm.logits = static_cast<float*>(s.scratch);
+      gemm.cast_hidden = static_cast<char*>(s.scratch) +
+                         AlignUp256(static_cast<size_t>(chunk) * static_cast<size_t>(shard_vocab) *
+                                    sizeof(float));
+      if (const KernelStatus st = LaunchLogitsGemm(gemm, d.cublas, d.stream); st != KernelStatus::kOk) {
+        return st;
+      }
+      if (cudaEventRecord(events.done(k), d.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+    }
+
+    // ---- 2. Shard 0's stream gathers the slices into [rows, valid_vocab]:
+    // slice k's rows (pitch shard_vocab) land at column begin_k (pitch
+    // valid_vocab). One strided peer copy per shard.
+    if (cudaSetDevice(d0.device) != cudaSuccess) return KernelStatus::kDeviceError;
+    for (int32_t k = 0; k < n; ++k) {
+      const ShardedControlledShard& s = args.shards[k];
+      const int64_t shard_vocab = s.end - s.begin;
+      if (cudaStreamWaitEvent(d0.stream, events.done(k), 0) != cudaSuccess) {
+        return KernelStatus::kDeviceError;
+      }
+      cudaMemcpy3DPeerParms copy{};
+      copy.srcPtr = make_cudaPitchedPtr(s.scratch, static_cast<size_t>(shard_vocab) * sizeof(float),
+                                        static_cast<size_t>(shard_vocab), static_cast<size_t>(rows));
+      copy.srcDevice = args.devices[k].device;
+      copy.dstPtr = make_cudaPitchedPtr(gathered + s.begin,
+                                        static_cast<size_t>(args.valid_vocab) * sizeof(float),
+                                        static_cast<size_t>(shard_vocab), static_cast<size_t>(rows));
+      copy.dstDevice = d0.device;
+      copy.extent = make_cudaExtent(static_cast<size_t>(shard_vocab) * sizeof(float),
+                                    static_cast<size_t>(rows), 1);
+      if (cudaMemcpy3DPeerAsync(&copy, d0.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+    }
+    if (cudaEventRecord(events.copied(), d0.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+
+    // ---- 3. The chunk's controlled sampling on GPU 0, global token ids.
+    if (const KernelStatus st = LaunchControlledChunkFromLogits(
+            gathered, lp, rows, row0, args.valid_vocab, args.params, args.controls, args.outputs,
+            d0.stream);
+        st != KernelStatus::kOk) {
+      return st;
+    }
+  }
+  // The next launch's GEMMs must not overwrite the scratch before the last
+  // copies: the caller waits for every stream (WaitForShards) in between.
+  return KernelStatus::kOk;
 }
 
 KernelStatus WaitForShards(ShardDevice* devices, int32_t num_shards, double timeout_seconds,

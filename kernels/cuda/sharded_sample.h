@@ -35,6 +35,23 @@
 // communicator (ncclCommAbort), after which the group is unusable (the server
 // marks itself NOT_SERVING).
 //
+// Rows with sampling controls or draft tokens (LaunchShardedControlledSample).
+// The controls (top-k / top-p / min-p cuts, penalties, masks, top lists, the
+// verification of a draft) need every kept token's logit in one place, so
+// here the shards exchange logits, not summaries: for each chunk of at most
+// kControlledChunkRows rows, shard k writes its slice [rows, end_k - begin_k]
+// with cuBLAS (LaunchLogitsGemm) on its stream, shard 0's stream waits for it
+// (an event) and copies it into columns [begin_k, end_k) of one [rows,
+// valid_vocab] buffer on its GPU (cudaMemcpy3DPeerAsync: NVLink / PCIe peer
+// copies where the GPUs can reach each other, staged by the driver
+// otherwise), and the materialized controlled sampler
+// (controlled_sample.h, LaunchControlledChunkFromLogits) samples the chunk on
+// GPU 0 with the global token ids. So the results are exactly those of
+// LaunchControlledSample on one GPU for the same raw logits (the noise, the
+// cuts and the sums do not depend on the split); only cuBLAS may round a
+// logit differently for another GEMM shape. Bytes moved: rows * valid_vocab *
+// 4 per chunk, which is why plain rows keep the summary exchange above.
+//
 // Thread safety: not thread-safe for one ShardGroup (its streams, communicators
 // and buffers belong to one caller at a time); it changes the calling thread's
 // current CUDA device.
@@ -51,6 +68,7 @@
 
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/shard_merge.h"
+#include "kernels/cuda/controlled_sample.h"
 #include "kernels/cuda/fused_sample.h"
 
 namespace flashsampler::kernels {
@@ -96,6 +114,46 @@ struct ShardedSampleArgs {
 // enqueued); kDeviceError: a launch or an NCCL call failed (earlier shards'
 // work may be enqueued; call WaitForShards before reusing the buffers).
 KernelStatus LaunchShardedSample(const ShardedSampleArgs& args);
+
+// One shard of LaunchShardedControlledSample, on devices[k].
+struct ShardedControlledShard {
+  const void* weight = nullptr;   // the shard's rows of W, [end - begin, hidden_dim]
+  const float* hidden = nullptr;  // [batch, hidden_dim] fp32, a copy on this device
+  int64_t begin = 0;              // global id of the shard's first token
+  int64_t end = 0;                // one past its last (valid) token
+  void* scratch = nullptr;        // ShardedControlledShardBytes, 256-byte aligned
+  size_t scratch_bytes = 0;
+};
+
+// Scratch of shard k (its logits of one chunk and the GEMM's cast inputs) and
+// of shard 0's GPU (one chunk's gathered logits and their l'), for batches of
+// up to `batch` rows. 0 for sizes out of range.
+size_t ShardedControlledShardBytes(int64_t batch, int64_t shard_vocab, int64_t hidden_dim,
+                                   CudaWeightDType weight_dtype);
+size_t ShardedControlledGatherBytes(int64_t batch, int64_t valid_vocab);
+
+struct ShardedControlledArgs {
+  const ShardedControlledShard* shards = nullptr;  // num_shards, in token order from 0
+  const ShardDevice* devices = nullptr;            // cuBLAS handles required; comms unused
+  int32_t num_shards = 0;                          // >= 1
+  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
+  int64_t batch = 0;
+  int64_t hidden_dim = 0;
+  int64_t valid_vocab = 0;  // = the last shard's end
+  // On shard 0's device: as ControlledSampleArgs (draft tokens in controls).
+  const RowParams* params = nullptr;
+  ControlledDeviceControls controls;
+  ControlledSampleOutputs outputs;
+  void* gather_scratch = nullptr;  // ShardedControlledGatherBytes, 256-byte aligned
+  size_t gather_scratch_bytes = 0;
+};
+
+// Enqueues the chunks' GEMMs, copies and sampler. Outputs are valid once
+// devices[0].stream passes them; wait with WaitForShards, which also covers
+// the shards' streams. kInvalidArgument: inconsistent arguments (nothing
+// enqueued); kDeviceError: a launch or copy failed (earlier work may be
+// enqueued: wait before reusing the buffers).
+KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args);
 
 // Waits until every shard's stream is idle, polling the streams and the
 // communicators' asynchronous errors. kOk when all finished cleanly. On a CUDA

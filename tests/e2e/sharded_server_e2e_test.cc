@@ -1,8 +1,9 @@
 // End to end on two GPUs (ctest labels `gpu`, `multi_gpu`): the real
 // flashsampler-server with --devices=0,1 (vocabulary sharded over both GPUs,
 // NCCL summary exchange) answers exactly like the same server on one GPU: same
-// seeds, same tokens; logz and logprobs to fp32 rounding; /metrics reports
-// shards="2". Skipped with fewer than 2 GPUs; fails with none (like every GPU
+// seeds, same tokens; logz and logprobs to fp32 rounding; requests with
+// sampling controls and Verify are served (the gathered-logits path) with the
+// one-GPU results; /metrics reports shards="2". Skipped with fewer than 2 GPUs; fails with none (like every GPU
 // test). Built only with NCCL.
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -79,9 +80,61 @@ TEST(ShardedServerE2E, TwoGpusAnswerLikeOne) {
       }
     }
   }
+  // Sampling controls and Verify across the shards (the gathered-logits
+  // path): answered, with the one-GPU server's results. The logits come from
+  // cuBLAS on another GEMM shape, so a near-tie may flip: the tokens must
+  // agree on all but a handful of the 128 rows, the acceptance counts on
+  // every sequence but one.
+  v1::SampleRequest controlled = Request(64, 99);
+  for (int i = 0; i < controlled.params_size(); ++i) {
+    v1::SamplingParams* p = controlled.mutable_params(i);
+    if (i % 2 == 0) p->set_top_k(20);
+    if (i % 3 == 0) p->set_top_p(0.8f);
+    p->set_top_logprobs(i % 4 == 0 ? 3 : 0);
+  }
+  int differing = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    controlled.mutable_params(0)->set_seed(1000 + rep);
+    absl::StatusOr<v1::SampleResponse> a = one_client.Sample(controlled);
+    absl::StatusOr<v1::SampleResponse> b = two_client.Sample(controlled);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(b->token_ids_size(), 64);
+    for (int r = 0; r < 64; ++r) differing += b->token_ids(r) != a->token_ids(r) ? 1 : 0;
+  }
+  EXPECT_LE(differing, 2);
+
+  v1::VerifyRequest verify;
+  verify.set_return_acceptance_probs(true);
+  for (int s = 0; s < 8; ++s) {
+    const v1::SampleRequest rows = Request(4, 500 + s);
+    v1::VerifySequence* seq = verify.add_sequences();
+    *seq->mutable_hidden_states() = rows.hidden_states();
+    for (int j = 0; j < 3; ++j) seq->add_draft_token_ids((s * 977 + j * 131) % 49990);
+    seq->mutable_params()->set_temperature(0.8f);
+    seq->mutable_params()->set_seed(70 + s);
+    if (s % 2 == 1) seq->mutable_params()->set_top_k(50);
+  }
+  absl::StatusOr<v1::VerifyResponse> va = one_client.Verify(verify);
+  absl::StatusOr<v1::VerifyResponse> vb = two_client.Verify(verify);
+  ASSERT_TRUE(va.ok()) << va.status();
+  ASSERT_TRUE(vb.ok()) << vb.status();
+  ASSERT_EQ(vb->sequences_size(), 8);
+  int verify_differing = 0;
+  for (int s = 0; s < 8; ++s) {
+    ASSERT_EQ(vb->sequences(s).acceptance_probs_size(), 3);
+    if (vb->sequences(s).num_accepted() != va->sequences(s).num_accepted() ||
+        vb->sequences(s).token_ids(vb->sequences(s).token_ids_size() - 1) !=
+            va->sequences(s).token_ids(va->sequences(s).token_ids_size() - 1)) {
+      ++verify_differing;
+    }
+  }
+  EXPECT_LE(verify_differing, 1);
+
   absl::StatusOr<std::string> metrics = testing::HttpGet(two.metrics_address(), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_THAT(*metrics, HasSubstr("shards=\"2\""));
+  EXPECT_THAT(*metrics, HasSubstr("path=\"sharded_controlled\""));
 
   for (ServerProcess* server : {&one, &two}) {
     absl::StatusOr<int> exit_code = server->Stop(SIGTERM, absl::Seconds(30));

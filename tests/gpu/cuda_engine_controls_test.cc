@@ -18,6 +18,7 @@
 #include "server/engine.h"
 #include "server/safetensors_writer.h"
 #include "tests/common/scoped_temp_dir.h"
+#include "tests/gpu/engine_test_batches.h"
 
 namespace flashsampler {
 namespace {
@@ -27,44 +28,7 @@ constexpr int64_t kValid = kVocab - 7;
 constexpr int64_t kHidden = 256;
 
 SampleBatch RandomControlledBatch(int64_t rows, uint64_t seed) {
-  SampleBatch b;
-  b.rows = rows;
-  std::mt19937 gen(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> normal;
-  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(kValid - 1));
-  b.hidden.resize(rows * kHidden);
-  for (float& v : b.hidden) v = normal(gen);
-  b.params.resize(rows);
-  b.controls.resize(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    b.params[r].temperature = (r % 5 == 0) ? 0.0f : 0.5f + 0.25f * (r % 4);
-    b.params[r].seed = seed * 1000 + r;
-    b.params[r].offset = r % 3;
-    b.params[r].stream = static_cast<uint32_t>(r);
-    RowControls& c = b.controls[r];
-    if (r % 6 == 5) continue;  // a plain row inside a controlled batch
-    if (r % 3 == 0) c.top_k = 1 + static_cast<int32_t>(gen() % 100);
-    if (r % 2 == 0) c.top_p = 0.5f + 0.45f * unit(gen);
-    if (r % 4 == 1) c.min_p = 0.1f * unit(gen);
-    if (r % 5 == 2) {
-      c.repetition_penalty = 1.2f;
-      c.frequency_penalty = 0.3f;
-      c.presence_penalty = 0.1f;
-      for (int i = 0; i < 30; ++i) c.output_token_ids.push_back(token(gen));
-      for (int i = 0; i < 30; ++i) c.prompt_token_ids.push_back(token(gen));
-    }
-    if (r % 7 == 3) {
-      c.logit_bias = {{token(gen), 4.0f}};
-      c.banned_token_ids = {token(gen)};
-      c.allowed_bitmask.assign((kVocab + 31) / 32, 0xFFFF00FFu);
-    }
-    c.top_logprobs = static_cast<int32_t>(r % 4) * 5;
-    if (r % 8 == 7) c.logprobs_mode = LogprobsMode::kRaw;
-    c.num_samples = 1 + static_cast<int32_t>(r % 2);
-  }
-  b.want_logz = b.want_logprobs = true;
-  return b;
+  return testing::RandomControlledEngineBatch(rows, kHidden, kVocab, kValid, seed);
 }
 
 struct Engines {
@@ -203,6 +167,46 @@ TEST(CudaEngineControls, DraftRowsWithControlsMatchTheCpuEngine) {
     }
   }
   EXPECT_LE(mismatches * 1000, rows) << mismatches << " of " << rows << " rows differ";
+}
+
+// Plain draft rows on the sharded engine take the controlled kernel with
+// neutral controls (sharded_cuda_engine.cc). That is sound only if the
+// controlled kernel verifies a draft exactly as the plain kernels do: here a
+// control that keeps every token (top_k = valid_vocab) sends the batch to
+// the controlled path, against the plain materialized path on the same
+// engine (both GEMMs are LaunchLogitsGemm of one shape: identical logits), so
+// tokens and draft log-probabilities must be identical.
+TEST(CudaEngineControls, DraftRowsWithAKeepAllControlMatchThePlainPath) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  Engines e = MakeEngines(300, /*fused_max_rows=*/0);
+  ASSERT_TRUE(e.cuda);
+  for (int64_t batch_rows : {1, 7, 300}) {
+    SampleBatch plain = testing::RandomEngineBatch(batch_rows, kHidden, 400 + batch_rows);
+    plain.draft_tokens.resize(static_cast<size_t>(batch_rows));
+    for (int64_t r = 0; r < batch_rows; ++r) {
+      plain.draft_tokens[r] = r % 4 == 0 ? -1 : static_cast<int32_t>((r * 7919) % kValid);
+    }
+    SampleBatch keep_all = plain;
+    keep_all.controls.assign(static_cast<size_t>(batch_rows), RowControls{});
+    for (RowControls& c : keep_all.controls) c.top_k = static_cast<int32_t>(kValid);
+    absl::StatusOr<SampleResult> a = e.cuda->Sample(plain);
+    absl::StatusOr<SampleResult> b = e.cuda->Sample(keep_all);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->path, LaunchPath::kMaterialized);
+    EXPECT_EQ(b->path, LaunchPath::kControlled);
+    EXPECT_EQ(b->token_ids, a->token_ids) << "batch " << batch_rows;
+    ASSERT_EQ(b->draft_logprobs.size(), a->draft_logprobs.size());
+    for (int64_t r = 0; r < batch_rows; ++r) {
+      const float x = a->draft_logprobs[r], y = b->draft_logprobs[r];
+      if (std::isnan(x)) {
+        EXPECT_TRUE(std::isnan(y)) << "row " << r;
+      } else {
+        // Plain: fp32 log-sum-exp; controlled: float64 sums. Rounding only.
+        EXPECT_NEAR(y, x, 1e-4f * std::max(1.0f, std::abs(a->logz[r]))) << "row " << r;
+      }
+    }
+  }
 }
 
 // Rows the fused controlled path serves: top_k 1..64 with anything but

@@ -11,6 +11,9 @@
 //   / log-probs agree to fp32 rounding, for even and uneven splits and every
 //   stage-1 path; and the chi-square exactness of both merge modes against the
 //   float64 softmax (tests/common/goodness_of_fit.h).
+// - Controlled rows (LaunchShardedControlledSample, the gathered-logits path):
+//   simulated on GPU 0 and on GPUs 0 and 1, against the 1-shard launch
+//   (bit-identical) and the CPU backend.
 //
 // Shard boundaries at multiples of 128 (what the server plans) give each shard
 // exactly the single-GPU tiles, so every token's score is bit-identical and the
@@ -27,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/common/shard_merge.h"
@@ -34,6 +38,7 @@
 #include "kernels/cuda/materialized_sample.h"
 #include "kernels/cuda/sharded_sample.h"
 #include "tests/common/goodness_of_fit.h"
+#include "tests/gpu/controls_test_problems.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace flashsampler::kernels {
@@ -429,6 +434,246 @@ TEST_F(TwoGpuShardedSampleTest, BothMergeModesMatchFloat64Softmax) {
     EXPECT_EQ(out_of_range, 0);
     const auto fit = flashsampler::testing::ExpectCountsMatch(counts, probs, 7.0);
     EXPECT_EQ(fit.z_tested, 4);
+  }
+}
+
+// ---- Controlled rows: the gathered-logits path ------------------------------------
+// LaunchShardedControlledSample on [vocab, 1] fp32 heads (controls_test_problems.h):
+// the logits are single fp32 products, so every GEMM shape rounds them
+// identically and the split may change nothing: n shards must give exactly
+// the 1-shard launch's outputs (tokens, log Z, log-probs, samples, ranks, top
+// lists, draft log-probs), and both must agree with the CPU backend. Shard k
+// runs on devices[k]: all on GPU 0 (own streams and cuBLAS handles) or on
+// GPUs 0 and 1.
+controls_test::Outputs RunShardedControlled(const controls_test::RandomProblem& p,
+                                            const std::vector<int64_t>& bounds,
+                                            const std::vector<int>& device_ids,
+                                            const std::vector<int32_t>* drafts = nullptr) {
+  controls_test::Outputs out;
+  const int64_t vocab = static_cast<int64_t>(p.w.size());
+  const int64_t rows = static_cast<int64_t>(p.h.size());
+  const int32_t n = static_cast<int32_t>(bounds.size()) - 1;
+  EXPECT_EQ(static_cast<int32_t>(device_ids.size()), n);
+  FlatControls flat;
+  EXPECT_EQ(FlattenControls(p.controls.data(), rows, vocab, vocab, &flat), KernelStatus::kOk);
+  std::vector<uint8_t> packed(flat.PackedBytes());
+  flat.PackTo(packed.data());
+
+  struct Shard {
+    DeviceBuffer<float> weight, hidden;
+    DeviceBuffer<uint8_t> scratch;
+  };
+  std::vector<Shard> shards(static_cast<size_t>(n));
+  std::vector<ShardDevice> devices(static_cast<size_t>(n));
+  std::vector<ShardedControlledShard> slices(static_cast<size_t>(n));
+  for (int32_t k = 0; k < n; ++k) {
+    EXPECT_EQ(cudaSetDevice(device_ids[k]), cudaSuccess);
+    ShardDevice& d = devices[k];
+    d.device = device_ids[k];
+    EXPECT_EQ(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cublasCreate(&d.cublas), CUBLAS_STATUS_SUCCESS);
+    Shard& s = shards[k];
+    s.weight.Allocate(static_cast<size_t>(bounds[k + 1] - bounds[k]));
+    s.weight.Upload(std::vector<float>(p.w.begin() + bounds[k], p.w.begin() + bounds[k + 1]));
+    s.hidden.Allocate(p.h.size());
+    s.hidden.Upload(p.h);
+    const size_t scratch = ShardedControlledShardBytes(rows, bounds[k + 1] - bounds[k], 1,
+                                                       CudaWeightDType::kFloat32);
+    EXPECT_GT(scratch, 0u);
+    s.scratch.Allocate(scratch);
+    slices[k] = ShardedControlledShard{s.weight.data(), s.hidden.data(), bounds[k], bounds[k + 1],
+                                       s.scratch.data(), scratch};
+  }
+  EXPECT_EQ(cudaSetDevice(device_ids[0]), cudaSuccess);
+  DeviceBuffer<RowParams> dp(p.params.size());
+  dp.Upload(p.params);
+  DeviceBuffer<uint8_t> dc(packed.size());
+  dc.Upload(packed);
+  DeviceBuffer<int32_t> dd(static_cast<size_t>(rows));
+  if (drafts != nullptr) dd.Upload(*drafts);
+  controls_test::DeviceOutputs outputs(rows, flat.total_samples);
+  const size_t gather = ShardedControlledGatherBytes(rows, vocab);
+  EXPECT_GT(gather, 0u);
+  DeviceBuffer<uint8_t> gather_scratch(gather);
+
+  ShardedControlledArgs args;
+  args.shards = slices.data();
+  args.devices = devices.data();
+  args.num_shards = n;
+  args.weight_dtype = CudaWeightDType::kFloat32;
+  args.batch = rows;
+  args.hidden_dim = 1;
+  args.valid_vocab = vocab;
+  args.params = dp.data();
+  args.controls = flat.DeviceView(dc.data());
+  if (drafts != nullptr) args.controls.draft_tokens = dd.data();
+  args.outputs = outputs.View();
+  args.gather_scratch = gather_scratch.data();
+  args.gather_scratch_bytes = gather;
+  out.launch = LaunchShardedControlledSample(args);
+  std::string error;
+  EXPECT_EQ(WaitForShards(devices.data(), n, 60.0, &error), KernelStatus::kOk) << error;
+  if (out.launch == KernelStatus::kOk) outputs.Download(flat, rows, &out, drafts != nullptr);
+  for (ShardDevice& d : devices) {
+    cudaSetDevice(d.device);
+    cublasDestroy(d.cublas);
+    cudaStreamDestroy(d.stream);
+  }
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  return out;
+}
+
+void ExpectIdentical(const controls_test::Outputs& a, const controls_test::Outputs& b) {
+  ASSERT_EQ(a.launch, KernelStatus::kOk);
+  ASSERT_EQ(b.launch, KernelStatus::kOk);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.row_status, b.row_status);
+  ASSERT_EQ(a.logz.size(), b.logz.size());
+  for (size_t r = 0; r < a.logz.size(); ++r) {
+    EXPECT_EQ(a.logz[r], b.logz[r]) << "row " << r;  // same logits, same sums: bit-identical
+    EXPECT_EQ(a.logprobs[r], b.logprobs[r]) << "row " << r;
+  }
+  ASSERT_EQ(a.details.size(), b.details.size());
+  for (size_t r = 0; r < a.details.size(); ++r) {
+    EXPECT_EQ(a.details[r].token_ids, b.details[r].token_ids) << "row " << r;
+    EXPECT_EQ(a.details[r].ranks, b.details[r].ranks) << "row " << r;
+    EXPECT_EQ(a.details[r].logprobs, b.details[r].logprobs) << "row " << r;
+    ASSERT_EQ(a.details[r].top.size(), b.details[r].top.size()) << "row " << r;
+    for (size_t i = 0; i < a.details[r].top.size(); ++i) {
+      EXPECT_EQ(a.details[r].top[i].token_id, b.details[r].top[i].token_id) << "row " << r;
+      EXPECT_EQ(a.details[r].top[i].logprob, b.details[r].top[i].logprob) << "row " << r;
+    }
+  }
+  ASSERT_EQ(a.draft_logprobs.size(), b.draft_logprobs.size());
+  for (size_t r = 0; r < a.draft_logprobs.size(); ++r) {
+    if (std::isnan(a.draft_logprobs[r])) {
+      EXPECT_TRUE(std::isnan(b.draft_logprobs[r])) << "row " << r;
+    } else {
+      EXPECT_EQ(a.draft_logprobs[r], b.draft_logprobs[r]) << "row " << r;
+    }
+  }
+}
+
+// Random controls of every kind (top-k up to 2000, top-p, min-p, penalties,
+// bias, bans, bitmasks, top lists in both modes, several samples), 300 rows
+// (two chunks), V = 20000: even, uneven and three-way splits at multiples of
+// 128, one at a multiple of 4; with and without draft tokens.
+TEST_F(ShardedSampleTest, SimulatedControlledShardsMatchOneShardAndTheCpu) {
+  constexpr int64_t kVocab = 20000, kRows = kControlledChunkRows + 44;
+  for (uint32_t seed : {71u, 72u}) {
+    SCOPED_TRACE(seed);
+    const controls_test::RandomProblem p =
+        controls_test::MakeRandomProblem(kVocab, kRows, seed == 72u ? 0.25f : 0.0f, seed);
+    std::vector<int32_t> drafts(static_cast<size_t>(kRows));
+    for (int64_t r = 0; r < kRows; ++r) drafts[r] = r % 3 == 0 ? -1 : static_cast<int32_t>((r * 7919) % kVocab);
+    for (const std::vector<int32_t>* d : {static_cast<const std::vector<int32_t>*>(nullptr),
+                                          static_cast<const std::vector<int32_t>*>(&drafts)}) {
+      SCOPED_TRACE(d == nullptr ? "no drafts" : "drafts");
+      const controls_test::Outputs cpu = controls_test::RunCpu(p.w, p.h, p.params, p.controls, d);
+      ASSERT_EQ(cpu.launch, KernelStatus::kOk);
+      const controls_test::Outputs one = RunShardedControlled(p, {0, kVocab}, {0}, d);
+      controls_test::ExpectAgrees(one, cpu, p);
+      for (const std::vector<int64_t>& bounds :
+           {std::vector<int64_t>{0, 9984, kVocab}, std::vector<int64_t>{0, 128, kVocab},
+            std::vector<int64_t>{0, 4992, 15104, kVocab}, std::vector<int64_t>{0, 4444, kVocab}}) {
+        SCOPED_TRACE(::testing::Message() << "first cut " << bounds[1]);
+        const std::vector<int> on_gpu0(bounds.size() - 1, 0);
+        ExpectIdentical(RunShardedControlled(p, bounds, on_gpu0, d), one);
+      }
+    }
+  }
+}
+
+// Arguments that launch (checked first), then one field broken at a time:
+// each is refused before anything is enqueued.
+TEST_F(ShardedSampleTest, ControlledLauncherRejectsInconsistentShards) {
+  constexpr int64_t kVocab = 1000, kRows = 4;
+  const controls_test::RandomProblem p = controls_test::MakeRandomProblem(kVocab, kRows, 0.0f, 3);
+  FlatControls flat;
+  ASSERT_EQ(FlattenControls(p.controls.data(), kRows, kVocab, kVocab, &flat), KernelStatus::kOk);
+  std::vector<uint8_t> packed(flat.PackedBytes());
+  flat.PackTo(packed.data());
+  DeviceBuffer<uint8_t> dc(packed.size());
+  dc.Upload(packed);
+  DeviceBuffer<RowParams> dp(p.params.size());
+  dp.Upload(p.params);
+  DeviceBuffer<float> weight(kVocab), hidden(kRows);
+  weight.Upload(p.w);
+  hidden.Upload(p.h);
+  const size_t scratch_bytes = ShardedControlledShardBytes(kRows, 500, 1, CudaWeightDType::kFloat32);
+  DeviceBuffer<uint8_t> scratch0(scratch_bytes), scratch1(scratch_bytes);
+  const size_t gather_bytes = ShardedControlledGatherBytes(kRows, kVocab);
+  DeviceBuffer<uint8_t> gather(gather_bytes);
+  controls_test::DeviceOutputs outputs(kRows, flat.total_samples);
+  ShardDevice devices[2];
+  for (ShardDevice& d : devices) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cublasCreate(&d.cublas), CUBLAS_STATUS_SUCCESS);
+  }
+  ShardedControlledShard shards[2] = {
+      {weight.data(), hidden.data(), 0, 500, scratch0.data(), scratch_bytes},
+      {weight.data() + 500, hidden.data(), 500, kVocab, scratch1.data(), scratch_bytes}};
+  ShardedControlledArgs good;
+  good.shards = shards;
+  good.devices = devices;
+  good.num_shards = 2;
+  good.weight_dtype = CudaWeightDType::kFloat32;
+  good.batch = kRows;
+  good.hidden_dim = 1;
+  good.valid_vocab = kVocab;
+  good.params = dp.data();
+  good.controls = flat.DeviceView(dc.data());
+  good.outputs = outputs.View();
+  good.gather_scratch = gather.data();
+  good.gather_scratch_bytes = gather_bytes;
+  EXPECT_EQ(LaunchShardedControlledSample(good), KernelStatus::kOk);
+  std::string error;
+  EXPECT_EQ(WaitForShards(devices, 2, 60.0, &error), KernelStatus::kOk) << error;
+
+  ShardedControlledArgs bad = good;
+  bad.valid_vocab = kVocab + 4;  // the shards stop short of it
+  EXPECT_EQ(LaunchShardedControlledSample(bad), KernelStatus::kInvalidArgument);
+  bad = good;
+  bad.gather_scratch_bytes = gather_bytes - 256;
+  EXPECT_EQ(LaunchShardedControlledSample(bad), KernelStatus::kInvalidArgument);
+  DeviceBuffer<int32_t> drafts(kRows);
+  bad = good;
+  bad.controls.draft_tokens = drafts.data();
+  bad.outputs.draft_logprobs = nullptr;  // drafts without their output
+  EXPECT_EQ(LaunchShardedControlledSample(bad), KernelStatus::kInvalidArgument);
+  ShardedControlledShard gap[2] = {shards[0], shards[1]};
+  gap[1].begin = 504;  // tokens 500..503 would belong to no shard
+  bad = good;
+  bad.shards = gap;
+  EXPECT_EQ(LaunchShardedControlledSample(bad), KernelStatus::kInvalidArgument);
+  ShardedControlledShard small[2] = {shards[0], shards[1]};
+  small[1].scratch_bytes = scratch_bytes - 256;
+  bad = good;
+  bad.shards = small;
+  EXPECT_EQ(LaunchShardedControlledSample(bad), KernelStatus::kInvalidArgument);
+  ShardDevice no_cublas[2] = {devices[0], devices[1]};
+  no_cublas[1].cublas = nullptr;
+  bad = good;
+  bad.devices = no_cublas;
+  EXPECT_EQ(LaunchShardedControlledSample(bad), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(WaitForShards(devices, 2, 60.0, &error), KernelStatus::kOk) << error;
+  for (ShardDevice& d : devices) {
+    cublasDestroy(d.cublas);
+    cudaStreamDestroy(d.stream);
+  }
+}
+
+TEST_F(TwoGpuShardedSampleTest, ControlledRowsMatchOneGpu) {
+  constexpr int64_t kVocab = 20000, kRows = kControlledChunkRows + 44;
+  const controls_test::RandomProblem p = controls_test::MakeRandomProblem(kVocab, kRows, 0.0f, 81);
+  std::vector<int32_t> drafts(static_cast<size_t>(kRows));
+  for (int64_t r = 0; r < kRows; ++r) drafts[r] = r % 3 == 0 ? -1 : static_cast<int32_t>((r * 104729) % kVocab);
+  for (const std::vector<int32_t>* d : {static_cast<const std::vector<int32_t>*>(nullptr),
+                                        static_cast<const std::vector<int32_t>*>(&drafts)}) {
+    SCOPED_TRACE(d == nullptr ? "no drafts" : "drafts");
+    const controls_test::Outputs one = RunShardedControlled(p, {0, kVocab}, {0}, d);
+    ExpectIdentical(RunShardedControlled(p, {0, 9984, kVocab}, {0, 1}, d), one);
+    ExpectIdentical(RunShardedControlled(p, {0, 4992, kVocab}, {1, 0}, d), one);
   }
 }
 
