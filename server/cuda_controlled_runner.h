@@ -96,6 +96,16 @@ class CudaControlledRunner {
                                         const int32_t* draft_tokens, cudaStream_t stream);
   absl::Status EnqueueDownloads(const SampleBatch& batch, cudaStream_t stream);
   absl::StatusOr<SampleResult> Collect(const SampleBatch& batch);
+  // After Collect: true when it found a row the fused controlled path left
+  // unserved (row_status 2; its result is empty: re-run the batch on a
+  // materialized path).
+  bool fused_row_not_served() const { return fused_row_not_served_; }
+  // After Prepare: the batch's flattened controls, and their packed copy in
+  // pinned host memory (valid until the next Prepare), for a caller that
+  // needs the controls on other devices too (kernels::FlatControls::DeviceView
+  // of a copy gives their device view).
+  const kernels::FlatControls& flat_controls() const { return flat_; }
+  const void* packed_controls_host() const { return controls_.host; }
 
  private:
   absl::Status EnsureControlsCapacity(size_t bytes);

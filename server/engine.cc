@@ -92,6 +92,7 @@ const char* LaunchPathName(LaunchPath path) {
     case LaunchPath::kControlled: return "controlled";
     case LaunchPath::kSharded: return "sharded";
     case LaunchPath::kShardedControlled: return "sharded_controlled";
+    case LaunchPath::kShardedFusedControlled: return "sharded_fused_controlled";
     case LaunchPath::kUnspecified: break;
   }
   return "unspecified";

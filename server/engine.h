@@ -85,6 +85,7 @@ enum class LaunchPath : int32_t {
   kControlled,              // CUDA: LaunchControlledSample (materialized controls)
   kSharded,                 // CUDA, several GPUs: LaunchShardedSample
   kShardedControlled,       // CUDA, several GPUs: LaunchShardedControlledSample (controls, drafts)
+  kShardedFusedControlled,  // CUDA, several GPUs: LaunchShardedFusedControlledSample
 };
 const char* LaunchPathName(LaunchPath path);  // "cpu", "fused", ...
 

@@ -24,16 +24,24 @@
 // that fails to initialise fails MakeEngine with the GPU named.
 //
 // Controls and drafts. A batch with a sampling control on any row, or with
-// draft tokens (Verify), takes the gathered-logits path instead
-// (LaunchShardedControlledSample): each GPU writes its logits slice with
-// cuBLAS, GPU 0 gathers them into [rows, valid_vocab] and runs the
-// single-GPU materialized controlled sampler over them (global token ids), so
-// every control and the verification behave exactly as on one GPU; the
-// controlled runner (cuda_controlled_runner.h) flattens the controls and
-// assembles the result, plain rows of such a batch sampling with neutral
-// controls. That path moves rows * valid_vocab floats per step instead of
-// summaries; its buffers are allocated at start-up for max_batch_rows rows
-// (in chunks of at most 256).
+// draft tokens (Verify), takes one of two paths; the controlled runner
+// (cuda_controlled_runner.h, on GPU 0) flattens the controls and assembles
+// the result either way, plain rows of such a batch sampling with neutral
+// controls:
+//  - gathered tile candidates (LaunchShardedFusedControlledSample) when the
+//    batch has no drafts, at most --cuda_fused_max_rows rows, and every row
+//    is one the fused controlled path serves (top_k <= 64 with any other
+//    control, or no filter): each GPU runs the fused controlled stage 1 on
+//    its slice, GPU 0 gathers the per-tile summaries and top candidates and
+//    runs stage 2: one GPU's fused controlled result, bit for bit. When a
+//    tile held more of a row's top-k than it kept, the batch is re-run on
+//  - gathered logits (LaunchShardedControlledSample), for everything else:
+//    each GPU writes its logits slice with cuBLAS, GPU 0 gathers them into
+//    [rows, valid_vocab] and runs the single-GPU materialized controlled
+//    sampler over them (global token ids), so every control and the
+//    verification behave exactly as on one GPU. It moves rows * valid_vocab
+//    floats per step; its buffers are allocated at start-up for
+//    max_batch_rows rows (in chunks of at most 256).
 //
 // Thread safety: as Engine (Sample is serialised by its one caller).
 #include <cublas_v2.h>
@@ -43,12 +51,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/cuda/fused_controlled_sample.h"
 #include "kernels/cuda/fused_sample.h"
 #include "kernels/cuda/materialized_sample.h"
 #include "kernels/cuda/sharded_sample.h"
@@ -94,6 +104,8 @@ struct ShardState {
   void* exchange = nullptr;  // kernels::ShardExchangeBytes
   void* controlled_scratch = nullptr;  // kernels::ShardedControlledShardBytes
   size_t controlled_scratch_bytes = 0;
+  void* controls = nullptr;  // shards > 0: a copy of the packed controls (fused path)
+  size_t controls_capacity = 0;
 };
 
 class ShardedCudaEngine final : public Engine {
@@ -120,14 +132,17 @@ class ShardedCudaEngine final : public Engine {
     for (ShardState& s : shards_) {
       cudaSetDevice(s.device.device);
       if (s.device.cublas != nullptr) cublasDestroy(s.device.cublas);
-      for (void* p : {s.weight, s.hidden, s.params, s.workspace, s.exchange, s.controlled_scratch}) {
+      for (void* p : {s.weight, s.hidden, s.params, s.workspace, s.exchange, s.controlled_scratch,
+                      s.controls}) {
         cudaFree(p);
       }
       if (s.device.stream != nullptr) cudaStreamDestroy(s.device.stream);
     }
     if (!shards_.empty()) {
       cudaSetDevice(shards_[0].device.device);
-      for (void* p : {tokens_, logz_, logprobs_, drafts_, gather_scratch_}) cudaFree(p);
+      for (void* p : {tokens_, logz_, logprobs_, drafts_, gather_scratch_, fused_gather_scratch_}) {
+        cudaFree(p);
+      }
     }
     for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_,
                     host_drafts_}) {
@@ -147,6 +162,11 @@ class ShardedCudaEngine final : public Engine {
     const size_t exchange_bytes = kernels::ShardExchangeBytes(max_rows_, n);
     if (exchange_bytes == 0) return absl::InvalidArgumentError("batch too large for sharding");
     const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
+    // The fused controlled path across shards: 16-bit W whose whole
+    // vocabulary fits its stage 2 (each shard's slice then fits too).
+    const bool fused_controlled =
+        fused_rows > 0 &&
+        kernels::FusedControlledShapeSupported(dtype, shape_.valid_vocab, shape_.hidden_size);
     for (ShardState& s : shards_) {
       const int d = s.device.device;
       const int64_t shard_rows = s.range.end - s.range.begin;
@@ -169,6 +189,11 @@ class ShardedCudaEngine final : public Engine {
           kernels::FusedSampleWorkspaceBytes(fused_rows, shard_rows, shape_.hidden_size),
           kernels::MaterializedSampleWorkspaceBytes(max_rows_, shard_rows, shape_.hidden_size,
                                                     dtype));
+      if (fused_controlled) {
+        s.workspace_bytes = std::max(
+            s.workspace_bytes,
+            kernels::FusedControlledWorkspaceBytes(fused_rows, shard_rows, shape_.hidden_size));
+      }
       if (s.workspace_bytes == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
       FS_SHARD_RETURN_IF_CUDA_ERROR(d, cudaMalloc(&s.workspace, s.workspace_bytes));
       s.controlled_scratch_bytes =
@@ -193,6 +218,10 @@ class ShardedCudaEngine final : public Engine {
     gather_bytes_ = kernels::ShardedControlledGatherBytes(max_rows_, shape_.valid_vocab);
     if (gather_bytes_ == 0) return absl::InvalidArgumentError("model too large for the sharded CUDA backend");
     FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMalloc(&gather_scratch_, gather_bytes_));
+    if (fused_controlled) {
+      fused_gather_bytes_ = kernels::ShardedFusedControlledGatherBytes(fused_rows, shape_.valid_vocab);
+      FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaMalloc(&fused_gather_scratch_, fused_gather_bytes_));
+    }
     // The controlled runner's buffers live on GPU 0 (current device).
     if (absl::Status s = controlled_.Init(max_rows_, /*fused_max_rows=*/0); !s.ok()) return s;
 
@@ -354,30 +383,36 @@ class ShardedCudaEngine final : public Engine {
     return absl::OkStatus();
   }
 
-  // The gathered-logits path (header comment): the hidden states go to every
-  // GPU, the params, drafts and controls to GPU 0.
+  // A batch with controls or drafts (header comment): the fused controlled
+  // path when every row is one it serves (no drafts, at most
+  // --cuda_fused_max_rows rows), re-run on the gathered-logits path when it
+  // hands the batch back; the gathered-logits path otherwise.
   absl::StatusOr<SampleResult> RunControlled(const SampleBatch& batch) {
+    const bool try_fused = fused_gather_scratch_ != nullptr && batch.draft_tokens.empty() &&
+                           batch.rows <= options_.fused_max_rows;
+    absl::StatusOr<SampleResult> result = RunControlledOnShards(batch, try_fused);
+    if (try_fused && result.ok() && controlled_.fused_row_not_served()) {
+      result = RunControlledOnShards(batch, /*try_fused=*/false);
+    }
+    return result;
+  }
+
+  // One launch of LaunchShardedFusedControlledSample (when try_fused and
+  // every row is one it serves) or LaunchShardedControlledSample: the hidden
+  // states go to every GPU; the params, drafts and controls to GPU 0, and for
+  // the fused path the params and controls to every GPU.
+  absl::StatusOr<SampleResult> RunControlledOnShards(const SampleBatch& batch, bool try_fused) {
+    bool fused = try_fused;
     const int64_t rows = batch.rows;
     const size_t hidden_bytes = batch.hidden.size() * sizeof(float);
     const int32_t n = static_cast<int32_t>(shards_.size());
     std::vector<kernels::ShardDevice> devices(n);
-    std::vector<kernels::ShardedControlledShard> slices(n);
-    for (int32_t k = 0; k < n; ++k) {
-      ShardState& s = shards_[k];
-      devices[k] = s.device;
-      kernels::ShardedControlledShard& slice = slices[k];
-      slice.weight = s.weight;
-      slice.hidden = static_cast<const float*>(s.hidden);
-      slice.begin = s.range.begin;
-      slice.end = s.range.end;
-      slice.scratch = s.controlled_scratch;
-      slice.scratch_bytes = s.controlled_scratch_bytes;
-    }
+    for (int32_t k = 0; k < n; ++k) devices[k] = shards_[k].device;
     // Everything enqueued is awaited (bounded) before returning, whatever
     // fails on the way: the buffers belong to the work in flight.
     absl::Status enqueued = [&]() -> absl::Status {
       for (int32_t k = 0; k < n; ++k) {
-        if (absl::Status st = UploadToShard(shards_[k], hidden_bytes, rows, /*with_params=*/k == 0);
+        if (absl::Status st = UploadToShard(shards_[k], hidden_bytes, rows, try_fused || k == 0);
             !st.ok()) {
           return st;
         }
@@ -395,21 +430,75 @@ class ShardedCudaEngine final : public Engine {
       absl::StatusOr<CudaControlledRunner::LaunchBuffers> buffers = controlled_.Prepare(
           batch, shape_, drafts ? static_cast<const int32_t*>(drafts_) : nullptr, stream0);
       if (!buffers.ok()) return buffers.status();
-      kernels::ShardedControlledArgs args;
-      args.shards = slices.data();
-      args.devices = devices.data();
-      args.num_shards = n;
-      args.weight_dtype = ToCudaDType(shape_.weight_dtype);
-      args.batch = rows;
-      args.hidden_dim = shape_.hidden_size;
-      args.valid_vocab = shape_.valid_vocab;
-      args.params = static_cast<const RowParams*>(s0.params);
-      args.controls = buffers->controls;
-      args.outputs = buffers->outputs;
-      args.gather_scratch = gather_scratch_;
-      args.gather_scratch_bytes = gather_bytes_;
-      if (const KernelStatus st = kernels::LaunchShardedControlledSample(args); st != KernelStatus::kOk) {
-        return KernelStatusToStatus(st, "sharded cuda controlled sampler launch");
+      const kernels::FlatControls& flat = controlled_.flat_controls();
+      fused = fused && std::none_of(flat.rows.begin(), flat.rows.end(),
+                                    [](const kernels::ControlledRowDesc& d) {
+                                      return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
+                                    });
+      KernelStatus launch = KernelStatus::kOk;
+      if (fused) {
+        std::vector<kernels::ShardedFusedControlledShard> slices(n);
+        for (int32_t k = 0; k < n; ++k) {
+          ShardState& s = shards_[k];
+          kernels::ShardedFusedControlledShard& slice = slices[k];
+          slice.weight = s.weight;
+          slice.hidden = static_cast<const float*>(s.hidden);
+          slice.params = static_cast<const RowParams*>(s.params);
+          slice.begin = s.range.begin;
+          slice.end = s.range.end;
+          slice.workspace = s.workspace;
+          slice.workspace_bytes = s.workspace_bytes;
+          if (k == 0) {
+            slice.controls = buffers->controls;
+            continue;
+          }
+          // The packed controls (pinned on the host since Prepare) to GPU k.
+          if (absl::Status st = EnsureShardControls(s, flat.PackedBytes()); !st.ok()) return st;
+          FS_SHARD_RETURN_IF_CUDA_ERROR(
+              s.device.device, cudaMemcpyAsync(s.controls, controlled_.packed_controls_host(),
+                                               flat.PackedBytes(), cudaMemcpyHostToDevice,
+                                               s.device.stream));
+          slice.controls = flat.DeviceView(s.controls);
+        }
+        kernels::ShardedFusedControlledArgs args;
+        args.shards = slices.data();
+        args.devices = devices.data();
+        args.num_shards = n;
+        args.weight_dtype = ToCudaDType(shape_.weight_dtype);
+        args.batch = rows;
+        args.hidden_dim = shape_.hidden_size;
+        args.valid_vocab = shape_.valid_vocab;
+        args.params = static_cast<const RowParams*>(s0.params);
+        args.controls = buffers->controls;
+        args.outputs = buffers->outputs;
+        args.gather_scratch = fused_gather_scratch_;
+        args.gather_scratch_bytes = fused_gather_bytes_;
+        launch = kernels::LaunchShardedFusedControlledSample(args);
+      } else {
+        std::vector<kernels::ShardedControlledShard> slices(n);
+        for (int32_t k = 0; k < n; ++k) {
+          ShardState& s = shards_[k];
+          slices[k] = kernels::ShardedControlledShard{s.weight, static_cast<const float*>(s.hidden),
+                                                      s.range.begin, s.range.end,
+                                                      s.controlled_scratch, s.controlled_scratch_bytes};
+        }
+        kernels::ShardedControlledArgs args;
+        args.shards = slices.data();
+        args.devices = devices.data();
+        args.num_shards = n;
+        args.weight_dtype = ToCudaDType(shape_.weight_dtype);
+        args.batch = rows;
+        args.hidden_dim = shape_.hidden_size;
+        args.valid_vocab = shape_.valid_vocab;
+        args.params = static_cast<const RowParams*>(s0.params);
+        args.controls = buffers->controls;
+        args.outputs = buffers->outputs;
+        args.gather_scratch = gather_scratch_;
+        args.gather_scratch_bytes = gather_bytes_;
+        launch = kernels::LaunchShardedControlledSample(args);
+      }
+      if (launch != KernelStatus::kOk) {
+        return KernelStatusToStatus(launch, "sharded cuda controlled sampler launch");
       }
       FS_SHARD_RETURN_IF_CUDA_ERROR(d0, cudaSetDevice(d0));
       return controlled_.EnqueueDownloads(batch, stream0);
@@ -417,8 +506,23 @@ class ShardedCudaEngine final : public Engine {
     if (absl::Status s = AwaitShards(devices); !s.ok()) return s;
     if (!enqueued.ok()) return enqueued;
     absl::StatusOr<SampleResult> result = controlled_.Collect(batch);
-    if (result.ok()) result->path = LaunchPath::kShardedControlled;
+    if (result.ok()) {
+      result->path = fused ? LaunchPath::kShardedFusedControlled : LaunchPath::kShardedControlled;
+    }
     return result;
+  }
+
+  // Grows shard s's device copy of the packed controls (no work of an earlier
+  // batch is in flight: every step is awaited).
+  absl::Status EnsureShardControls(ShardState& s, size_t bytes) {
+    if (bytes <= s.controls_capacity) return absl::OkStatus();
+    const size_t capacity = std::max(bytes, 2 * s.controls_capacity);
+    cudaFree(s.controls);
+    s.controls = nullptr;
+    s.controls_capacity = 0;
+    FS_SHARD_RETURN_IF_CUDA_ERROR(s.device.device, cudaMalloc(&s.controls, capacity));
+    s.controls_capacity = capacity;
+    return absl::OkStatus();
   }
 
   const ModelShape shape_;
@@ -439,6 +543,10 @@ class ShardedCudaEngine final : public Engine {
   void* host_drafts_ = nullptr;
   void* gather_scratch_ = nullptr;  // GPU 0, kernels::ShardedControlledGatherBytes
   size_t gather_bytes_ = 0;
+  // GPU 0, kernels::ShardedFusedControlledGatherBytes; null when the fused
+  // controlled path cannot serve this head (or --cuda_fused_max_rows is 0).
+  void* fused_gather_scratch_ = nullptr;
+  size_t fused_gather_bytes_ = 0;
   // On GPU 0; destroyed after ~ShardedCudaEngine's body has waited for the streams.
   CudaControlledRunner controlled_;
 };

@@ -325,12 +325,23 @@ size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t
          AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * sizeof(uint16_t));
 }
 
+size_t FusedControlledTileSummaryBytes() { return sizeof(SampleSummary); }
+size_t FusedControlledTileCandidateBytes() { return kFusedTileCandidates * sizeof(FusedCandidate); }
+
+FusedControlledTiles FusedControlledTilesIn(void* workspace, int64_t batch, int64_t valid_vocab) {
+  FusedControlledTiles t;
+  t.tiles = NumTiles(valid_vocab);
+  auto* base = static_cast<unsigned char*>(workspace);
+  t.summaries = base;
+  t.candidates = base + SummaryBytes(batch, t.tiles);
+  return t;
+}
+
 // Grid: stage 1 as the plain tensor-core sampler (fused_sample_mma.cu's
 // launcher: one block of 256 threads per (128-token tile, row chunk of 8..128
-// rows)); stage 2 one block of 256 threads per row, static shared memory =
-// sizeof(FinishShared) (the cub sort storage of 2048 64-bit keys with int
-// values, ~26 KB, plus the row's top-k), launched as a programmatic dependent.
-KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& a, cudaStream_t stream) {
+// rows)).
+KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t token_offset,
+                                         cudaStream_t stream) {
   const ControlledSampleOutputs& o = a.outputs;
   if (a.weight == nullptr || a.hidden == nullptr || a.params == nullptr ||
       a.controls.rows == nullptr || a.workspace == nullptr || o.token_ids == nullptr ||
@@ -342,18 +353,18 @@ KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& a, cudaStre
   if (a.batch < 1 || a.batch > kMaxInt32 || a.vocab < 1 || a.vocab > kMaxInt32 ||
       a.valid_vocab < 1 || a.valid_vocab > a.vocab ||
       !FusedControlledShapeSupported(a.weight_dtype, a.valid_vocab, a.hidden_dim) ||
+      token_offset < 0 || token_offset % kMmaTileVocab != 0 ||
+      token_offset > kFusedMaxVocab - a.valid_vocab ||
       reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(a.hidden) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0 ||
       a.workspace_bytes < FusedControlledWorkspaceBytes(a.batch, a.valid_vocab, a.hidden_dim)) {
     return KernelStatus::kInvalidArgument;
   }
-  const int64_t tiles = NumTiles(a.valid_vocab);
-  auto* base = static_cast<unsigned char*>(a.workspace);
-  auto* summaries = reinterpret_cast<SampleSummary*>(base);
-  auto* candidates = reinterpret_cast<FusedCandidate*>(base + SummaryBytes(a.batch, tiles));
-  auto* hidden_rounded = reinterpret_cast<unsigned short*>(base + SummaryBytes(a.batch, tiles) +
-                                                           CandidateBytes(a.batch, tiles));
+  const FusedControlledTiles t = FusedControlledTilesIn(a.workspace, a.batch, a.valid_vocab);
+  auto* hidden_rounded = reinterpret_cast<unsigned short*>(
+      static_cast<unsigned char*>(a.workspace) + SummaryBytes(a.batch, t.tiles) +
+      CandidateBytes(a.batch, t.tiles));
 
   FusedSampleArgs plain;
   plain.weight = a.weight;
@@ -364,21 +375,49 @@ KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& a, cudaStre
   plain.vocab = a.vocab;
   plain.valid_vocab = a.valid_vocab;
   plain.hidden_dim = a.hidden_dim;
+  plain.token_offset = token_offset;
   cuda_internal::MmaControls ctl;
   ctl.controls = a.controls;
-  ctl.candidates = candidates;
-  cudaError_t err = cuda_internal::LaunchMmaStage1(plain, tiles, /*want_lse=*/true, summaries,
-                                                   hidden_rounded, stream, &ctl);
-  if (err != cudaSuccess) return cuda_internal::StatusFromCuda(err);
+  ctl.candidates = static_cast<FusedCandidate*>(t.candidates);
+  return cuda_internal::StatusFromCuda(cuda_internal::LaunchMmaStage1(
+      plain, t.tiles, /*want_lse=*/true, static_cast<SampleSummary*>(t.summaries), hidden_rounded,
+      stream, &ctl));
+}
 
+// Grid: one block of 256 threads per row, static shared memory =
+// sizeof(FinishShared) (the cub sort storage of 2048 64-bit keys with int
+// values, ~26 KB, plus the row's top-k), launched as a programmatic dependent
+// (after stage 1 it may start early and waits; after copies it is ordinary).
+KernelStatus LaunchFusedControlledStage2(const void* tile_summaries, const void* tile_candidates,
+                                         int64_t tiles, int64_t batch, const RowParams* params,
+                                         const ControlledDeviceControls& controls,
+                                         const ControlledSampleOutputs& outputs,
+                                         cudaStream_t stream) {
+  const ControlledSampleOutputs& o = outputs;
+  if (tile_summaries == nullptr || tile_candidates == nullptr || params == nullptr ||
+      controls.rows == nullptr || o.token_ids == nullptr || o.row_status == nullptr ||
+      o.sample_tokens == nullptr || o.sample_logprobs == nullptr || o.sample_ranks == nullptr ||
+      o.top_ids == nullptr || o.top_logprobs == nullptr || o.top_counts == nullptr ||
+      controls.draft_tokens != nullptr || tiles < 1 || tiles > kFusedMaxVocab / kMmaTileVocab ||
+      batch < 1 || batch > kMaxInt32) {
+    return KernelStatus::kInvalidArgument;
+  }
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config = cuda_internal::DependentLaunch(
-      dim3(static_cast<unsigned>(a.batch)), dim3(kThreads), 0, stream, &attribute);
-  err = cudaLaunchKernelEx(&config, &FusedControlledFinishKernel,
-                           static_cast<const SampleSummary*>(summaries),
-                           static_cast<const FusedCandidate*>(candidates), tiles, a.params,
-                           a.controls, a.outputs);
+      dim3(static_cast<unsigned>(batch)), dim3(kThreads), 0, stream, &attribute);
+  const cudaError_t err = cudaLaunchKernelEx(
+      &config, &FusedControlledFinishKernel, static_cast<const SampleSummary*>(tile_summaries),
+      static_cast<const FusedCandidate*>(tile_candidates), tiles, params, controls, outputs);
   return cuda_internal::StatusFromCuda(err);
+}
+
+KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& a, cudaStream_t stream) {
+  if (const KernelStatus s = LaunchFusedControlledStage1(a, 0, stream); s != KernelStatus::kOk) {
+    return s;
+  }
+  const FusedControlledTiles t = FusedControlledTilesIn(a.workspace, a.batch, a.valid_vocab);
+  return LaunchFusedControlledStage2(t.summaries, t.candidates, t.tiles, a.batch, a.params,
+                                     a.controls, a.outputs, stream);
 }
 
 }  // namespace flashsampler::kernels

@@ -121,4 +121,39 @@ size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t
 // FusedControlledWorkspaceBytes); cluster_blocks is not used here.
 KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& args, cudaStream_t stream);
 
+// ---- The two stages apart, for vocabulary shards (sharded_sample.h) --------
+// LaunchFusedControlledSample is stage 1 then stage 2 on one device. A
+// sharded launcher runs stage 1 on every shard's slice of W (token_offset =
+// the shard's first global id, a multiple of 128: its tiles are then the
+// whole head's tiles, with global ids in the candidates and summaries),
+// copies every shard's tile outputs next to each other in tile order, and
+// runs stage 2 once over all of them: the single-GPU result, bit for bit.
+//
+// Stage 1's outputs per (row, tile): one summary and kFusedTileCandidates
+// candidates, FusedControlledTileSummaryBytes() and
+// FusedControlledTileCandidateBytes() bytes, stored row-major ([batch,
+// tiles] and [batch, tiles, kFusedTileCandidates]) inside the workspace where
+// FusedControlledTilesIn says.
+struct FusedControlledTiles {
+  void* summaries = nullptr;
+  void* candidates = nullptr;
+  int64_t tiles = 0;  // ceil(valid_vocab / 128)
+};
+size_t FusedControlledTileSummaryBytes();
+size_t FusedControlledTileCandidateBytes();
+FusedControlledTiles FusedControlledTilesIn(void* workspace, int64_t batch, int64_t valid_vocab);
+// Stage 1 over args' rows of W with global ids from token_offset. Outcomes as
+// LaunchFusedControlledSample's (kInvalidArgument also for a token_offset
+// that is not a multiple of 128 or ends past kFusedMaxVocab).
+KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& args, int64_t token_offset,
+                                         cudaStream_t stream);
+// Stage 2 over `tiles` tiles (at most kFusedMaxVocab / 128) of every row's
+// gathered stage-1 outputs, on the device that holds them, params, controls
+// and outputs.
+KernelStatus LaunchFusedControlledStage2(const void* tile_summaries, const void* tile_candidates,
+                                         int64_t tiles, int64_t batch, const RowParams* params,
+                                         const ControlledDeviceControls& controls,
+                                         const ControlledSampleOutputs& outputs,
+                                         cudaStream_t stream);
+
 }  // namespace flashsampler::kernels

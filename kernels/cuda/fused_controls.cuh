@@ -57,10 +57,15 @@ __device__ __forceinline__ int WarpLowerBound(const TouchedToken* touched, int c
 // The controlled epilogue of one (row, tile) for one warp. dot_row: the
 // row's 128 raw dots of the tile in shared memory (this warp's alone; it is
 // overwritten when the row has touched tokens). Lane k takes tokens
-// tok0 + 4k .. tok0 + 4k + 3, as the plain epilogue does.
+// tok0 + 4k .. tok0 + 4k + 3, as the plain epilogue does. tok0 and
+// valid_vocab count the launch's own rows of W; token_offset (a vocabulary
+// shard's first global id, a multiple of 128; 0 for a whole head) turns them
+// into the global ids that the bitmask, the touched tokens, the noise and the
+// written candidates and summaries use, so a shard's tiles are the whole
+// head's tiles bit for bit.
 __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const RowParams* params,
                                                   int64_t row, float* dot_row, int64_t tok0,
-                                                  int64_t valid_vocab, int64_t num_tiles,
+                                                  int64_t token_offset, int64_t valid_vocab, int64_t num_tiles,
                                                   int64_t tile, int lane,
                                                   SampleSummary* tile_summaries) {
   const ControlledRowDesc d = ctl.controls.rows[row];
@@ -69,14 +74,15 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
   const RowParams p = params[row];
   const float scale = DeviceLogitScale(p.temperature);
   const uint32_t* mask = d.bitmask_begin >= 0 ? ctl.controls.bitmask + d.bitmask_begin : nullptr;
-  const int64_t t0 = tok0 + 4 * lane;  // a multiple of 4: the lane's tokens share a mask word
+  const int64_t t0 = tok0 + 4 * lane;  // local; a multiple of 4
+  const int64_t g0 = token_offset + t0;  // global; a multiple of 4: one mask word for all four
   const float4 raw4 = *reinterpret_cast<const float4*>(dot_row + 4 * lane);
   const float raw[4] = {raw4.x, raw4.y, raw4.z, raw4.w};
-  const uint32_t word = (mask != nullptr && t0 < valid_vocab) ? mask[t0 >> 5] : ~0u;
+  const uint32_t word = (mask != nullptr && t0 < valid_vocab) ? mask[g0 >> 5] : ~0u;
   float l[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const bool allowed = t0 + i < valid_vocab && ((word >> ((t0 + i) & 31)) & 1u) != 0u;
+    const bool allowed = t0 + i < valid_vocab && ((word >> ((g0 + i) & 31)) & 1u) != 0u;
     const float y = allowed ? TransformLogit(raw[i], scale) : -INFINITY;
     l[i] = isfinite(y) ? y : -INFINITY;
   }
@@ -87,7 +93,8 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
   // owners overwrite theirs, and every lane reads its 4 back.
   if (d.touched_count > 0) {
     const TouchedToken* touched = ctl.controls.touched + d.touched_begin;
-    const int first = WarpLowerBound(touched, d.touched_count, tok0, lane);
+    const int64_t gtok0 = token_offset + tok0;
+    const int first = WarpLowerBound(touched, d.touched_count, gtok0, lane);
     int pos[4];
     float value[4];
 #pragma unroll
@@ -97,8 +104,8 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
       const int j = first + lane + 32 * q;
       if (j >= d.touched_count) continue;
       const TouchedToken t = touched[j];
-      if (t.id >= tok0 + kMmaTileVocab || t.id >= valid_vocab) continue;
-      pos[q] = static_cast<int>(t.id - tok0);
+      if (t.id >= gtok0 + kMmaTileVocab || t.id - token_offset >= valid_vocab) continue;
+      pos[q] = static_cast<int>(t.id - gtok0);
       const bool allowed = mask == nullptr || ((mask[t.id >> 5] >> (t.id & 31)) & 1u) != 0u;
       if (allowed && t.banned == 0) {
         const float y = TouchedLogit(dot_row[pos[q]], t, d.repetition_penalty,
@@ -125,13 +132,13 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
     // The plain sampler's fold over the processed logits; -inf tokens are out.
     const bool sampled = p.temperature > 0.0f;
     r123::Philox4x32::ctr_type block = {{0u, 0u, 0u, 0u}};
-    if (sampled) block = PhiloxNoiseBlock(p.seed, p.offset, p.stream, static_cast<uint32_t>(t0) >> 2);
+    if (sampled) block = PhiloxNoiseBlock(p.seed, p.offset, p.stream, static_cast<uint32_t>(g0) >> 2);
     SampleSummary s = EmptySampleSummary();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (l[i] == -INFINITY) continue;
       const float score = sampled ? __fadd_rn(l[i], GumbelFromBits(block.v[i])) : l[i];
-      AddToken(s, static_cast<int32_t>(t0 + i), l[i], score, true);
+      AddToken(s, static_cast<int32_t>(g0 + i), l[i], score, true);
     }
 #pragma unroll
     for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
@@ -169,7 +176,7 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
       float bv = l[0];
 #pragma unroll
       for (int i = 1; i < 4; ++i) bv = bi == i ? l[i] : bv;
-      out[c] = FusedCandidate{bv, static_cast<int32_t>(t0 + bi)};
+      out[c] = FusedCandidate{bv, static_cast<int32_t>(g0 + bi)};
 #pragma unroll
       for (int i = 0; i < 4; ++i) key[i] = bi == i ? 0u : key[i];
     }

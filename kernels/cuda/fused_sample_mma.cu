@@ -373,8 +373,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   if constexpr (kControlled) {
     for (int r = warp; r < kRows; r += kWarps) {
       if (row0 + r >= batch) break;  // uniform across the warp
-      ControlledTileRow(ctl, params, row0 + r, dots + r * kDotStride, tok0, valid_vocab, num_tiles,
-                        tile, lane, tile_summaries);
+      ControlledTileRow(ctl, params, row0 + r, dots + r * kDotStride, tok0, token_offset,
+                        valid_vocab, num_tiles, tile, lane, tile_summaries);
     }
   } else {
     // Epilogue, 2: one warp per row, lane k takes the 4 consecutive tokens

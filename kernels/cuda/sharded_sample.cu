@@ -178,6 +178,21 @@ class LaunchEvents {
   cudaEvent_t copied_ = nullptr;
 };
 
+// `rows` rows of `width` bytes from (src, src_pitch) on src_device to (dst,
+// dst_pitch) on dst_device, on `stream` (dst_device's): one strided copy, over
+// NVLink / PCIe peer access where the GPUs have it, staged by the driver
+// otherwise; src_device == dst_device is an ordinary device copy.
+cudaError_t CopyRows(void* dst, size_t dst_pitch, int dst_device, const void* src, size_t src_pitch,
+                     int src_device, size_t width, size_t rows, cudaStream_t stream) {
+  cudaMemcpy3DPeerParms copy{};
+  copy.srcPtr = make_cudaPitchedPtr(const_cast<void*>(src), src_pitch, width, rows);
+  copy.srcDevice = src_device;
+  copy.dstPtr = make_cudaPitchedPtr(dst, dst_pitch, width, rows);
+  copy.dstDevice = dst_device;
+  copy.extent = make_cudaExtent(width, rows, 1);
+  return cudaMemcpy3DPeerAsync(&copy, stream);
+}
+
 }  // namespace
 
 size_t ShardedControlledShardBytes(int64_t batch, int64_t shard_vocab, int64_t hidden_dim,
@@ -271,17 +286,12 @@ KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
       if (cudaStreamWaitEvent(d0.stream, events.done(k), 0) != cudaSuccess) {
         return KernelStatus::kDeviceError;
       }
-      cudaMemcpy3DPeerParms copy{};
-      copy.srcPtr = make_cudaPitchedPtr(s.scratch, static_cast<size_t>(shard_vocab) * sizeof(float),
-                                        static_cast<size_t>(shard_vocab), static_cast<size_t>(rows));
-      copy.srcDevice = args.devices[k].device;
-      copy.dstPtr = make_cudaPitchedPtr(gathered + s.begin,
-                                        static_cast<size_t>(args.valid_vocab) * sizeof(float),
-                                        static_cast<size_t>(shard_vocab), static_cast<size_t>(rows));
-      copy.dstDevice = d0.device;
-      copy.extent = make_cudaExtent(static_cast<size_t>(shard_vocab) * sizeof(float),
-                                    static_cast<size_t>(rows), 1);
-      if (cudaMemcpy3DPeerAsync(&copy, d0.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+      const size_t width = static_cast<size_t>(shard_vocab) * sizeof(float);
+      if (CopyRows(gathered + s.begin, static_cast<size_t>(args.valid_vocab) * sizeof(float),
+                   d0.device, s.scratch, width, args.devices[k].device, width,
+                   static_cast<size_t>(rows), d0.stream) != cudaSuccess) {
+        return KernelStatus::kDeviceError;
+      }
     }
     if (cudaEventRecord(events.copied(), d0.stream) != cudaSuccess) return KernelStatus::kDeviceError;
 
@@ -296,6 +306,104 @@ KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
   // The next launch's GEMMs must not overwrite the scratch before the last
   // copies: the caller waits for every stream (WaitForShards) in between.
   return KernelStatus::kOk;
+}
+
+// ---- Controlled rows: gathered tile candidates -----------------------------------
+size_t ShardedFusedControlledGatherBytes(int64_t batch, int64_t valid_vocab) {
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kFusedMaxVocab) return 0;
+  const size_t cells = static_cast<size_t>(batch) * static_cast<size_t>((valid_vocab + 127) / 128);
+  return AlignUp256(cells * FusedControlledTileSummaryBytes()) +
+         AlignUp256(cells * FusedControlledTileCandidateBytes());
+}
+
+KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs& args) {
+  // ---- Arguments (nothing is enqueued when they are wrong: what stage 1
+  // would refuse is checked here for every shard first).
+  const int32_t n = args.num_shards;
+  const size_t gather_need = ShardedFusedControlledGatherBytes(args.batch, args.valid_vocab);
+  if (n < 1 || n > 1024 || args.shards == nullptr || args.devices == nullptr ||
+      args.params == nullptr || !ControlledBuffersValid(args.controls, args.outputs) ||
+      args.controls.draft_tokens != nullptr || args.gather_scratch == nullptr ||
+      reinterpret_cast<uintptr_t>(args.gather_scratch) % 256 != 0 || gather_need == 0 ||
+      args.gather_scratch_bytes < gather_need) {
+    return KernelStatus::kInvalidArgument;
+  }
+  int64_t expected_begin = 0;
+  for (int32_t k = 0; k < n; ++k) {
+    const ShardedFusedControlledShard& s = args.shards[k];
+    if (s.begin != expected_begin || s.begin % 128 != 0 || s.end <= s.begin ||
+        s.weight == nullptr || s.hidden == nullptr || s.params == nullptr ||
+        s.controls.rows == nullptr || s.controls.draft_tokens != nullptr ||
+        s.workspace == nullptr ||
+        !FusedControlledShapeSupported(args.weight_dtype, s.end - s.begin, args.hidden_dim) ||
+        reinterpret_cast<uintptr_t>(s.weight) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(s.hidden) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(s.workspace) % 256 != 0 ||
+        s.workspace_bytes < FusedControlledWorkspaceBytes(args.batch, s.end - s.begin, args.hidden_dim) ||
+        args.devices[k].stream == nullptr) {
+      return KernelStatus::kInvalidArgument;
+    }
+    expected_begin = s.end;
+  }
+  if (expected_begin != args.valid_vocab) return KernelStatus::kInvalidArgument;
+
+  LaunchEvents events(n);
+  if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
+  const int64_t tiles = (args.valid_vocab + 127) / 128;
+  const size_t summary_bytes = FusedControlledTileSummaryBytes();
+  const size_t candidate_bytes = FusedControlledTileCandidateBytes();
+  char* gathered_summaries = static_cast<char*>(args.gather_scratch);
+  char* gathered_candidates =
+      gathered_summaries +
+      AlignUp256(static_cast<size_t>(args.batch) * static_cast<size_t>(tiles) * summary_bytes);
+
+  // ---- 1. Stage 1 on every shard, on its stream.
+  for (int32_t k = 0; k < n; ++k) {
+    const ShardedFusedControlledShard& s = args.shards[k];
+    const ShardDevice& d = args.devices[k];
+    ControlledSampleArgs a;
+    a.weight = s.weight;
+    a.weight_dtype = args.weight_dtype;
+    a.hidden = s.hidden;
+    a.params = s.params;
+    a.batch = args.batch;
+    a.vocab = a.valid_vocab = s.end - s.begin;
+    a.hidden_dim = args.hidden_dim;
+    a.controls = s.controls;
+    a.outputs = args.outputs;  // checked, not written by stage 1
+    a.workspace = s.workspace;
+    a.workspace_bytes = s.workspace_bytes;
+    if (cudaSetDevice(d.device) != cudaSuccess) return KernelStatus::kDeviceError;
+    if (const KernelStatus st = LaunchFusedControlledStage1(a, s.begin, d.stream); st != KernelStatus::kOk) {
+      return st;
+    }
+    if (cudaEventRecord(events.done(k), d.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+  }
+
+  // ---- 2. Shard 0's stream puts every shard's tiles in tile order: shard k's
+  // [batch, tiles_k] cells land at tile column begin_k / 128 of [batch, tiles].
+  const ShardDevice& d0 = args.devices[0];
+  if (cudaSetDevice(d0.device) != cudaSuccess) return KernelStatus::kDeviceError;
+  for (int32_t k = 0; k < n; ++k) {
+    const ShardedFusedControlledShard& s = args.shards[k];
+    const FusedControlledTiles t = FusedControlledTilesIn(s.workspace, args.batch, s.end - s.begin);
+    const size_t tile0 = static_cast<size_t>(s.begin / 128);
+    const size_t shard_tiles = static_cast<size_t>(t.tiles);
+    if (cudaStreamWaitEvent(d0.stream, events.done(k), 0) != cudaSuccess ||
+        CopyRows(gathered_summaries + tile0 * summary_bytes, static_cast<size_t>(tiles) * summary_bytes,
+                 d0.device, t.summaries, shard_tiles * summary_bytes, args.devices[k].device,
+                 shard_tiles * summary_bytes, static_cast<size_t>(args.batch), d0.stream) != cudaSuccess ||
+        CopyRows(gathered_candidates + tile0 * candidate_bytes,
+                 static_cast<size_t>(tiles) * candidate_bytes, d0.device, t.candidates,
+                 shard_tiles * candidate_bytes, args.devices[k].device,
+                 shard_tiles * candidate_bytes, static_cast<size_t>(args.batch), d0.stream) != cudaSuccess) {
+      return KernelStatus::kDeviceError;
+    }
+  }
+
+  // ---- 3. Stage 2 on GPU 0 over every tile.
+  return LaunchFusedControlledStage2(gathered_summaries, gathered_candidates, tiles, args.batch,
+                                     args.params, args.controls, args.outputs, d0.stream);
 }
 
 KernelStatus WaitForShards(ShardDevice* devices, int32_t num_shards, double timeout_seconds,

@@ -69,6 +69,7 @@
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/shard_merge.h"
 #include "kernels/cuda/controlled_sample.h"
+#include "kernels/cuda/fused_controlled_sample.h"
 #include "kernels/cuda/fused_sample.h"
 
 namespace flashsampler::kernels {
@@ -154,6 +155,51 @@ struct ShardedControlledArgs {
 // enqueued); kDeviceError: a launch or copy failed (earlier work may be
 // enqueued: wait before reusing the buffers).
 KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args);
+
+// Controlled rows that the fused controlled path serves (every row's
+// FusedRowKindOf is a candidate or summary row, no drafts; a batch of at most
+// the caller's fused limit): no logits in memory on any GPU. Each shard runs
+// stage 1 of fused_controlled_sample.h on its slice (global ids from its
+// begin), shard 0's stream copies every shard's tile outputs (per row and
+// 128-token tile: one summary and kFusedTileCandidates candidates, 180 bytes)
+// into tile order and runs stage 2 over all of them. Shards begin at
+// multiples of 128, so their tiles are the whole head's and the outputs are
+// LaunchFusedControlledSample's on one GPU, bit for bit, row_status 2 (a
+// tile held more of a row's top-k than it kept: re-run the batch with
+// LaunchShardedControlledSample) included. Bytes moved: rows * tiles * 180.
+struct ShardedFusedControlledShard {
+  const void* weight = nullptr;        // the shard's rows of W, [end - begin, hidden_dim], 16-bit
+  const float* hidden = nullptr;       // [batch, hidden_dim] fp32 on this device, 16-byte aligned
+  const RowParams* params = nullptr;   // [batch] on this device
+  ControlledDeviceControls controls;   // the batch's flattened controls, a copy on this device
+  int64_t begin = 0;                   // global id of the first token, a multiple of 128
+  int64_t end = 0;
+  void* workspace = nullptr;  // FusedControlledWorkspaceBytes(batch, end - begin, hidden_dim)
+  size_t workspace_bytes = 0;
+};
+
+// Scratch on shard 0's GPU: the gathered tile outputs. 0 when out of range.
+size_t ShardedFusedControlledGatherBytes(int64_t batch, int64_t valid_vocab);
+
+struct ShardedFusedControlledArgs {
+  const ShardedFusedControlledShard* shards = nullptr;  // num_shards, in token order from 0
+  const ShardDevice* devices = nullptr;                 // comms and cuBLAS unused
+  int32_t num_shards = 0;
+  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
+  int64_t batch = 0;
+  int64_t hidden_dim = 0;
+  int64_t valid_vocab = 0;  // = the last shard's end
+  // On shard 0's device: stage 2's params, controls and outputs.
+  const RowParams* params = nullptr;
+  ControlledDeviceControls controls;
+  ControlledSampleOutputs outputs;
+  void* gather_scratch = nullptr;  // ShardedFusedControlledGatherBytes, 256-byte aligned
+  size_t gather_scratch_bytes = 0;
+};
+
+// Enqueues stage 1 on every shard, the copies and stage 2; outcomes as
+// LaunchShardedControlledSample's.
+KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs& args);
 
 // Waits until every shard's stream is idle, polling the streams and the
 // communicators' asynchronous errors. kOk when all finished cleanly. On a CUDA

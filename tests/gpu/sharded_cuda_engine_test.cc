@@ -119,11 +119,29 @@ TEST_F(ShardedCudaEngineTest, GroupGumbelModeAndRefusals) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Rows with sampling controls and draft rows (the gathered-logits path)
+// Rows the fused controlled path serves: top_k 1..64 with anything but
+// raw-mode top lists, or no filter and no top list.
+void MakeFusedServed(SampleBatch* b) {
+  for (int64_t r = 0; r < b->rows; ++r) {
+    RowControls& c = b->controls[r];
+    c.logprobs_mode = LogprobsMode::kSampled;
+    if (c.top_k > 64) c.top_k = 64;
+    if (c.top_k == 0 && r % 2 == 0) c.top_k = 1 + static_cast<int32_t>(r % 64);
+    if (c.top_k == 0) {
+      c.top_p = 1.0f;
+      c.min_p = 0.0f;
+      c.top_logprobs = 0;
+      c.num_samples = 1;
+    }
+  }
+}
+
+// Rows with sampling controls and draft rows (both controlled paths)
 // against the single-GPU engine on its materialized controlled path: the same
 // kernel over the same logits up to cuBLAS's rounding for another GEMM shape,
-// so identical samples on >= 99.9% of rows and, on those, log Z, log-probs
-// and top lists to rounding. Batches of 1 to 300 rows (two chunks), even and
+// (or, for batches the fused controlled path serves, the tensor-core GEMM
+// against cuBLAS), so identical samples on >= 99.9% of rows and, on those,
+// log Z, log-probs and top lists to rounding. Batches of 1 to 300 rows (two chunks), even and
 // uneven splits, drafts with and without controls; a row with every token
 // masked fails its batch with FailedPrecondition and the engine stays up.
 TEST_F(ShardedCudaEngineTest, ControlsAndDraftsMatchOneGpu) {
@@ -147,13 +165,16 @@ TEST_F(ShardedCudaEngineTest, ControlsAndDraftsMatchOneGpu) {
     int64_t rows = 0, mismatches = 0;
     uint64_t seed = 100;
     for (int64_t batch_rows : {1, 3, 40, 300}) {
-      for (int variant = 0; variant < 3; ++variant) {
-        // 0: controls; 1: controls and drafts; 2: plain rows with drafts.
+      for (int variant = 0; variant < 4; ++variant) {
+        // 0: controls; 1: controls and drafts; 2: plain rows with drafts;
+        // 3: controls the fused controlled path serves (gathered candidates
+        // up to fused_max_rows rows).
         SampleBatch batch = variant == 2
                                 ? RandomBatch(batch_rows, seed++)
                                 : testing::RandomControlledEngineBatch(batch_rows, kHidden, kVocab,
                                                                        kValid, seed++);
-        if (variant >= 1) {
+        if (variant == 3) MakeFusedServed(&batch);
+        if (variant == 1 || variant == 2) {
           batch.draft_tokens.resize(static_cast<size_t>(batch_rows));
           for (int64_t r = 0; r < batch_rows; ++r) {
             batch.draft_tokens[r] = r % 4 == 0 ? -1 : static_cast<int32_t>((r * 7919 + seed) % kValid);
@@ -163,7 +184,9 @@ TEST_F(ShardedCudaEngineTest, ControlsAndDraftsMatchOneGpu) {
         absl::StatusOr<SampleResult> b = (*two)->Sample(batch);
         ASSERT_TRUE(a.ok()) << a.status();
         ASSERT_TRUE(b.ok()) << b.status();
-        EXPECT_EQ(b->path, LaunchPath::kShardedControlled);
+        const bool fused = variant == 3 && batch_rows <= options.cuda.fused_max_rows;
+        EXPECT_EQ(b->path, fused ? LaunchPath::kShardedFusedControlled : LaunchPath::kShardedControlled)
+            << LaunchPathName(b->path);
         ASSERT_EQ(b->details.size(), static_cast<size_t>(batch_rows));
         ASSERT_EQ(a->details.size(), static_cast<size_t>(batch_rows));
         for (int64_t r = 0; r < batch_rows; ++r) {
@@ -181,7 +204,7 @@ TEST_F(ShardedCudaEngineTest, ControlsAndDraftsMatchOneGpu) {
           for (size_t i = 0; i < ad.top.size(); ++i) {
             EXPECT_NEAR(bd.top[i].logprob, ad.top[i].logprob, tol) << "row " << r;
           }
-          if (variant >= 1) {
+          if (variant == 1 || variant == 2) {
             ASSERT_EQ(b->draft_logprobs.size(), static_cast<size_t>(batch_rows));
             const float x = a->draft_logprobs[r], y = b->draft_logprobs[r];
             if (std::isnan(x) || std::isinf(x)) {

@@ -11,9 +11,10 @@
 //   / log-probs agree to fp32 rounding, for even and uneven splits and every
 //   stage-1 path; and the chi-square exactness of both merge modes against the
 //   float64 softmax (tests/common/goodness_of_fit.h).
-// - Controlled rows (LaunchShardedControlledSample, the gathered-logits path):
-//   simulated on GPU 0 and on GPUs 0 and 1, against the 1-shard launch
-//   (bit-identical) and the CPU backend.
+// - Controlled rows: LaunchShardedControlledSample (gathered logits) against
+//   its 1-shard launch and the CPU backend, LaunchShardedFusedControlledSample
+//   (gathered tile candidates) against LaunchFusedControlledSample on the
+//   whole head; both bit-identical, simulated on GPU 0 and on GPUs 0 and 1.
 //
 // Shard boundaries at multiples of 128 (what the server plans) give each shard
 // exactly the single-GPU tiles, so every token's score is bit-identical and the
@@ -661,6 +662,167 @@ TEST_F(ShardedSampleTest, ControlledLauncherRejectsInconsistentShards) {
     cublasDestroy(d.cublas);
     cudaStreamDestroy(d.stream);
   }
+}
+
+// ---- Controlled rows: gathered tile candidates ----------------------------------
+// LaunchShardedFusedControlledSample against LaunchFusedControlledSample on
+// the whole head. Heads are [vocab, 16] bf16 with the problem's w in column 0
+// (as fused_controlled_sample_test.cc): the shards' tiles are the whole
+// head's, so every output must be bit-identical, row_status 2 included.
+constexpr int64_t kFusedDim = 16;
+
+struct Bf16Problem {
+  std::vector<uint16_t> w;  // [vocab, kFusedDim]
+  std::vector<float> h;     // [rows, kFusedDim]
+};
+
+Bf16Problem ToBf16Head(const controls_test::RandomProblem& p) {
+  Bf16Problem b;
+  const int64_t vocab = static_cast<int64_t>(p.w.size());
+  const int64_t rows = static_cast<int64_t>(p.h.size());
+  b.w.assign(static_cast<size_t>(vocab * kFusedDim), 0);
+  for (int64_t v = 0; v < vocab; ++v) b.w[v * kFusedDim] = controls_test::Bf16Bits(p.w[v]);
+  b.h.assign(static_cast<size_t>(rows * kFusedDim), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) b.h[r * kFusedDim] = p.h[r];
+  return b;
+}
+
+// bounds = {0, vocab}: the whole head through LaunchFusedControlledSample;
+// more: LaunchShardedFusedControlledSample with shard k on device_ids[k].
+controls_test::Outputs RunFusedControlled(const controls_test::RandomProblem& p,
+                                          const std::vector<int64_t>& bounds,
+                                          const std::vector<int>& device_ids) {
+  controls_test::Outputs out;
+  const int64_t vocab = static_cast<int64_t>(p.w.size());
+  const int64_t rows = static_cast<int64_t>(p.h.size());
+  const int32_t n = static_cast<int32_t>(bounds.size()) - 1;
+  const Bf16Problem b = ToBf16Head(p);
+  FlatControls flat;
+  EXPECT_EQ(FlattenControls(p.controls.data(), rows, vocab, vocab, &flat), KernelStatus::kOk);
+  std::vector<uint8_t> packed(flat.PackedBytes());
+  flat.PackTo(packed.data());
+
+  struct Shard {
+    DeviceBuffer<uint16_t> weight;
+    DeviceBuffer<float> hidden;
+    DeviceBuffer<RowParams> params;
+    DeviceBuffer<uint8_t> controls, workspace;
+  };
+  std::vector<Shard> shards(static_cast<size_t>(n));
+  std::vector<ShardDevice> devices(static_cast<size_t>(n));
+  std::vector<ShardedFusedControlledShard> slices(static_cast<size_t>(n));
+  for (int32_t k = 0; k < n; ++k) {
+    EXPECT_EQ(cudaSetDevice(device_ids[k]), cudaSuccess);
+    devices[k].device = device_ids[k];
+    EXPECT_EQ(cudaStreamCreateWithFlags(&devices[k].stream, cudaStreamNonBlocking), cudaSuccess);
+    Shard& s = shards[k];
+    const int64_t shard_vocab = bounds[k + 1] - bounds[k];
+    s.weight.Allocate(static_cast<size_t>(shard_vocab * kFusedDim));
+    s.weight.Upload(std::vector<uint16_t>(b.w.begin() + bounds[k] * kFusedDim,
+                                          b.w.begin() + bounds[k + 1] * kFusedDim));
+    s.hidden.Allocate(b.h.size());
+    s.hidden.Upload(b.h);
+    s.params.Allocate(p.params.size());
+    s.params.Upload(p.params);
+    s.controls.Allocate(packed.size());
+    s.controls.Upload(packed);
+    const size_t ws = FusedControlledWorkspaceBytes(rows, shard_vocab, kFusedDim);
+    EXPECT_GT(ws, 0u);
+    s.workspace.Allocate(ws);
+    slices[k] = ShardedFusedControlledShard{s.weight.data(), s.hidden.data(), s.params.data(),
+                                            flat.DeviceView(s.controls.data()), bounds[k],
+                                            bounds[k + 1], s.workspace.data(), ws};
+  }
+  EXPECT_EQ(cudaSetDevice(device_ids[0]), cudaSuccess);
+  controls_test::DeviceOutputs outputs(rows, flat.total_samples);
+  if (n == 1) {
+    ControlledSampleArgs a;
+    a.weight = shards[0].weight.data();
+    a.weight_dtype = CudaWeightDType::kBFloat16;
+    a.hidden = shards[0].hidden.data();
+    a.params = shards[0].params.data();
+    a.batch = rows;
+    a.vocab = a.valid_vocab = vocab;
+    a.hidden_dim = kFusedDim;
+    a.controls = slices[0].controls;
+    a.outputs = outputs.View();
+    a.workspace = slices[0].workspace;
+    a.workspace_bytes = slices[0].workspace_bytes;
+    out.launch = LaunchFusedControlledSample(a, devices[0].stream);
+  } else {
+    const size_t gather = ShardedFusedControlledGatherBytes(rows, vocab);
+    EXPECT_GT(gather, 0u);
+    DeviceBuffer<uint8_t> gather_scratch(gather);
+    ShardedFusedControlledArgs args;
+    args.shards = slices.data();
+    args.devices = devices.data();
+    args.num_shards = n;
+    args.weight_dtype = CudaWeightDType::kBFloat16;
+    args.batch = rows;
+    args.hidden_dim = kFusedDim;
+    args.valid_vocab = vocab;
+    args.params = shards[0].params.data();
+    args.controls = slices[0].controls;
+    args.outputs = outputs.View();
+    args.gather_scratch = gather_scratch.data();
+    args.gather_scratch_bytes = gather;
+    out.launch = LaunchShardedFusedControlledSample(args);
+    std::string error;
+    EXPECT_EQ(WaitForShards(devices.data(), n, 60.0, &error), KernelStatus::kOk) << error;
+  }
+  EXPECT_EQ(cudaSetDevice(device_ids[0]), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (out.launch == KernelStatus::kOk) outputs.Download(flat, rows, &out);
+  for (ShardDevice& d : devices) {
+    cudaSetDevice(d.device);
+    cudaStreamDestroy(d.stream);
+  }
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  return out;
+}
+
+// Rows the fused path serves (top_k 1..64 with any other control but raw-mode
+// top lists, or no filter), 40 rows, V = 20000 (157 tiles, the last partial):
+// even, uneven and three-way splits at multiples of 128. With heavy ties
+// (tie_step 0.25) some rows' top-k crowd one tile: both runs hand those
+// batches back with row_status 2, in the same rows.
+TEST_F(ShardedSampleTest, SimulatedFusedControlledShardsMatchTheWholeHead) {
+  constexpr int64_t kVocab = 20000, kRows = 40;
+  int64_t served = 0, handed_back = 0;
+  for (uint32_t seed : {91u, 92u, 93u, 94u}) {
+    SCOPED_TRACE(seed);
+    const controls_test::RandomProblem p = controls_test::MakeRandomProblem(
+        kVocab, kRows, seed % 2 == 0 ? 0.25f : 0.0f, seed, /*fused_only=*/true);
+    const controls_test::Outputs whole = RunFusedControlled(p, {0, kVocab}, {0});
+    ASSERT_EQ(whole.launch, KernelStatus::kOk);
+    const bool back = std::count(whole.row_status.begin(), whole.row_status.end(),
+                                 kFusedRowNotServed) > 0;
+    (back ? handed_back : served) += 1;
+    if (!back) {
+      const controls_test::Outputs cpu = controls_test::RunCpu(p.w, p.h, p.params, p.controls);
+      controls_test::ExpectAgrees(whole, cpu, p);
+    }
+    for (const std::vector<int64_t>& bounds :
+         {std::vector<int64_t>{0, 9984, kVocab}, std::vector<int64_t>{0, 128, kVocab},
+          std::vector<int64_t>{0, 4992, 15104, kVocab}}) {
+      SCOPED_TRACE(::testing::Message() << "first cut " << bounds[1]);
+      const controls_test::Outputs sharded =
+          RunFusedControlled(p, bounds, std::vector<int>(bounds.size() - 1, 0));
+      EXPECT_EQ(sharded.row_status, whole.row_status);
+      if (!back) ExpectIdentical(sharded, whole);
+    }
+  }
+  EXPECT_GT(served, 0);
+}
+
+TEST_F(TwoGpuShardedSampleTest, FusedControlledRowsMatchOneGpu) {
+  constexpr int64_t kVocab = 20000, kRows = 40;
+  const controls_test::RandomProblem p =
+      controls_test::MakeRandomProblem(kVocab, kRows, 0.0f, 95, /*fused_only=*/true);
+  const controls_test::Outputs whole = RunFusedControlled(p, {0, kVocab}, {0});
+  ASSERT_EQ(whole.launch, KernelStatus::kOk);
+  ExpectIdentical(RunFusedControlled(p, {0, 9984, kVocab}, {0, 1}), whole);
+  ExpectIdentical(RunFusedControlled(p, {0, 4992, kVocab}, {1, 0}), whole);
 }
 
 TEST_F(TwoGpuShardedSampleTest, ControlledRowsMatchOneGpu) {

@@ -21,7 +21,9 @@ void ExpectPartition(const std::vector<VocabShard>& shards, int64_t valid_vocab,
     EXPECT_EQ(shards[k].begin, next);
     EXPECT_EQ(shards[k].begin % kShardAlignment, 0);
     EXPECT_GT(shards[k].end, shards[k].begin);
-    if (k + 1 < shards.size()) EXPECT_EQ(shards[k].end % kShardAlignment, 0);
+    if (k + 1 < shards.size()) {
+      EXPECT_EQ(shards[k].end % kShardAlignment, 0);
+    }
     next = shards[k].end;
   }
   EXPECT_EQ(next, valid_vocab);
