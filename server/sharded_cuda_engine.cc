@@ -234,6 +234,31 @@ class ShardedCudaEngine final : public Engine {
                                               " failed: ", ncclGetErrorString(r)));
     }
     for (size_t k = 0; k < shards_.size(); ++k) shards_[k].device.comm = comms[k];
+    return EnablePeerCopies();
+  }
+
+  // The controlled paths copy every shard's logits or tile outputs to GPU 0
+  // (cudaMemcpy3DPeerAsync). With peer access those copies go GPU to GPU over
+  // NVLink / PCIe; without it the driver stages them through the host, which
+  // is slower but correct, so GPUs that cannot reach each other only cost
+  // speed. Access may already be on (NCCL turns it on for the links it uses).
+  absl::Status EnablePeerCopies() {
+    const int d0 = shards_[0].device.device;
+    for (size_t k = 1; k < shards_.size(); ++k) {
+      const int dk = shards_[k].device.device;
+      for (const auto& [from, to] : {std::pair<int, int>{d0, dk}, std::pair<int, int>{dk, d0}}) {
+        int can = 0;
+        FS_SHARD_RETURN_IF_CUDA_ERROR(from, cudaDeviceCanAccessPeer(&can, from, to));
+        if (can == 0) continue;
+        FS_SHARD_RETURN_IF_CUDA_ERROR(from, cudaSetDevice(from));
+        const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();  // not sticky: clear it so no later check sees it
+        } else if (err != cudaSuccess) {
+          return CudaError(from, "cudaDeviceEnablePeerAccess", err);
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -454,6 +479,7 @@ class ShardedCudaEngine final : public Engine {
           }
           // The packed controls (pinned on the host since Prepare) to GPU k.
           if (absl::Status st = EnsureShardControls(s, flat.PackedBytes()); !st.ok()) return st;
+          FS_SHARD_RETURN_IF_CUDA_ERROR(s.device.device, cudaSetDevice(s.device.device));
           FS_SHARD_RETURN_IF_CUDA_ERROR(
               s.device.device, cudaMemcpyAsync(s.controls, controlled_.packed_controls_host(),
                                                flat.PackedBytes(), cudaMemcpyHostToDevice,
@@ -517,6 +543,8 @@ class ShardedCudaEngine final : public Engine {
   absl::Status EnsureShardControls(ShardState& s, size_t bytes) {
     if (bytes <= s.controls_capacity) return absl::OkStatus();
     const size_t capacity = std::max(bytes, 2 * s.controls_capacity);
+    // On the shard's own GPU: its stage 1 reads the controls in every block.
+    FS_SHARD_RETURN_IF_CUDA_ERROR(s.device.device, cudaSetDevice(s.device.device));
     cudaFree(s.controls);
     s.controls = nullptr;
     s.controls_capacity = 0;

@@ -149,7 +149,9 @@ int64_t ChunkRows(int64_t batch) {
 // event whose record is still pending is allowed: it is released once done.
 class LaunchEvents {
  public:
-  explicit LaunchEvents(int32_t n) : done_(static_cast<size_t>(n), nullptr) {}
+  // with_copied: also the `copied` event (launches in several chunks).
+  LaunchEvents(int32_t n, bool with_copied)
+      : done_(static_cast<size_t>(n), nullptr), with_copied_(with_copied) {}
   ~LaunchEvents() {
     for (cudaEvent_t e : done_) {
       if (e != nullptr) cudaEventDestroy(e);
@@ -167,6 +169,7 @@ class LaunchEvents {
         return err;
       }
     }
+    if (!with_copied_) return cudaSuccess;
     if (const cudaError_t err = cudaSetDevice(devices[0].device); err != cudaSuccess) return err;
     return cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
   }
@@ -175,6 +178,7 @@ class LaunchEvents {
 
  private:
   std::vector<cudaEvent_t> done_;
+  bool with_copied_;
   cudaEvent_t copied_ = nullptr;
 };
 
@@ -238,7 +242,7 @@ KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
   }
   if (expected_begin != args.valid_vocab) return KernelStatus::kInvalidArgument;
 
-  LaunchEvents events(n);
+  LaunchEvents events(n, /*with_copied=*/true);
   if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
   const int64_t chunk = ChunkRows(args.batch);
   const size_t gathered_bytes =
@@ -347,7 +351,7 @@ KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs
   }
   if (expected_begin != args.valid_vocab) return KernelStatus::kInvalidArgument;
 
-  LaunchEvents events(n);
+  LaunchEvents events(n, /*with_copied=*/false);
   if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
   const int64_t tiles = (args.valid_vocab + 127) / 128;
   const size_t summary_bytes = FusedControlledTileSummaryBytes();

@@ -187,22 +187,32 @@ TEST_F(ShardedCudaEngineTest, ControlsAndDraftsMatchOneGpu) {
         const bool fused = variant == 3 && batch_rows <= options.cuda.fused_max_rows;
         EXPECT_EQ(b->path, fused ? LaunchPath::kShardedFusedControlled : LaunchPath::kShardedControlled)
             << LaunchPathName(b->path);
-        ASSERT_EQ(b->details.size(), static_cast<size_t>(batch_rows));
-        ASSERT_EQ(a->details.size(), static_cast<size_t>(batch_rows));
+        // Plain rows (variant 2): one GPU's plain path returns no details;
+        // compare the tokens.
+        const bool with_details = variant != 2;
+        if (with_details) {
+          ASSERT_EQ(b->details.size(), static_cast<size_t>(batch_rows));
+          ASSERT_EQ(a->details.size(), static_cast<size_t>(batch_rows));
+        }
+        ASSERT_EQ(b->token_ids.size(), static_cast<size_t>(batch_rows));
         for (int64_t r = 0; r < batch_rows; ++r) {
           ++rows;
-          const RowSampleDetail& ad = a->details[r];
-          const RowSampleDetail& bd = b->details[r];
-          if (ad.token_ids != bd.token_ids) {
+          const bool same = with_details ? a->details[r].token_ids == b->details[r].token_ids
+                                         : a->token_ids[r] == b->token_ids[r];
+          if (!same) {
             ++mismatches;  // a near-tie rounded differently by the other GEMM shape
             continue;
           }
           const float tol = 1e-4f * std::max(1.0f, std::abs(a->logz[r]));
           EXPECT_NEAR(b->logz[r], a->logz[r], tol) << "row " << r;
           EXPECT_NEAR(b->logprobs[r], a->logprobs[r], tol) << "row " << r;
-          ASSERT_EQ(bd.top.size(), ad.top.size()) << "row " << r;
-          for (size_t i = 0; i < ad.top.size(); ++i) {
-            EXPECT_NEAR(bd.top[i].logprob, ad.top[i].logprob, tol) << "row " << r;
+          if (with_details) {
+            const RowSampleDetail& ad = a->details[r];
+            const RowSampleDetail& bd = b->details[r];
+            ASSERT_EQ(bd.top.size(), ad.top.size()) << "row " << r;
+            for (size_t i = 0; i < ad.top.size(); ++i) {
+              EXPECT_NEAR(bd.top[i].logprob, ad.top[i].logprob, tol) << "row " << r;
+            }
           }
           if (variant == 1 || variant == 2) {
             ASSERT_EQ(b->draft_logprobs.size(), static_cast<size_t>(batch_rows));
