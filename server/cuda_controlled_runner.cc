@@ -121,6 +121,12 @@ absl::StatusOr<CudaControlledRunner::LaunchBuffers> CudaControlledRunner::Prepar
   return b;
 }
 
+bool CudaControlledRunner::fused_serves_every_row() const {
+  return std::none_of(flat_.rows.begin(), flat_.rows.end(), [](const kernels::ControlledRowDesc& d) {
+    return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
+  });
+}
+
 absl::StatusOr<SampleResult> CudaControlledRunner::Run(
     const SampleBatch& batch, const ModelShape& shape, const void* weight,
     kernels::CudaWeightDType dtype, const float* hidden, const RowParams* params,
@@ -149,9 +155,7 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   const bool fused =
       draft_tokens == nullptr && batch.rows <= fused_max_rows_ &&
       kernels::FusedControlledShapeSupported(dtype, shape.valid_vocab, shape.hidden_size) &&
-      std::none_of(flat_.rows.begin(), flat_.rows.end(), [](const kernels::ControlledRowDesc& d) {
-        return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
-      });
+      fused_serves_every_row();
   if (fused) {
     if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
       return KernelStatusToStatus(s, "cuda fused controlled sampler launch");

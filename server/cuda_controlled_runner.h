@@ -105,6 +105,9 @@ class CudaControlledRunner {
   // needs the controls on other devices too (kernels::FlatControls::DeviceView
   // of a copy gives their device view).
   const kernels::FlatControls& flat_controls() const { return flat_; }
+  // After Prepare: true when the fused controlled path serves every row of
+  // the batch (kernels::FusedRowKindOf); drafts and sizes are the caller's.
+  bool fused_serves_every_row() const;
   const void* packed_controls_host() const { return controls_.host; }
 
  private:

@@ -146,21 +146,6 @@ absl::Status KernelStatusToStatus(kernels::KernelStatus status, const std::strin
   return absl::InternalError(message);
 }
 
-std::string FirstRowControlName(const SampleBatch& batch) {
-  for (const RowControls& c : batch.controls) {
-    if (!c.allowed_bitmask.empty()) return "allowed_token_bitmask";
-    if (!c.banned_token_ids.empty()) return "banned_token_ids";
-    if (!c.logit_bias.empty()) return "logit_bias";
-    if (HasLogitProcessing(c)) return "penalties";
-    if (c.min_p > 0.0f) return "min_p";
-    if (c.top_k > 0) return "top_k";
-    if (c.top_p < 1.0f) return "top_p";
-    if (c.top_logprobs > 0) return "top_logprobs";
-    if (c.num_samples > 1) return "num_samples";
-  }
-  return "";
-}
-
 absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab) {
   ModelShape shape;
   shape.vocab_size = head.vocab_size();

@@ -206,10 +206,6 @@ absl::Status KernelStatusToStatus(kernels::KernelStatus status, const std::strin
 // [1, vocab_size].
 absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab);
 
-// The name of the first control used by a row of `batch` (e.g. "top_k"), or
-// "" when every row is plain. For backends that serve plain rows only.
-std::string FirstRowControlName(const SampleBatch& batch);
-
 // True when this build has the CUDA backend and a CUDA device is usable.
 bool CudaBackendAvailable();
 

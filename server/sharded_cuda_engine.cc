@@ -456,10 +456,17 @@ class ShardedCudaEngine final : public Engine {
           batch, shape_, drafts ? static_cast<const int32_t*>(drafts_) : nullptr, stream0);
       if (!buffers.ok()) return buffers.status();
       const kernels::FlatControls& flat = controlled_.flat_controls();
-      fused = fused && std::none_of(flat.rows.begin(), flat.rows.end(),
-                                    [](const kernels::ControlledRowDesc& d) {
-                                      return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
-                                    });
+      fused = fused && controlled_.fused_serves_every_row();
+      kernels::ShardedControlledBatch common;
+      common.devices = devices.data();
+      common.num_shards = n;
+      common.weight_dtype = ToCudaDType(shape_.weight_dtype);
+      common.batch = rows;
+      common.hidden_dim = shape_.hidden_size;
+      common.valid_vocab = shape_.valid_vocab;
+      common.params = static_cast<const RowParams*>(s0.params);
+      common.controls = buffers->controls;
+      common.outputs = buffers->outputs;
       KernelStatus launch = KernelStatus::kOk;
       if (fused) {
         std::vector<kernels::ShardedFusedControlledShard> slices(n);
@@ -486,17 +493,7 @@ class ShardedCudaEngine final : public Engine {
                                                s.device.stream));
           slice.controls = flat.DeviceView(s.controls);
         }
-        kernels::ShardedFusedControlledArgs args;
-        args.shards = slices.data();
-        args.devices = devices.data();
-        args.num_shards = n;
-        args.weight_dtype = ToCudaDType(shape_.weight_dtype);
-        args.batch = rows;
-        args.hidden_dim = shape_.hidden_size;
-        args.valid_vocab = shape_.valid_vocab;
-        args.params = static_cast<const RowParams*>(s0.params);
-        args.controls = buffers->controls;
-        args.outputs = buffers->outputs;
+        kernels::ShardedFusedControlledArgs args{common, slices.data()};
         args.gather_scratch = fused_gather_scratch_;
         args.gather_scratch_bytes = fused_gather_bytes_;
         launch = kernels::LaunchShardedFusedControlledSample(args);
@@ -508,17 +505,7 @@ class ShardedCudaEngine final : public Engine {
                                                       s.range.begin, s.range.end,
                                                       s.controlled_scratch, s.controlled_scratch_bytes};
         }
-        kernels::ShardedControlledArgs args;
-        args.shards = slices.data();
-        args.devices = devices.data();
-        args.num_shards = n;
-        args.weight_dtype = ToCudaDType(shape_.weight_dtype);
-        args.batch = rows;
-        args.hidden_dim = shape_.hidden_size;
-        args.valid_vocab = shape_.valid_vocab;
-        args.params = static_cast<const RowParams*>(s0.params);
-        args.controls = buffers->controls;
-        args.outputs = buffers->outputs;
+        kernels::ShardedControlledArgs args{common, slices.data()};
         args.gather_scratch = gather_scratch_;
         args.gather_scratch_bytes = gather_bytes_;
         launch = kernels::LaunchShardedControlledSample(args);

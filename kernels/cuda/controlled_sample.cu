@@ -937,14 +937,6 @@ int FracBits(int64_t n) {
   return 63 - bits;
 }
 
-// Every required output, and a place for draft log-probabilities when rows
-// have drafts.
-bool ValidOutputs(const ControlledDeviceControls& c, const ControlledSampleOutputs& o) {
-  return o.token_ids != nullptr && o.row_status != nullptr && o.sample_tokens != nullptr &&
-         o.sample_logprobs != nullptr && o.sample_ranks != nullptr && o.top_ids != nullptr &&
-         o.top_logprobs != nullptr && o.top_counts != nullptr &&
-         (c.draft_tokens == nullptr || o.draft_logprobs != nullptr);
-}
 
 bool ValidCluster(int g) {
   return g == kControlledClusterAuto || g == 1 || g == 2 || g == 4 || g == 8 || g == kMaxCluster;
@@ -993,6 +985,15 @@ KernelStatus LaunchRows(const float* raw, float* lp, int64_t rows, int64_t row0,
 }
 
 }  // namespace
+
+// Every required output, a place for draft log-probabilities when rows have
+// drafts, and the controls' required parts.
+bool ControlledBuffersValid(const ControlledDeviceControls& c, const ControlledSampleOutputs& o) {
+  return c.rows != nullptr && c.touched != nullptr && o.token_ids != nullptr &&
+         o.row_status != nullptr && o.sample_tokens != nullptr && o.sample_logprobs != nullptr &&
+         o.sample_ranks != nullptr && o.top_ids != nullptr && o.top_logprobs != nullptr &&
+         o.top_counts != nullptr && (c.draft_tokens == nullptr || o.draft_logprobs != nullptr);
+}
 
 // ---- Host flattening ------------------------------------------------------------
 size_t FlatControls::PackedBytes() const {
@@ -1112,8 +1113,8 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                                               void* workspace, size_t workspace_bytes,
                                               cudaStream_t stream, int cluster_blocks) {
   const size_t need = ControlledFromLogitsWorkspaceBytes(batch, valid_vocab);
-  if (logits == nullptr || params == nullptr || controls.rows == nullptr ||
-      controls.touched == nullptr || !ValidOutputs(controls, outputs) || workspace == nullptr ||
+  if (logits == nullptr || params == nullptr || !ControlledBuffersValid(controls, outputs) ||
+      workspace == nullptr ||
       need == 0 ||
       workspace_bytes < need || !ValidCluster(cluster_blocks) ||
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
@@ -1123,19 +1124,14 @@ KernelStatus LaunchControlledSampleFromLogits(const float* logits, const RowPara
                     controls, outputs, cluster_blocks, stream);
 }
 
-bool ControlledBuffersValid(const ControlledDeviceControls& controls,
-                            const ControlledSampleOutputs& outputs) {
-  return controls.rows != nullptr && controls.touched != nullptr && ValidOutputs(controls, outputs);
-}
-
 KernelStatus LaunchControlledChunkFromLogits(const float* logits, float* lp, int64_t rows,
                                              int64_t row_begin, int64_t valid_vocab,
                                              const RowParams* params,
                                              const ControlledDeviceControls& controls,
                                              const ControlledSampleOutputs& outputs,
                                              cudaStream_t stream, int cluster_blocks) {
-  if (logits == nullptr || lp == nullptr || params == nullptr || controls.rows == nullptr ||
-      controls.touched == nullptr || !ValidOutputs(controls, outputs) || rows < 1 ||
+  if (logits == nullptr || lp == nullptr || params == nullptr ||
+      !ControlledBuffersValid(controls, outputs) || rows < 1 ||
       row_begin < 0 || row_begin > kMaxInt32 - rows || valid_vocab < 1 ||
       valid_vocab > kMaxInt32 || !ValidCluster(cluster_blocks) ||
       reinterpret_cast<uintptr_t>(lp) % 16 != 0) {
@@ -1175,8 +1171,8 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
                                     cudaStream_t stream) {
   const Layout layout = ControlledLayout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
   if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
-      args.params == nullptr || args.controls.rows == nullptr || args.controls.touched == nullptr ||
-      !ValidOutputs(args.controls, args.outputs) || args.workspace == nullptr || layout.total == 0 ||
+      args.params == nullptr || !ControlledBuffersValid(args.controls, args.outputs) ||
+      args.workspace == nullptr || layout.total == 0 ||
       !ValidCluster(args.cluster_blocks) ||
       args.workspace_bytes < layout.total || args.valid_vocab > args.vocab ||
       reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {

@@ -340,27 +340,24 @@ FusedControlledTiles FusedControlledTilesIn(void* workspace, int64_t batch, int6
 // Grid: stage 1 as the plain tensor-core sampler (fused_sample_mma.cu's
 // launcher: one block of 256 threads per (128-token tile, row chunk of 8..128
 // rows)).
+bool FusedControlledStage1Valid(const ControlledSampleArgs& a, int64_t token_offset) {
+  return a.weight != nullptr && a.hidden != nullptr && a.params != nullptr &&
+         a.controls.rows != nullptr && a.controls.touched != nullptr && a.workspace != nullptr &&
+         a.controls.draft_tokens == nullptr &&  // drafts: materialized only
+         a.batch >= 1 && a.batch <= kMaxInt32 && a.vocab >= 1 && a.vocab <= kMaxInt32 &&
+         a.valid_vocab >= 1 && a.valid_vocab <= a.vocab &&
+         FusedControlledShapeSupported(a.weight_dtype, a.valid_vocab, a.hidden_dim) &&
+         token_offset >= 0 && token_offset % kMmaTileVocab == 0 &&
+         token_offset <= kFusedMaxVocab - a.valid_vocab &&
+         reinterpret_cast<uintptr_t>(a.weight) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.hidden) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.workspace) % 256 == 0 &&
+         a.workspace_bytes >= FusedControlledWorkspaceBytes(a.batch, a.valid_vocab, a.hidden_dim);
+}
+
 KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t token_offset,
                                          cudaStream_t stream) {
-  const ControlledSampleOutputs& o = a.outputs;
-  if (a.weight == nullptr || a.hidden == nullptr || a.params == nullptr ||
-      a.controls.rows == nullptr || a.workspace == nullptr || o.token_ids == nullptr ||
-      o.row_status == nullptr || o.sample_tokens == nullptr || o.sample_logprobs == nullptr ||
-      o.sample_ranks == nullptr || o.top_ids == nullptr || o.top_logprobs == nullptr ||
-      o.top_counts == nullptr || a.controls.draft_tokens != nullptr) {  // drafts: materialized only
-    return KernelStatus::kInvalidArgument;
-  }
-  if (a.batch < 1 || a.batch > kMaxInt32 || a.vocab < 1 || a.vocab > kMaxInt32 ||
-      a.valid_vocab < 1 || a.valid_vocab > a.vocab ||
-      !FusedControlledShapeSupported(a.weight_dtype, a.valid_vocab, a.hidden_dim) ||
-      token_offset < 0 || token_offset % kMmaTileVocab != 0 ||
-      token_offset > kFusedMaxVocab - a.valid_vocab ||
-      reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(a.hidden) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0 ||
-      a.workspace_bytes < FusedControlledWorkspaceBytes(a.batch, a.valid_vocab, a.hidden_dim)) {
-    return KernelStatus::kInvalidArgument;
-  }
+  if (!FusedControlledStage1Valid(a, token_offset)) return KernelStatus::kInvalidArgument;
   const FusedControlledTiles t = FusedControlledTilesIn(a.workspace, a.batch, a.valid_vocab);
   auto* hidden_rounded = reinterpret_cast<unsigned short*>(
       static_cast<unsigned char*>(a.workspace) + SummaryBytes(a.batch, t.tiles) +
@@ -393,12 +390,9 @@ KernelStatus LaunchFusedControlledStage2(const void* tile_summaries, const void*
                                          const ControlledDeviceControls& controls,
                                          const ControlledSampleOutputs& outputs,
                                          cudaStream_t stream) {
-  const ControlledSampleOutputs& o = outputs;
   if (tile_summaries == nullptr || tile_candidates == nullptr || params == nullptr ||
-      controls.rows == nullptr || o.token_ids == nullptr || o.row_status == nullptr ||
-      o.sample_tokens == nullptr || o.sample_logprobs == nullptr || o.sample_ranks == nullptr ||
-      o.top_ids == nullptr || o.top_logprobs == nullptr || o.top_counts == nullptr ||
-      controls.draft_tokens != nullptr || tiles < 1 || tiles > kFusedMaxVocab / kMmaTileVocab ||
+      !ControlledBuffersValid(controls, outputs) || controls.draft_tokens != nullptr ||
+      tiles < 1 || tiles > kFusedMaxVocab / kMmaTileVocab ||
       batch < 1 || batch > kMaxInt32) {
     return KernelStatus::kInvalidArgument;
   }
@@ -412,6 +406,8 @@ KernelStatus LaunchFusedControlledStage2(const void* tile_summaries, const void*
 }
 
 KernelStatus LaunchFusedControlledSample(const ControlledSampleArgs& a, cudaStream_t stream) {
+  // Stage 2's outputs are checked before stage 1 is enqueued.
+  if (!ControlledBuffersValid(a.controls, a.outputs)) return KernelStatus::kInvalidArgument;
   if (const KernelStatus s = LaunchFusedControlledStage1(a, 0, stream); s != KernelStatus::kOk) {
     return s;
   }

@@ -142,9 +142,13 @@ struct FusedControlledTiles {
 size_t FusedControlledTileSummaryBytes();
 size_t FusedControlledTileCandidateBytes();
 FusedControlledTiles FusedControlledTilesIn(void* workspace, int64_t batch, int64_t valid_vocab);
-// Stage 1 over args' rows of W with global ids from token_offset. Outcomes as
-// LaunchFusedControlledSample's (kInvalidArgument also for a token_offset
-// that is not a multiple of 128 or ends past kFusedMaxVocab).
+// Stage 1 over args' rows of W with global ids from token_offset (args'
+// outputs are not used: stage 2 writes them). FusedControlledStage1Valid says
+// whether it would take the arguments (a launcher that enqueues work on
+// several devices checks them all first); kInvalidArgument when not, which
+// includes a token_offset that is not a multiple of 128 or ends past
+// kFusedMaxVocab; else as LaunchFusedControlledSample.
+bool FusedControlledStage1Valid(const ControlledSampleArgs& args, int64_t token_offset);
 KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& args, int64_t token_offset,
                                          cudaStream_t stream);
 // Stage 2 over `tiles` tiles (at most kFusedMaxVocab / 128) of every row's

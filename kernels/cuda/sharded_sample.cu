@@ -197,6 +197,50 @@ cudaError_t CopyRows(void* dst, size_t dst_pitch, int dst_device, const void* sr
   return cudaMemcpy3DPeerAsync(&copy, stream);
 }
 
+// The checks both controlled launchers make of the batch: shards and GPUs
+// given, shard 0's params / controls / outputs complete, a gather scratch of
+// `gather_need` bytes (0: the sizes are out of range), 256-byte aligned.
+bool ValidControlledBatch(const ShardedControlledBatch& b, const void* shards, size_t gather_need) {
+  return b.num_shards >= 1 && b.num_shards <= 1024 && shards != nullptr && b.devices != nullptr &&
+         b.params != nullptr && ControlledBuffersValid(b.controls, b.outputs) &&
+         b.gather_scratch != nullptr && reinterpret_cast<uintptr_t>(b.gather_scratch) % 256 == 0 &&
+         gather_need != 0 && b.gather_scratch_bytes >= gather_need;
+}
+
+// Stage 1's arguments for shard s of a fused launch (its outputs unused).
+ControlledSampleArgs Stage1Args(const ShardedFusedControlledArgs& args,
+                                const ShardedFusedControlledShard& s) {
+  ControlledSampleArgs a;
+  a.weight = s.weight;
+  a.weight_dtype = args.weight_dtype;
+  a.hidden = s.hidden;
+  a.params = s.params;
+  a.batch = args.batch;
+  a.vocab = a.valid_vocab = s.end - s.begin;
+  a.hidden_dim = args.hidden_dim;
+  a.controls = s.controls;
+  a.workspace = s.workspace;
+  a.workspace_bytes = s.workspace_bytes;
+  return a;
+}
+
+// Where the fused launcher's gathered [batch, tiles] summaries and
+// candidates lie in its gather scratch, and its size.
+struct FusedGatherLayout {
+  int64_t tiles = 0;
+  size_t candidates_offset = 0;
+  size_t total = 0;
+};
+FusedGatherLayout FusedGather(int64_t batch, int64_t valid_vocab) {
+  FusedGatherLayout l;
+  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kFusedMaxVocab) return l;
+  l.tiles = (valid_vocab + 127) / 128;
+  const size_t cells = static_cast<size_t>(batch) * static_cast<size_t>(l.tiles);
+  l.candidates_offset = AlignUp256(cells * FusedControlledTileSummaryBytes());
+  l.total = l.candidates_offset + AlignUp256(cells * FusedControlledTileCandidateBytes());
+  return l;
+}
+
 }  // namespace
 
 size_t ShardedControlledShardBytes(int64_t batch, int64_t shard_vocab, int64_t hidden_dim,
@@ -219,12 +263,8 @@ size_t ShardedControlledGatherBytes(int64_t batch, int64_t valid_vocab) {
 KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
   // ---- Arguments (nothing is enqueued when they are wrong).
   const int32_t n = args.num_shards;
-  if (n < 1 || n > 1024 || args.shards == nullptr || args.devices == nullptr ||
-      args.params == nullptr || !ControlledBuffersValid(args.controls, args.outputs) ||
-      args.gather_scratch == nullptr ||
-      reinterpret_cast<uintptr_t>(args.gather_scratch) % 256 != 0 ||
-      args.gather_scratch_bytes < ShardedControlledGatherBytes(args.batch, args.valid_vocab) ||
-      ShardedControlledGatherBytes(args.batch, args.valid_vocab) == 0) {
+  if (!ValidControlledBatch(args, args.shards,
+                            ShardedControlledGatherBytes(args.batch, args.valid_vocab))) {
     return KernelStatus::kInvalidArgument;
   }
   int64_t expected_begin = 0;
@@ -314,36 +354,23 @@ KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
 
 // ---- Controlled rows: gathered tile candidates -----------------------------------
 size_t ShardedFusedControlledGatherBytes(int64_t batch, int64_t valid_vocab) {
-  if (batch < 1 || batch > kMaxInt32 || valid_vocab < 1 || valid_vocab > kFusedMaxVocab) return 0;
-  const size_t cells = static_cast<size_t>(batch) * static_cast<size_t>((valid_vocab + 127) / 128);
-  return AlignUp256(cells * FusedControlledTileSummaryBytes()) +
-         AlignUp256(cells * FusedControlledTileCandidateBytes());
+  return FusedGather(batch, valid_vocab).total;
 }
 
 KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs& args) {
   // ---- Arguments (nothing is enqueued when they are wrong: what stage 1
   // would refuse is checked here for every shard first).
   const int32_t n = args.num_shards;
-  const size_t gather_need = ShardedFusedControlledGatherBytes(args.batch, args.valid_vocab);
-  if (n < 1 || n > 1024 || args.shards == nullptr || args.devices == nullptr ||
-      args.params == nullptr || !ControlledBuffersValid(args.controls, args.outputs) ||
-      args.controls.draft_tokens != nullptr || args.gather_scratch == nullptr ||
-      reinterpret_cast<uintptr_t>(args.gather_scratch) % 256 != 0 || gather_need == 0 ||
-      args.gather_scratch_bytes < gather_need) {
+  const FusedGatherLayout layout = FusedGather(args.batch, args.valid_vocab);
+  if (!ValidControlledBatch(args, args.shards, layout.total) ||
+      args.controls.draft_tokens != nullptr) {
     return KernelStatus::kInvalidArgument;
   }
   int64_t expected_begin = 0;
   for (int32_t k = 0; k < n; ++k) {
     const ShardedFusedControlledShard& s = args.shards[k];
-    if (s.begin != expected_begin || s.begin % 128 != 0 || s.end <= s.begin ||
-        s.weight == nullptr || s.hidden == nullptr || s.params == nullptr ||
-        s.controls.rows == nullptr || s.controls.draft_tokens != nullptr ||
-        s.workspace == nullptr ||
-        !FusedControlledShapeSupported(args.weight_dtype, s.end - s.begin, args.hidden_dim) ||
-        reinterpret_cast<uintptr_t>(s.weight) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(s.hidden) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(s.workspace) % 256 != 0 ||
-        s.workspace_bytes < FusedControlledWorkspaceBytes(args.batch, s.end - s.begin, args.hidden_dim) ||
+    if (s.begin != expected_begin || s.end <= s.begin ||
+        !FusedControlledStage1Valid(Stage1Args(args, s), s.begin) ||
         args.devices[k].stream == nullptr) {
       return KernelStatus::kInvalidArgument;
     }
@@ -353,32 +380,19 @@ KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs
 
   LaunchEvents events(n, /*with_copied=*/false);
   if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
-  const int64_t tiles = (args.valid_vocab + 127) / 128;
+  const int64_t tiles = layout.tiles;
   const size_t summary_bytes = FusedControlledTileSummaryBytes();
   const size_t candidate_bytes = FusedControlledTileCandidateBytes();
   char* gathered_summaries = static_cast<char*>(args.gather_scratch);
-  char* gathered_candidates =
-      gathered_summaries +
-      AlignUp256(static_cast<size_t>(args.batch) * static_cast<size_t>(tiles) * summary_bytes);
+  char* gathered_candidates = gathered_summaries + layout.candidates_offset;
 
   // ---- 1. Stage 1 on every shard, on its stream.
   for (int32_t k = 0; k < n; ++k) {
     const ShardedFusedControlledShard& s = args.shards[k];
     const ShardDevice& d = args.devices[k];
-    ControlledSampleArgs a;
-    a.weight = s.weight;
-    a.weight_dtype = args.weight_dtype;
-    a.hidden = s.hidden;
-    a.params = s.params;
-    a.batch = args.batch;
-    a.vocab = a.valid_vocab = s.end - s.begin;
-    a.hidden_dim = args.hidden_dim;
-    a.controls = s.controls;
-    a.outputs = args.outputs;  // checked, not written by stage 1
-    a.workspace = s.workspace;
-    a.workspace_bytes = s.workspace_bytes;
     if (cudaSetDevice(d.device) != cudaSuccess) return KernelStatus::kDeviceError;
-    if (const KernelStatus st = LaunchFusedControlledStage1(a, s.begin, d.stream); st != KernelStatus::kOk) {
+    if (const KernelStatus st = LaunchFusedControlledStage1(Stage1Args(args, s), s.begin, d.stream);
+        st != KernelStatus::kOk) {
       return st;
     }
     if (cudaEventRecord(events.done(k), d.stream) != cudaSuccess) return KernelStatus::kDeviceError;

@@ -116,6 +116,24 @@ struct ShardedSampleArgs {
 // work may be enqueued; call WaitForShards before reusing the buffers).
 KernelStatus LaunchShardedSample(const ShardedSampleArgs& args);
 
+// What both controlled launchers below take besides their shards: the GPUs,
+// the batch's sizes, and on shard 0's device the params, controls (draft
+// tokens in them), outputs (as ControlledSampleArgs) and the gather scratch
+// (its size from the launcher's own *GatherBytes, 256-byte aligned).
+struct ShardedControlledBatch {
+  const ShardDevice* devices = nullptr;  // num_shards; comms unused
+  int32_t num_shards = 0;                // >= 1
+  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
+  int64_t batch = 0;
+  int64_t hidden_dim = 0;
+  int64_t valid_vocab = 0;  // = the last shard's end
+  const RowParams* params = nullptr;
+  ControlledDeviceControls controls;
+  ControlledSampleOutputs outputs;
+  void* gather_scratch = nullptr;
+  size_t gather_scratch_bytes = 0;
+};
+
 // One shard of LaunchShardedControlledSample, on devices[k].
 struct ShardedControlledShard {
   const void* weight = nullptr;   // the shard's rows of W, [end - begin, hidden_dim]
@@ -133,20 +151,9 @@ size_t ShardedControlledShardBytes(int64_t batch, int64_t shard_vocab, int64_t h
                                    CudaWeightDType weight_dtype);
 size_t ShardedControlledGatherBytes(int64_t batch, int64_t valid_vocab);
 
-struct ShardedControlledArgs {
+// devices need cuBLAS handles; gather_scratch: ShardedControlledGatherBytes.
+struct ShardedControlledArgs : ShardedControlledBatch {
   const ShardedControlledShard* shards = nullptr;  // num_shards, in token order from 0
-  const ShardDevice* devices = nullptr;            // cuBLAS handles required; comms unused
-  int32_t num_shards = 0;                          // >= 1
-  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
-  int64_t batch = 0;
-  int64_t hidden_dim = 0;
-  int64_t valid_vocab = 0;  // = the last shard's end
-  // On shard 0's device: as ControlledSampleArgs (draft tokens in controls).
-  const RowParams* params = nullptr;
-  ControlledDeviceControls controls;
-  ControlledSampleOutputs outputs;
-  void* gather_scratch = nullptr;  // ShardedControlledGatherBytes, 256-byte aligned
-  size_t gather_scratch_bytes = 0;
 };
 
 // Enqueues the chunks' GEMMs, copies and sampler. Outputs are valid once
@@ -181,20 +188,9 @@ struct ShardedFusedControlledShard {
 // Scratch on shard 0's GPU: the gathered tile outputs. 0 when out of range.
 size_t ShardedFusedControlledGatherBytes(int64_t batch, int64_t valid_vocab);
 
-struct ShardedFusedControlledArgs {
+// cuBLAS unused; no drafts; gather_scratch: ShardedFusedControlledGatherBytes.
+struct ShardedFusedControlledArgs : ShardedControlledBatch {
   const ShardedFusedControlledShard* shards = nullptr;  // num_shards, in token order from 0
-  const ShardDevice* devices = nullptr;                 // comms and cuBLAS unused
-  int32_t num_shards = 0;
-  CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
-  int64_t batch = 0;
-  int64_t hidden_dim = 0;
-  int64_t valid_vocab = 0;  // = the last shard's end
-  // On shard 0's device: stage 2's params, controls and outputs.
-  const RowParams* params = nullptr;
-  ControlledDeviceControls controls;
-  ControlledSampleOutputs outputs;
-  void* gather_scratch = nullptr;  // ShardedFusedControlledGatherBytes, 256-byte aligned
-  size_t gather_scratch_bytes = 0;
 };
 
 // Enqueues stage 1 on every shard, the copies and stage 2; outcomes as

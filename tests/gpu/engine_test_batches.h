@@ -14,10 +14,11 @@
 
 namespace flashsampler::testing {
 
-inline SampleBatch RandomEngineBatch(int64_t rows, int64_t hidden_size, uint64_t seed) {
+// `rows` rows of N(0, 1) hidden states drawn from `gen`, and their params.
+inline SampleBatch PlainRowsFrom(std::mt19937& gen, int64_t rows, int64_t hidden_size,
+                                 uint64_t seed) {
   SampleBatch b;
   b.rows = rows;
-  std::mt19937 gen(static_cast<uint32_t>(seed));
   std::normal_distribution<float> normal;
   b.hidden.resize(static_cast<size_t>(rows * hidden_size));
   for (float& v : b.hidden) v = normal(gen);
@@ -32,26 +33,22 @@ inline SampleBatch RandomEngineBatch(int64_t rows, int64_t hidden_size, uint64_t
   return b;
 }
 
+inline SampleBatch RandomEngineBatch(int64_t rows, int64_t hidden_size, uint64_t seed) {
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  return PlainRowsFrom(gen, rows, hidden_size, seed);
+}
+
 // The same rows with random sampling controls: every kind (top-k 1..100,
 // top-p, min-p, penalties over random prompt / output tokens, bias, bans,
 // bitmasks, top lists in both modes, 1 or 2 samples); every sixth row plain.
 inline SampleBatch RandomControlledEngineBatch(int64_t rows, int64_t hidden_size, int64_t vocab,
                                               int64_t valid_vocab, uint64_t seed) {
-  SampleBatch b;
-  b.rows = rows;
   std::mt19937 gen(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> normal;
+  SampleBatch b = PlainRowsFrom(gen, rows, hidden_size, seed);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(valid_vocab - 1));
-  b.hidden.resize(static_cast<size_t>(rows * hidden_size));
-  for (float& v : b.hidden) v = normal(gen);
-  b.params.resize(static_cast<size_t>(rows));
   b.controls.resize(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
-    b.params[r].temperature = (r % 5 == 0) ? 0.0f : 0.5f + 0.25f * (r % 4);
-    b.params[r].seed = seed * 1000 + r;
-    b.params[r].offset = r % 3;
-    b.params[r].stream = static_cast<uint32_t>(r);
     RowControls& c = b.controls[r];
     if (r % 6 == 5) continue;  // a plain row inside a controlled batch
     if (r % 3 == 0) c.top_k = 1 + static_cast<int32_t>(gen() % 100);
@@ -73,7 +70,6 @@ inline SampleBatch RandomControlledEngineBatch(int64_t rows, int64_t hidden_size
     if (r % 8 == 7) c.logprobs_mode = LogprobsMode::kRaw;
     c.num_samples = 1 + static_cast<int32_t>(r % 2);
   }
-  b.want_logz = b.want_logprobs = true;
   return b;
 }
 

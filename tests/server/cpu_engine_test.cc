@@ -245,16 +245,5 @@ TEST(CpuEngine, RowWithNoFiniteLogitIsFailedPrecondition) {
   EXPECT_EQ((*engine)->Sample(batch).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(FirstRowControlName, NamesTheFirstControlUsed) {
-  SampleBatch batch = RandomBatch(2, 1.0f, 3);
-  EXPECT_EQ(FirstRowControlName(batch), "");
-  batch.controls.resize(2);
-  EXPECT_EQ(FirstRowControlName(batch), "");
-  batch.controls[1].top_p = 0.9f;
-  EXPECT_EQ(FirstRowControlName(batch), "top_p");
-  batch.controls[0].banned_token_ids = {3};
-  EXPECT_EQ(FirstRowControlName(batch), "banned_token_ids");
-}
-
 }  // namespace
 }  // namespace flashsampler
