@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/fused_controlled_sample.h"
 #include "server/engine.h"
 #include "tests/gpu/engine_test_batches.h"
 
@@ -119,6 +120,19 @@ TEST_F(ShardedCudaEngineTest, GroupGumbelModeAndRefusals) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// True when the fused controlled path serves every row of `b`, decided as
+// the engine does, from the flattened controls.
+bool FusedServesEveryRow(const SampleBatch& b, int64_t vocab, int64_t valid_vocab) {
+  kernels::FlatControls flat;
+  if (b.controls.empty() || kernels::FlattenControls(b.controls.data(), b.rows, vocab, valid_vocab,
+                                                     &flat) != kernels::KernelStatus::kOk) {
+    return false;
+  }
+  return std::none_of(flat.rows.begin(), flat.rows.end(), [](const kernels::ControlledRowDesc& d) {
+    return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
+  });
+}
+
 // Rows the fused controlled path serves: top_k 1..64 with anything but
 // raw-mode top lists, or no filter and no top list.
 void MakeFusedServed(SampleBatch* b) {
@@ -184,7 +198,15 @@ TEST_F(ShardedCudaEngineTest, ControlsAndDraftsMatchOneGpu) {
         absl::StatusOr<SampleResult> b = (*two)->Sample(batch);
         ASSERT_TRUE(a.ok()) << a.status();
         ASSERT_TRUE(b.ok()) << b.status();
-        const bool fused = variant == 3 && batch_rows <= options.cuda.fused_max_rows;
+        // The engine takes the gathered-candidates path for a batch without
+        // drafts, of at most fused_max_rows rows, whose every row the fused
+        // controlled path serves (variant 3 always; a small variant-0 batch
+        // may happen to).
+        const bool servable = batch.draft_tokens.empty() && FusedServesEveryRow(batch, kVocab, kValid);
+        if (variant == 3) {
+          EXPECT_TRUE(servable);
+        }
+        const bool fused = servable && batch_rows <= options.cuda.fused_max_rows;
         EXPECT_EQ(b->path, fused ? LaunchPath::kShardedFusedControlled : LaunchPath::kShardedControlled)
             << LaunchPathName(b->path);
         // Plain rows (variant 2): one GPU's plain path returns no details;
