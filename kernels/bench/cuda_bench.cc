@@ -292,7 +292,6 @@ class ShapeBench {
     a.vocab = shape_.vocab;
     a.valid_vocab = shape_.vocab;
     a.hidden_dim = shape_.hidden;
-    a.tile_parts = o_.tile_parts;
     const int64_t off = second_half ? max_batch_ : 0;
     a.token_ids = tokens_.get<int32_t>() + off;
     a.logz = lse ? logz_.get<float>() + off : nullptr;

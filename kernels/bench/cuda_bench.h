@@ -29,7 +29,6 @@ struct CudaBenchOptions {
   float logit_std = 2.0f;  // W ~ N(0, logit_std^2 / D), H ~ N(0, 1)
   uint64_t seed = 1;
   size_t copy_bytes = size_t{2} << 30;  // buffer of the device-to-device copy
-  int64_t tile_parts = 0;  // FusedSampleArgs::tile_parts of the fused launches (0: auto)
   std::string json_path;
   std::string commit;
   std::string date;  // UTC timestamp recorded in the table and the JSON

@@ -95,9 +95,6 @@ ABSL_FLAG(std::string, batches, "1,2,4,8,16,32,64,128,256", "cuda: comma-separat
 ABSL_FLAG(std::string, controls, "",
           "cuda: time the controlled materialized path instead (all, or a comma list of top_p, "
           "top_k, top_k_top_p, min_p; cuda_controlled_bench.cc)");
-ABSL_FLAG(int64_t, tile_parts, 0,
-          "cuda: stage 1's cut of the tiles (FusedSampleArgs::tile_parts): 0 the launcher's "
-          "choice, N balanced parts, 9223372036854775807 one block per tile");
 ABSL_FLAG(int64_t, copy_mib, 2048, "cuda: MiB of the device-to-device copy that measures bandwidth");
 
 namespace flashsampler::kernels {
@@ -392,7 +389,6 @@ int RunCuda() {
   o.seed = absl::GetFlag(FLAGS_seed);
   const int64_t copy_mib = absl::GetFlag(FLAGS_copy_mib);
   o.copy_bytes = copy_mib > 0 ? static_cast<size_t>(copy_mib) << 20 : 0;
-  o.tile_parts = absl::GetFlag(FLAGS_tile_parts);
   o.json_path = absl::GetFlag(FLAGS_json);
   o.commit = absl::GetFlag(FLAGS_commit);
   o.date = UtcNow();

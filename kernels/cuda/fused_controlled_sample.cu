@@ -376,10 +376,9 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
   cuda_internal::MmaControls ctl;
   ctl.controls = a.controls;
   ctl.candidates = static_cast<FusedCandidate*>(t.candidates);
-  TilePartition whole_tiles;  // no split units: its tiles keep per-tile candidates
   return cuda_internal::StatusFromCuda(cuda_internal::LaunchMmaStage1(
-      plain, t.tiles, /*want_lse=*/true, static_cast<SampleSummary*>(t.summaries),
-      /*split_units=*/nullptr, hidden_rounded, stream, &whole_tiles, &ctl));
+      plain, t.tiles, /*want_lse=*/true, static_cast<SampleSummary*>(t.summaries), hidden_rounded,
+      stream, &ctl));
 }
 
 // Grid: one block of 256 threads per row, static shared memory =

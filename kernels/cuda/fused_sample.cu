@@ -42,10 +42,8 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
-#include "kernels/common/tile_partition.h"
 #include "kernels/cuda/fused_sample_mma.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
-#include "kernels/cuda/stage1_grid.cuh"
 
 namespace flashsampler::kernels {
 namespace {
@@ -60,7 +58,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileVocab = 128;                          // tokens per block
 static_assert(kTileVocab == cuda_internal::kMmaTileVocab, "both stage-1 paths fill the same tiles");
-static_assert(kTileVocab == kTileTokens, "the tiles of tile_partition.h");
 constexpr int kRowsPerWarp = kTileVocab / kWarps;        // 16 tokens per warp
 constexpr int kGroupRows = 4;                            // W rows a warp streams at once
 constexpr int kGroupsPerWarp = kRowsPerWarp / kGroupRows;
@@ -215,27 +212,22 @@ __device__ __forceinline__ void AccumulateScalar(const typename W::Storage* __re
 
 // ---- Stage 1 --------------------------------------------------------------------
 // Block b handles row chunk (b % num_chunks), rows [chunk * R, chunk * R + R),
-// and part (b / num_chunks) of the tiles (kernels/common/tile_partition.h): the
-// units [PartFirstUnit(part), PartFirstUnit(part + 1)), one tile (a window) at
-// a time. Warp w is unit w of the window; warps of units outside the part skip
-// their tokens. A whole window writes tile_summaries[row * num_tiles + tile];
-// a split one writes its units to split_units for stage 2.
+// and tile (b / num_chunks), tokens [tile * kTileVocab, ... + kTileVocab). It
+// writes tile_summaries[row * num_tiles + tile] for each of its rows < batch.
 template <class W, int R>
 __global__ void __launch_bounds__(kThreads, 2)
     FusedSampleTileKernel(const typename W::Storage* __restrict__ weight,
                           const float* __restrict__ hidden, const RowParams* __restrict__ params,
                           int64_t batch, int64_t valid_vocab, int64_t hidden_dim,
-                          int64_t num_chunks, TilePartition partition, bool vector_path,
-                          bool want_lse, const int32_t* __restrict__ draft_tokens,
-                          float* __restrict__ draft_logits, int64_t token_offset,
-                          SampleSummary* __restrict__ tile_summaries) {
+                          int64_t num_chunks, int64_t num_tiles, bool vector_path, bool want_lse,
+                          const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
+                          int64_t token_offset, SampleSummary* __restrict__ tile_summaries) {
   extern __shared__ float4 dynamic_smem[];  // float4: 16-byte aligned rows
   float* h_smem = reinterpret_cast<float*>(dynamic_smem);  // [R][hidden_dim]
   __shared__ SampleSummary warp_summaries[kWarps][R];
-  static_assert(kWarps == kTileUnits && kRowsPerWarp == kUnitTokens, "a warp is a unit");
 
   const int64_t chunk = blockIdx.x % num_chunks;
-  const int64_t part = blockIdx.x / num_chunks;
+  const int64_t tile = blockIdx.x / num_chunks;
   const int64_t row0 = chunk * R;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -258,77 +250,60 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool pair_active = lane < kGroupRows * R && row0 + pair_row < batch;
   const RowSampler row = RowSampler::Load(params, row0 + pair_row, pair_active, draft_tokens,
                                           draft_logits, token_offset);
+  SampleSummary mine = EmptySampleSummary();
   __syncthreads();
 
-  const int64_t unit_begin = PartFirstUnit(partition, part);
-  const int64_t unit_end = PartFirstUnit(partition, part + 1);
-  const int64_t last_tile = (unit_end - 1) / kTileUnits;
-  for (int64_t tile = unit_begin / kTileUnits; tile <= last_tile; ++tile) {
-    // This window's units [lo, hi): all 8 unless a part boundary splits the tile.
-    const TileWindow window = WindowOf(partition, part, tile);
-    const int lo = window.lo, hi = window.hi;
+  // 3. This warp's tokens, one group of kGroupRows W rows at a time.
+  const int64_t warp_v0 = tile * kTileVocab + warp * kRowsPerWarp;
+  for (int g = 0; g < kGroupsPerWarp; ++g) {
+    const int64_t v0 = warp_v0 + g * kGroupRows;
+    if (v0 >= valid_vocab) break;  // same for the whole warp
 
-    // 3. This warp's tokens, one group of kGroupRows W rows at a time.
-    SampleSummary mine = EmptySampleSummary();
-    const int64_t warp_v0 = tile * kTileVocab + warp * kRowsPerWarp;
-    for (int g = 0; g < kGroupsPerWarp && warp >= lo && warp < hi; ++g) {
-      const int64_t v0 = warp_v0 + g * kGroupRows;
-      if (v0 >= valid_vocab) break;  // same for the whole warp
-
-      float acc[kGroupRows][R];
+    float acc[kGroupRows][R];
 #pragma unroll
-      for (int i = 0; i < kGroupRows; ++i) {
+    for (int i = 0; i < kGroupRows; ++i) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
-      }
-      if (vector_path) {
-        AccumulateVector<W, R>(weight, h_smem, v0, valid_vocab, hidden_dim, lane, acc);
-      } else {
-        AccumulateScalar<W, R>(weight, h_smem, v0, valid_vocab, hidden_dim, lane, acc);
-      }
-
-      // Butterfly: afterwards every lane holds every full dot product (and all
-      // lanes hold bit-identical values: each step adds the same two numbers).
-      // The pair's value is picked with compile-time indices, so acc stays in
-      // registers.
-      float dot = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kGroupRows; ++i) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float x = acc[i][r];
-#pragma unroll
-          for (int m = 16; m >= 1; m /= 2) x = __fadd_rn(x, __shfl_xor_sync(kFullWarpMask, x, m));
-          if (i * R + r == lane) dot = x;
-        }
-      }
-
-      const int64_t v = v0 + pair_token;
-      if (pair_active && v < valid_vocab) row.Add(mine, v, dot, want_lse);
+      for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+    }
+    if (vector_path) {
+      AccumulateVector<W, R>(weight, h_smem, v0, valid_vocab, hidden_dim, lane, acc);
+    } else {
+      AccumulateScalar<W, R>(weight, h_smem, v0, valid_vocab, hidden_dim, lane, acc);
     }
 
-    // 4. Lanes p, p ^ R, p ^ 2R, ... hold the same row: merge them (a tree whose
-    // shape depends only on the token position, see the top of the file).
+    // Butterfly: afterwards every lane holds every full dot product (and all
+    // lanes hold bit-identical values: each step adds the same two numbers).
+    // The pair's value is picked with compile-time indices, so acc stays in
+    // registers.
+    float dot = 0.0f;
 #pragma unroll
-    for (int m = 16; m >= R; m /= 2) mine = MergeSummaries(mine, ShuffleXorSummary(mine, m));
-    if (lane < R) warp_summaries[warp][lane] = mine;
-    __syncthreads();
-
-    // 5. The tile from its units (the tree of tile_partition.h), or the units
-    // this block owns of a split tile.
-    const int r = static_cast<int>(threadIdx.x);
-    if (r < R && row0 + r < batch) {
-      if (window.whole()) {
-        tile_summaries[(row0 + r) * partition.num_tiles + tile] =
-            MergeTileUnits([&](int u) { return warp_summaries[u][r]; });
-      } else {
-        for (int u = lo; u < hi; ++u) {
-          partition.split_units[SplitUnitIndex(partition, row0 + r, window.boundary, u)] =
-              warp_summaries[u][r];
-        }
+    for (int i = 0; i < kGroupRows; ++i) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float x = acc[i][r];
+#pragma unroll
+        for (int m = 16; m >= 1; m /= 2) x = __fadd_rn(x, __shfl_xor_sync(kFullWarpMask, x, m));
+        if (i * R + r == lane) dot = x;
       }
     }
-    __syncthreads();  // warp_summaries is rewritten by the next window
+
+    const int64_t v = v0 + pair_token;
+    if (pair_active && v < valid_vocab) row.Add(mine, v, dot, want_lse);
+  }
+
+  // 4. Lanes p, p ^ R, p ^ 2R, ... hold the same row: merge them (a tree whose
+  // shape depends only on the token position, see the top of the file).
+#pragma unroll
+  for (int m = 16; m >= R; m /= 2) mine = MergeSummaries(mine, ShuffleXorSummary(mine, m));
+  if (lane < R) warp_summaries[warp][lane] = mine;
+  __syncthreads();
+
+  // 5. Merge the warps in order (= token order) and store the tile summary.
+  if (threadIdx.x < R && row0 + threadIdx.x < batch) {
+    SampleSummary s = warp_summaries[0][threadIdx.x];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) s = MergeSummaries(s, warp_summaries[w][threadIdx.x]);
+    tile_summaries[(row0 + threadIdx.x) * num_tiles + tile] = s;
   }
 }
 
@@ -343,47 +318,34 @@ struct Stage1Launch {
   float* draft_logits;
   int64_t token_offset;
   SampleSummary* tile_summaries;
-  SampleSummary* split_units;
-  int64_t tile_parts;
+  unsigned blocks;
   size_t smem_bytes;
 };
 
-// Grid: PlanStage1Grid over the (tile, row chunk) blocks, kThreads = 256
-// threads each, smem_bytes = R * hidden_dim * 4 dynamic + kStaticSharedBytes
-// static shared memory. Two blocks per SM (the register cap of
-// __launch_bounds__): 264 on a 132-SM H100 / H200, against 1187 tiles of the
-// 151936-token head (4.5 waves) and 594 of a half-vocabulary shard, which the
-// balanced cut serves as 264 parts of 18 units instead of 2.25 waves.
 template <class W, int R>
-cudaError_t LaunchStage1(const Stage1Launch& l, cudaStream_t stream, TilePartition* used) {
+cudaError_t LaunchStage1(const Stage1Launch& l, cudaStream_t stream) {
   auto* kernel = &FusedSampleTileKernel<W, R>;
   // Past 48 KB of shared memory per block (static + dynamic) a kernel must opt
-  // in to its dynamic part explicitly (before the occupancy query sees it).
+  // in to its dynamic part explicitly.
   if (l.smem_bytes + kStaticSharedBytes > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem_bytes));
     if (err != cudaSuccess) return err;
   }
-  cuda_internal::Stage1Grid grid;
-  const cudaError_t err = cuda_internal::PlanStage1Grid(
-      kernel, kThreads, l.smem_bytes, l.num_tiles, l.num_chunks, l.split_units, l.tile_parts, &grid);
-  if (err != cudaSuccess) return err;
-  *used = grid.partition;
-  kernel<<<grid.blocks, kThreads, l.smem_bytes, stream>>>(
+  kernel<<<l.blocks, kThreads, l.smem_bytes, stream>>>(
       static_cast<const typename W::Storage*>(l.weight), l.hidden, l.params, l.batch,
-      l.valid_vocab, l.hidden_dim, l.num_chunks, grid.partition, l.vector_path, l.want_lse,
+      l.valid_vocab, l.hidden_dim, l.num_chunks, l.num_tiles, l.vector_path, l.want_lse,
       l.draft_tokens, l.draft_logits, l.token_offset, l.tile_summaries);
   return cudaGetLastError();
 }
 
 template <class W>
-cudaError_t LaunchStage1ForRows(int rows, const Stage1Launch& l, cudaStream_t stream,
-                                TilePartition* used) {
+cudaError_t LaunchStage1ForRows(int rows, const Stage1Launch& l, cudaStream_t stream) {
   switch (rows) {
-    case 1: return LaunchStage1<W, 1>(l, stream, used);
-    case 2: return LaunchStage1<W, 2>(l, stream, used);
-    case 4: return LaunchStage1<W, 4>(l, stream, used);
-    default: return LaunchStage1<W, 8>(l, stream, used);
+    case 1: return LaunchStage1<W, 1>(l, stream);
+    case 2: return LaunchStage1<W, 2>(l, stream);
+    case 4: return LaunchStage1<W, 4>(l, stream);
+    default: return LaunchStage1<W, 8>(l, stream);
   }
 }
 
@@ -402,30 +364,12 @@ size_t CudaWeightDTypeBytes(CudaWeightDType dtype) {
   return 0;
 }
 
-// Workspace layout, each part from a 256-byte boundary: [batch][num_tiles]
-// SampleSummary (the tile summaries), [batch][kMaxTileParts][kTileUnits]
-// SampleSummary (the units of split tiles, tile_partition.h), then the
-// tensor-core path's H rounded to 16 bits, [batch][hidden_dim].
-size_t AlignUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
+// Workspace layout: [batch][num_tiles] SampleSummary, then (from a 256-byte
+// boundary) the tensor-core path's H rounded to 16 bits, [batch][hidden_dim].
 size_t TileSummaryBytes(int64_t batch, int64_t vocab) {
-  return AlignUp256(static_cast<size_t>(batch) * static_cast<size_t>(NumTiles(vocab)) *
-                    sizeof(SampleSummary));
-}
-
-struct FusedWorkspace {
-  SampleSummary* tile_summaries;
-  SampleSummary* split_units;
-  unsigned short* hidden_rounded;
-};
-
-FusedWorkspace FusedWorkspaceIn(void* workspace, int64_t batch, int64_t valid_vocab) {
-  auto* base = static_cast<unsigned char*>(workspace);
-  const size_t tiles = TileSummaryBytes(batch, valid_vocab);
-  const size_t split = AlignUp256(static_cast<size_t>(SplitUnitBytes(batch)));
-  return FusedWorkspace{reinterpret_cast<SampleSummary*>(base),
-                        reinterpret_cast<SampleSummary*>(base + tiles),
-                        reinterpret_cast<unsigned short*>(base + tiles + split)};
+  const size_t bytes = static_cast<size_t>(batch) * static_cast<size_t>(NumTiles(vocab)) *
+                       sizeof(SampleSummary);
+  return (bytes + 255) / 256 * 256;
 }
 
 size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_dim) {
@@ -433,7 +377,7 @@ size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_di
       hidden_dim > kMaxInt32) {
     return 0;
   }
-  return TileSummaryBytes(batch, vocab) + AlignUp256(static_cast<size_t>(SplitUnitBytes(batch))) +
+  return TileSummaryBytes(batch, vocab) +
          static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * sizeof(uint16_t);
 }
 
@@ -448,18 +392,19 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   }
 
   const bool want_lse = cuda_internal::WantsLogSumExp(args);
-  const FusedWorkspace ws = FusedWorkspaceIn(args.workspace, args.batch, args.valid_vocab);
+  SampleSummary* tile_summaries = static_cast<SampleSummary*>(args.workspace);
   cudaError_t err = cudaSuccess;
 
   // ---- Tensor-core stage 1 (fused_sample_mma.cu) for 16-bit weights and
   // batches of cuda_internal::kMmaMinBatch rows or more: W is read once per
   // 256 rows instead of once per 8 rows.
   if (cuda_internal::MmaStage1Eligible(args)) {
-    TilePartition partition;
-    err = cuda_internal::LaunchMmaStage1(args, num_tiles, want_lse, ws.tile_summaries,
-                                         ws.split_units, ws.hidden_rounded, stream, &partition);
+    auto* hidden_rounded = reinterpret_cast<unsigned short*>(
+        static_cast<unsigned char*>(args.workspace) + TileSummaryBytes(args.batch, args.valid_vocab));
+    err = cuda_internal::LaunchMmaStage1(args, num_tiles, want_lse, tile_summaries,
+                                         hidden_rounded, stream);
     if (err != cudaSuccess) return StatusFromCuda(err);
-    err = cuda_internal::LaunchMergeTileSummaries(ws.tile_summaries, partition, args, stream);
+    err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
     return StatusFromCuda(err);
   }
 
@@ -483,11 +428,13 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     return KernelStatus::kInvalidArgument;  // even one row does not fit one block
   }
 
-  // ---- Grid (LaunchStage1): blocks per (part of the tiles, row chunk),
-  // numbered chunk-fastest so the chunks of a tile run together (L2 reuse of
-  // its W rows).
+  // ---- Grid. One block per (tile, row chunk), numbered chunk-fastest so the
+  // chunks of a tile run together (L2 reuse of its W rows). kThreads = 256
+  // threads per block; at V = 151936 there are 1187 tiles, enough blocks to fill
+  // every SM several times over even at batch 1.
   const int64_t num_chunks = (args.batch + rows - 1) / rows;
-  if (num_tiles * num_chunks > kMaxInt32) return KernelStatus::kInvalidArgument;
+  const int64_t blocks = num_tiles * num_chunks;
+  if (blocks > kMaxInt32) return KernelStatus::kInvalidArgument;
 
   // The 16-byte path needs every W row to start 16-byte aligned: an aligned base
   // and a row length that is a whole number of 16-byte vectors.
@@ -497,25 +444,23 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
                             args.batch,         args.valid_vocab,    args.hidden_dim,
                             num_chunks,         num_tiles,           vector_path,
                             want_lse,           args.draft_tokens,   args.draft_logprobs,
-                            args.token_offset,  ws.tile_summaries,   ws.split_units,
-                            args.tile_parts,    smem_bytes};
-  TilePartition launch_partition;
+                            args.token_offset,  tile_summaries,      static_cast<unsigned>(blocks),
+                            smem_bytes};
   switch (args.weight_dtype) {
     case CudaWeightDType::kFloat32:
-      err = LaunchStage1ForRows<Fp32Weights>(rows, launch, stream, &launch_partition);
+      err = LaunchStage1ForRows<Fp32Weights>(rows, launch, stream);
       break;
     case CudaWeightDType::kFloat16:
-      err = LaunchStage1ForRows<Fp16Weights>(rows, launch, stream, &launch_partition);
+      err = LaunchStage1ForRows<Fp16Weights>(rows, launch, stream);
       break;
     case CudaWeightDType::kBFloat16:
-      err = LaunchStage1ForRows<Bf16Weights>(rows, launch, stream, &launch_partition);
+      err = LaunchStage1ForRows<Bf16Weights>(rows, launch, stream);
       break;
   }
   if (err != cudaSuccess) return StatusFromCuda(err);
 
-  // ---- Stage 2: one block per row merges its num_tiles summaries in a fixed
-  // order (split tiles from their units, as the stage-1 launch cut them).
-  err = cuda_internal::LaunchMergeTileSummaries(ws.tile_summaries, launch_partition, args, stream);
+  // ---- Stage 2: one block per row merges its num_tiles summaries in a fixed order.
+  err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
   return StatusFromCuda(err);
 }
 

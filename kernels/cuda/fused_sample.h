@@ -121,14 +121,6 @@ struct FusedSampleArgs {
   // tokens (global best_index; max_logit / sum_exp only when logz or logprobs
   // is requested). token_ids may be null when this is given.
   SampleSummary* row_summaries = nullptr;
-  // How stage 1 cuts the tiles among its blocks (kernels/common/tile_partition.h).
-  // 0: chosen per launch from the GPU's occupancy (one block per tile, or a
-  // balanced persistent grid when that keeps more SMs streaming, e.g. on a
-  // half-vocabulary shard). n >= 1: min(n, kMaxTileParts) balanced parts per
-  // row chunk, or one block per tile when n >= the number of tiles. Every cut
-  // gives the same bits (tokens, logz, logprobs); tests and the bench compare
-  // them. Negative: InvalidArgument.
-  int64_t tile_parts = 0;
 };
 
 // Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),

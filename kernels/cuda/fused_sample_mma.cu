@@ -55,10 +55,8 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
-#include "kernels/common/tile_partition.h"
 #include "kernels/cuda/fused_controls.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
-#include "kernels/cuda/stage1_grid.cuh"
 
 namespace flashsampler::kernels::cuda_internal {
 namespace {
@@ -68,7 +66,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kTileTokens = kMmaTileVocab;  // 128: block tile M = one workspace tile
 constexpr int kDotStride = kTileTokens + 4;  // floats per row of the epilogue's dot tile
 static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a tile");
-static_assert(kTileTokens == flashsampler::kTileTokens, "the tiles of tile_partition.h");
 
 // ---- Block shapes --------------------------------------------------------------
 // kRows: batch rows per block (N). kWarpsM x kWarpsN = 8 warps. kStages: depth
@@ -200,32 +197,27 @@ __global__ void __launch_bounds__(256)
 
 // ---- Kernel 2: the GEMM with the sampling epilogue ---------------------------------
 // Block b: row chunk (b % num_chunks), rows [chunk * kRows, chunk * kRows + kRows);
-// part (b / num_chunks) of the tiles (kernels/common/tile_partition.h), walked
-// one 128-token tile (window) at a time: the units [PartFirstUnit(part),
-// PartFirstUnit(part + 1)). A whole window writes tile_summaries[row *
-// num_tiles + tile] for each of its rows < batch; a split one writes the units
-// it owns to partition.split_units. Tokens of units outside the part are never
-// loaded or scored.
+// tile (b / num_chunks), tokens [tile * 128, tile * 128 + 128). Writes
+// tile_summaries[row * num_tiles + tile] for each of its rows < batch.
 // kControlled: the fused controlled path's epilogue (fused_controls.cuh)
-// instead of the plain one; its launcher always cuts one block per tile.
+// instead of the plain one.
 template <class T, class Cfg, bool kControlled>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     MmaTileKernel(const unsigned short* __restrict__ weight,
                   const unsigned short* __restrict__ hidden_rounded,
                   const RowParams* __restrict__ params, int64_t batch, int64_t valid_vocab,
-                  int64_t hidden_dim, int64_t num_chunks, TilePartition partition, bool want_lse,
+                  int64_t hidden_dim, int64_t num_chunks, int64_t num_tiles, bool want_lse,
                   const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
                   int64_t token_offset, SampleSummary* __restrict__ tile_summaries,
                   MmaControls ctl) {
   constexpr int kRows = Cfg::kRows, kStages = Cfg::kStages, kMi = Cfg::kMi, kNi = Cfg::kNi;
-  static_assert(kTileTokens == kTileUnits * kUnitTokens && kUnitTokens == 4 * 4,
-                "a unit is 4 lanes of the epilogue");
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
 
   const int64_t chunk = blockIdx.x % num_chunks;
-  const int64_t part = blockIdx.x / num_chunks;
+  const int64_t tile = blockIdx.x / num_chunks;
   const int64_t row0 = chunk * kRows;
+  const int64_t tok0 = tile * kTileTokens;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int warp_m = warp % Cfg::kWarpsM;  // warps along M are neighbours
@@ -234,10 +226,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
 
   // One step's copies. W: 128 rows x kChunksPerRow chunks; thread i copies
   // chunk column c = i % kChunksPerRow of rows i / kChunksPerRow + q * kRowStep.
-  // H: kRows rows, the same way. Dead rows (past valid_vocab, outside the
-  // part, or past the batch) and chunks past hidden_dim (hidden_dim % 16 == 0:
-  // a chunk is wholly inside or outside) copy zeros from a valid address.
-  // Offsets are formed once per window here.
+  // H: kRows rows, the same way. Dead rows (past valid_vocab or the batch) and
+  // chunks past hidden_dim (hidden_dim % 16 == 0: a chunk is wholly inside or
+  // outside) copy zeros from a valid address. Offsets are formed once here.
   constexpr int kCpr = Cfg::kChunksPerRow;
   constexpr int kRowStep = kThreads / kCpr;
   constexpr int kWCopies = kTileTokens / kRowStep;
@@ -246,11 +237,55 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   const int copy_row = static_cast<int>(threadIdx.x) / kCpr;
   const uint32_t copy_dst = SwizzledOffset<Cfg::kRowBytes>(copy_row, copy_col);
   const int64_t row_step_elems = int64_t{kRowStep} * hidden_dim;
+  const int64_t w_first = (tok0 + copy_row) * hidden_dim + copy_col * 8;
   const int64_t h_first = (row0 + copy_row) * hidden_dim + copy_col * 8;
-  uint32_t h_live = 0;  // bit q: copy q's row exists
+  uint32_t w_live = 0, h_live = 0;  // bit q: copy q's row exists
+#pragma unroll
+  for (int q = 0; q < kWCopies; ++q) {
+    if (tok0 + copy_row + q * kRowStep < valid_vocab) w_live |= 1u << q;
+  }
 #pragma unroll
   for (int q = 0; q < kHCopies; ++q) {
     if (copy_row + q * kRowStep < kRows && row0 + copy_row + q * kRowStep < batch) h_live |= 1u << q;
+  }
+  auto issue_w = [&](int64_t step) {
+    if (step < num_steps) {
+      const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
+      const int64_t k0 = step * Cfg::kKStep;
+      const bool k_live = k0 + copy_col * 8 < hidden_dim;
+#pragma unroll
+      for (int q = 0; q < kWCopies; ++q) {
+        const bool live = k_live && ((w_live >> q) & 1u);
+        const unsigned short* src = live ? weight + (w_first + q * row_step_elems + k0) : weight;
+        CpAsync16(stage + copy_dst + q * kRowStep * Cfg::kRowBytes, src, live);
+      }
+    }
+  };
+  auto issue_h = [&](int64_t step) {
+    if (step < num_steps) {
+      const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
+      const int64_t k0 = step * Cfg::kKStep;
+      const bool k_live = k0 + copy_col * 8 < hidden_dim;
+#pragma unroll
+      for (int q = 0; q < kHCopies; ++q) {
+        if (kRows % kRowStep == 0 || copy_row + q * kRowStep < kRows) {
+          const bool live = k_live && ((h_live >> q) & 1u);
+          const unsigned short* src =
+              live ? hidden_rounded + (h_first + q * row_step_elems + k0) : hidden_rounded;
+          CpAsync16(stage + Cfg::kWBytes + copy_dst + q * kRowStep * Cfg::kRowBytes, src, live);
+        }
+      }
+    }
+  };
+
+  float acc[kMi][kNi][4];
+#pragma unroll
+  for (int mi = 0; mi < kMi; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+    }
   }
 
   // ldmatrix row addresses of this lane. A (x4): matrices (tokens 0-7, k lo),
@@ -261,219 +296,137 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   const int b_row = warp_n * Cfg::kWarpRows + (lane & 7) + ((lane >> 4) << 3);
   const int b_chunk = (lane >> 3) & 1;
 
-  const int64_t unit_begin = PartFirstUnit(partition, part);
-  const int64_t unit_end = PartFirstUnit(partition, part + 1);
-  const int64_t last_tile = (unit_end - 1) / kTileUnits;
-  for (int64_t tile = unit_begin / kTileUnits; tile <= last_tile; ++tile) {
-    // This window's units [lo, hi): all 8 unless a part boundary splits the tile.
-    const int64_t tok0 = tile * kTileTokens;
-    const TileWindow window = WindowOf(partition, part, tile);
-    const int lo = window.lo, hi = window.hi;
-    const int64_t w_first = (tok0 + copy_row) * hidden_dim + copy_col * 8;
-    uint32_t w_live = 0;  // bit q: copy q's token is loaded
 #pragma unroll
-    for (int q = 0; q < kWCopies; ++q) {
-      const int token = copy_row + q * kRowStep;
-      const int unit = token / static_cast<int>(kUnitTokens);
-      if (tok0 + token < valid_vocab && unit >= lo && unit < hi) w_live |= 1u << q;
+  // Prologue: W of the first kStages - 1 steps needs nothing from the H
+  // conversion kernel, so it is requested before waiting for that kernel.
+  // Group 0 then holds W of all those steps and H of step 0, group s only H
+  // of step s: waiting for group s still covers everything step s reads.
+  for (int s = 0; s < kStages - 1; ++s) issue_w(s);
+  GridDependencyWait();  // Hr is written
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue_h(s);
+    CpAsyncCommit();
+  }
+  for (int64_t step = 0; step < num_steps; ++step) {
+    CpAsyncWait<kStages - 2>();  // this thread's copies of `step` have landed
+    __syncthreads();             // everyone's have; everyone is done with step - 1
+    issue_w(step + kStages - 1);  // into the slot step - 1 used
+    issue_h(step + kStages - 1);
+    CpAsyncCommit();  // possibly empty: one group per step keeps the wait count right
+    const uint32_t w_tile = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
+    const uint32_t h_tile = w_tile + Cfg::kWBytes;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKStep / 16; ++kk) {
+      uint32_t a[kMi][4];
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) {
+        LdMatrixX4(a[mi], w_tile + SwizzledOffset<Cfg::kRowBytes>(a_row + mi * 16, 2 * kk + a_chunk));
+      }
+      uint32_t b[kNi][2];
+      if constexpr (kNi == 1) {
+        LdMatrixX2(b[0], h_tile + SwizzledOffset<Cfg::kRowBytes>(b_row, 2 * kk + b_chunk));
+      } else {
+#pragma unroll
+        for (int np = 0; np < kNi / 2; ++np) {
+          uint32_t r[4];
+          LdMatrixX4(r, h_tile + SwizzledOffset<Cfg::kRowBytes>(b_row + np * 16, 2 * kk + b_chunk));
+          b[2 * np][0] = r[0];
+          b[2 * np][1] = r[1];
+          b[2 * np + 1][0] = r[2];
+          b[2 * np + 1][1] = r[3];
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni) T::Mma(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
+      }
     }
-    auto issue_w = [&](int64_t step) {
-      if (step < num_steps) {
-        const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
-        const int64_t k0 = step * Cfg::kKStep;
-        const bool k_live = k0 + copy_col * 8 < hidden_dim;
-#pragma unroll
-        for (int q = 0; q < kWCopies; ++q) {
-          const bool live = k_live && ((w_live >> q) & 1u);
-          const unsigned short* src = live ? weight + (w_first + q * row_step_elems + k0) : weight;
-          CpAsync16(stage + copy_dst + q * kRowStep * Cfg::kRowBytes, src, live);
-        }
-      }
-    };
-    auto issue_h = [&](int64_t step) {
-      if (step < num_steps) {
-        const uint32_t stage = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
-        const int64_t k0 = step * Cfg::kKStep;
-        const bool k_live = k0 + copy_col * 8 < hidden_dim;
-#pragma unroll
-        for (int q = 0; q < kHCopies; ++q) {
-          if (kRows % kRowStep == 0 || copy_row + q * kRowStep < kRows) {
-            const bool live = k_live && ((h_live >> q) & 1u);
-            const unsigned short* src =
-                live ? hidden_rounded + (h_first + q * row_step_elems + k0) : hidden_rounded;
-            CpAsync16(stage + Cfg::kWBytes + copy_dst + q * kRowStep * Cfg::kRowBytes, src, live);
-          }
-        }
-      }
-    };
+  }
+  AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
+  CpAsyncWait<0>();  // only empty groups remain; the ring is reused below
+  __syncthreads();
 
-    float acc[kMi][kNi][4];
+  // Epilogue, 1: the accumulators to shared memory as logits [kRows][128 + 4]
+  // (fp32 dots, before the scale). acc[mi][ni][2 * hh + j] is token
+  // warp_m * kWarpTokens + 16 * mi + g + 8 * hh, row warp_n * kWarpRows +
+  // 8 * ni + 2t + j of the block tile. The +4 padding spreads a warp's stores
+  // over all 32 banks and keeps rows 16-byte aligned.
+  float* dots = reinterpret_cast<float*>(mma_smem);
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int mi = 0; mi < kMi; ++mi) {
+  for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
-      for (int ni = 0; ni < kNi; ++ni) {
+    for (int ni = 0; ni < kNi; ++ni) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+      for (int q = 0; q < 4; ++q) {
+        const int token = warp_m * Cfg::kWarpTokens + 16 * mi + g + 8 * (q >> 1);
+        const int rloc = warp_n * Cfg::kWarpRows + 8 * ni + 2 * t + (q & 1);
+        dots[rloc * kDotStride + token] = acc[mi][ni][q];
       }
     }
+  }
+  __syncthreads();
 
-    // Prologue: W of the first kStages - 1 steps needs nothing from the H
-    // conversion kernel, so it is requested before waiting for that kernel
-    // (the wait returns at once in later windows). Group 0 then holds W of all
-    // those steps and H of step 0, group s only H of step s: waiting for group
-    // s still covers everything step s reads.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) issue_w(s);
-    GridDependencyWait();  // Hr is written
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      issue_h(s);
-      CpAsyncCommit();
+  // Epilogue, 2 (controlled): fused_controls.cuh, one warp per row as below.
+  if constexpr (kControlled) {
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= batch) break;  // uniform across the warp
+      ControlledTileRow(ctl, params, row0 + r, dots + r * kDotStride, tok0, token_offset,
+                        valid_vocab, num_tiles, tile, lane, tile_summaries);
     }
-    for (int64_t step = 0; step < num_steps; ++step) {
-      CpAsyncWait<kStages - 2>();  // this thread's copies of `step` have landed
-      __syncthreads();             // everyone's have; everyone is done with step - 1
-      issue_w(step + kStages - 1);  // into the slot step - 1 used
-      issue_h(step + kStages - 1);
-      CpAsyncCommit();  // possibly empty: one group per step keeps the wait count right
-      const uint32_t w_tile = smem_base + static_cast<uint32_t>((step % kStages) * Cfg::kStageBytes);
-      const uint32_t h_tile = w_tile + Cfg::kWBytes;
+  } else {
+    // Epilogue, 2: one warp per row, lane k takes the 4 consecutive tokens
+    // [4k, 4k + 4) of the tile (one Philox block for all four), then a butterfly
+    // merges the 32 lanes. The same shape for every block configuration, so a
+    // row's summary (logz rounding included) does not depend on the batch.
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= batch) break;  // uniform across the warp
+      const RowSampler row =
+          RowSampler::Load(params, row0 + r, true, draft_tokens, draft_logits, token_offset);
+      const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
+      SampleSummary s = EmptySampleSummary();
+      row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
 #pragma unroll
-      for (int kk = 0; kk < Cfg::kKStep / 16; ++kk) {
-        uint32_t a[kMi][4];
-#pragma unroll
-        for (int mi = 0; mi < kMi; ++mi) {
-          LdMatrixX4(a[mi], w_tile + SwizzledOffset<Cfg::kRowBytes>(a_row + mi * 16, 2 * kk + a_chunk));
-        }
-        uint32_t b[kNi][2];
-        if constexpr (kNi == 1) {
-          LdMatrixX2(b[0], h_tile + SwizzledOffset<Cfg::kRowBytes>(b_row, 2 * kk + b_chunk));
-        } else {
-#pragma unroll
-          for (int np = 0; np < kNi / 2; ++np) {
-            uint32_t r[4];
-            LdMatrixX4(r, h_tile + SwizzledOffset<Cfg::kRowBytes>(b_row + np * 16, 2 * kk + b_chunk));
-            b[2 * np][0] = r[0];
-            b[2 * np][1] = r[1];
-            b[2 * np + 1][0] = r[2];
-            b[2 * np + 1][1] = r[3];
-          }
-        }
-#pragma unroll
-        for (int mi = 0; mi < kMi; ++mi) {
-#pragma unroll
-          for (int ni = 0; ni < kNi; ++ni) T::Mma(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
-        }
-      }
+      for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+      if (lane == 0) tile_summaries[(row0 + r) * num_tiles + tile] = s;
     }
-    // Stage 2 may be scheduled once every block is in its last window; it
-    // waits for our writes.
-    if (tile == last_tile) AllowDependentLaunch();
-    CpAsyncWait<0>();  // only empty groups remain; the ring is reused below
-    __syncthreads();
-
-    // Epilogue, 1: the accumulators to shared memory as logits [kRows][128 + 4]
-    // (fp32 dots, before the scale). acc[mi][ni][2 * hh + j] is token
-    // warp_m * kWarpTokens + 16 * mi + g + 8 * hh, row warp_n * kWarpRows +
-    // 8 * ni + 2t + j of the block tile. The +4 padding spreads a warp's stores
-    // over all 32 banks and keeps rows 16-byte aligned.
-    float* dots = reinterpret_cast<float*>(mma_smem);
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int mi = 0; mi < kMi; ++mi) {
-#pragma unroll
-      for (int ni = 0; ni < kNi; ++ni) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int token = warp_m * Cfg::kWarpTokens + 16 * mi + g + 8 * (q >> 1);
-          const int rloc = warp_n * Cfg::kWarpRows + 8 * ni + 2 * t + (q & 1);
-          dots[rloc * kDotStride + token] = acc[mi][ni][q];
-        }
-      }
-    }
-    __syncthreads();
-
-    // Epilogue, 2 (controlled): fused_controls.cuh, one warp per row as below.
-    if constexpr (kControlled) {
-      for (int r = warp; r < kRows; r += kWarps) {
-        if (row0 + r >= batch) break;  // uniform across the warp
-        ControlledTileRow(ctl, params, row0 + r, dots + r * kDotStride, tok0, token_offset,
-                          valid_vocab, partition.num_tiles, tile, lane, tile_summaries);
-      }
-    } else {
-      // Epilogue, 2: one warp per row, lane k takes the 4 consecutive tokens
-      // [4k, 4k + 4) of the tile (one Philox block for all four; lanes 4u ..
-      // 4u + 3 are unit u), then a butterfly over lanes 1, 2 gives each unit's
-      // summary and one over 4, 8, 16 the tile's: the tree of
-      // tile_partition.h, the same for every block configuration and cut, so
-      // a row's summary (logz rounding included) does not depend on the batch.
-      // Lanes of units outside the part score nothing (a draft token there
-      // belongs to the other block).
-      const int unit = lane >> 2;
-      const bool unit_live = unit >= lo && unit < hi;
-      for (int r = warp; r < kRows; r += kWarps) {
-        if (row0 + r >= batch) break;  // uniform across the warp
-        const RowSampler row =
-            RowSampler::Load(params, row0 + r, true, draft_tokens, draft_logits, token_offset);
-        const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
-        SampleSummary s = EmptySampleSummary();
-        if (unit_live) row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
-        s = MergeSummaries(s, ShuffleXorSummary(s, 1));
-        s = MergeSummaries(s, ShuffleXorSummary(s, 2));
-        if (window.whole()) {
-#pragma unroll
-          for (int m = 4; m <= 16; m *= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
-          if (lane == 0) tile_summaries[(row0 + r) * partition.num_tiles + tile] = s;
-        } else if ((lane & 3) == 0 && unit_live) {
-          partition.split_units[SplitUnitIndex(partition, row0 + r, window.boundary, unit)] = s;
-        }
-      }
-    }
-    __syncthreads();  // the next window's copies overwrite the dots
   }
 }
 
 // ---- Launcher ----------------------------------------------------------------------
-// Grid: PlanStage1Grid (stage1_grid.cuh) over num_tiles x ceil(batch / kRows)
-// (tile, row chunk) blocks of kThreads = 256 threads, kSmemBytes = kStages *
-// (128 + kRows) * 2 * kKStep bytes of dynamic shared memory each (table
-// above). At V = 151936 there are 1187 tiles: 2.99 waves of 3 blocks per SM on
-// 132 SMs for 8 and 16 rows, 4.5 waves of 2 for 32..128; a half-vocabulary
-// shard's 594 tiles would be 1.5 and 2.25 waves, so the plain path takes the
-// balanced cut there (one wave of 396 or 264 parts). The controlled path keeps
-// one block per tile (split_units is null for it).
+// Grid: num_tiles * ceil(batch / kRows) blocks of kThreads = 256 threads,
+// kSmemBytes = kStages * (128 + kRows) * 2 * kKStep bytes of dynamic shared
+// memory each (table above). At V = 151936 there are 1187 tiles: 2.99 waves
+// of 3 blocks per SM on 132 SMs for 8 and 16 rows, 4.5 waves of 2 for 32..128.
 template <class T, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                        SampleSummary* split_units, cudaStream_t stream, TilePartition* used,
-                        const MmaControls* controls) {
+                        cudaStream_t stream, const MmaControls* controls) {
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
+  const int64_t blocks = num_tiles * num_chunks;
+  if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
   auto* kernel = controls != nullptr ? &MmaTileKernel<T, Cfg, true> : &MmaTileKernel<T, Cfg, false>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(Cfg::kSmemBytes));
+  const cudaError_t err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
-  Stage1Grid grid;
-  err = PlanStage1Grid(kernel, kThreads, Cfg::kSmemBytes, num_tiles, num_chunks,
-                       controls != nullptr ? nullptr : split_units, a.tile_parts, &grid);
-  if (err != cudaSuccess) return err;
-  *used = grid.partition;
   // Programmatic dependent launch: blocks may start while the H conversion
   // still runs (they wait for it before reading Hr).
   cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config = DependentLaunch(dim3(grid.blocks), dim3(kThreads),
-                                                    Cfg::kSmemBytes, stream, &attribute);
+  const cudaLaunchConfig_t config = DependentLaunch(
+      dim3(static_cast<unsigned>(blocks)), dim3(kThreads), Cfg::kSmemBytes, stream, &attribute);
   return cudaLaunchKernelEx(&config, kernel, static_cast<const unsigned short*>(a.weight),
                             hidden_rounded, a.params, a.batch, a.valid_vocab, a.hidden_dim,
-                            num_chunks, grid.partition, want_lse, a.draft_tokens,
-                            a.draft_logprobs, a.token_offset, tile_summaries,
+                            num_chunks, num_tiles, want_lse, a.draft_tokens, a.draft_logprobs,
+                            a.token_offset, tile_summaries,
                             controls != nullptr ? *controls : MmaControls{});
 }
 
 template <class T>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
                            int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                           SampleSummary* split_units, cudaStream_t stream, TilePartition* used,
-                           const MmaControls* c) {
+                           cudaStream_t stream, const MmaControls* c) {
   const int64_t count = a.batch * a.hidden_dim;  // a multiple of 16
   const int64_t convert_blocks = (count / 8 + 255) / 256;
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
@@ -483,13 +436,11 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_roun
   if (err != cudaSuccess) return err;
   // The smallest block that holds the batch; above 128 rows, chunks of 128.
   const unsigned short* hr = hidden_rounded;
-  SampleSummary* ts = tile_summaries;
-  SampleSummary* su = split_units;
-  if (a.batch <= 8) return LaunchTiles<T, Mma8>(a, hr, num_tiles, want_lse, ts, su, stream, used, c);
-  if (a.batch <= 16) return LaunchTiles<T, Mma16>(a, hr, num_tiles, want_lse, ts, su, stream, used, c);
-  if (a.batch <= 32) return LaunchTiles<T, Mma32>(a, hr, num_tiles, want_lse, ts, su, stream, used, c);
-  if (a.batch <= 64) return LaunchTiles<T, Mma64>(a, hr, num_tiles, want_lse, ts, su, stream, used, c);
-  return LaunchTiles<T, Mma128>(a, hr, num_tiles, want_lse, ts, su, stream, used, c);
+  if (a.batch <= 8) return LaunchTiles<T, Mma8>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  if (a.batch <= 16) return LaunchTiles<T, Mma16>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  if (a.batch <= 32) return LaunchTiles<T, Mma32>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  if (a.batch <= 64) return LaunchTiles<T, Mma64>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  return LaunchTiles<T, Mma128>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
 }
 
 }  // namespace
@@ -503,15 +454,14 @@ bool MmaStage1Eligible(const FusedSampleArgs& args) {
 }
 
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
-                            SampleSummary* tile_summaries, SampleSummary* split_units,
-                            unsigned short* hidden_rounded, cudaStream_t stream,
-                            TilePartition* used, const MmaControls* controls) {
+                            SampleSummary* tile_summaries, unsigned short* hidden_rounded,
+                            cudaStream_t stream, const MmaControls* controls) {
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<Fp16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
-                                   split_units, stream, used, controls);
+                                   stream, controls);
   }
   return LaunchForBatch<Bf16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
-                                 split_units, stream, used, controls);
+                                 stream, controls);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "kernels/common/sample_summary.h"
-#include "kernels/common/tile_partition.h"
 #include "kernels/cuda/fused_sample.h"
 
 namespace flashsampler::kernels::cuda_internal {
@@ -30,17 +29,12 @@ bool MmaStage1Eligible(const FusedSampleArgs& args);
 // dtype into hidden_rounded (device scratch of batch * hidden_dim 16-bit
 // elements, 16-byte aligned), then tile_summaries[row * num_tiles + tile]
 // (tiles of kMmaTileVocab tokens, the layout of the CUDA-core stage 1) for
-// every row and tile, split tiles as units in split_units
-// (kernels/common/tile_partition.h; [batch][kMaxTileParts][kTileUnits]
-// scratch, or null for one block per tile). *used receives the cut, for stage
-// 2. Returns the launch error, if any.
+// every row and tile. Returns the launch error, if any.
 // controls: null for the plain sampler; else the fused controlled path's
 // epilogue (fused_controls.cuh) replaces the plain one, for any batch >= 1
-// (args.draft_tokens must then be null, and so must split_units: its tiles
-// keep per-tile candidates, so they are never split).
+// (args.draft_tokens must then be null).
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
-                            SampleSummary* tile_summaries, SampleSummary* split_units,
-                            unsigned short* hidden_rounded, cudaStream_t stream,
-                            TilePartition* used, const MmaControls* controls = nullptr);
+                            SampleSummary* tile_summaries, unsigned short* hidden_rounded,
+                            cudaStream_t stream, const MmaControls* controls = nullptr);
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -11,7 +11,6 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
-#include "kernels/common/tile_partition.h"
 #include "kernels/cuda/logits_gemm.h"
 #include "kernels/cuda/sample_reduce.cuh"
 
@@ -151,8 +150,7 @@ KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_
                                   tile_summaries);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return StatusFromCuda(err);
-  err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, WholeTilePartition(num_tiles),
-                                                args, stream);
+  err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
   return StatusFromCuda(err);
 }
 

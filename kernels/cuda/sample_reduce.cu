@@ -7,10 +7,7 @@
 // together); a butterfly merges each warp's 32 partials, and thread 0 merges
 // the warps' results in warp order. The shape depends only on num_tiles, so
 // the reduction is fixed: the winner is the global argmax (MergeSummaries is
-// associative for it) and log Z rounds identically on every launch. A tile
-// that stage 1 split between two blocks (tile_partition.h) enters the order
-// in its place, merged from its 8 units by MergeTileUnits: the value a whole
-// block would have written.
+// associative for it) and log Z rounds identically on every launch.
 // (Measured: one warp per row walking its tiles took ~25 us at 1187 tiles,
 // latency-bound; see kernels/cuda/NOTES-fused.md.)
 #include "kernels/cuda/sample_reduce.cuh"
@@ -22,8 +19,8 @@ constexpr int kMergeThreads = 256;
 constexpr int kMergeWarps = kMergeThreads / 32;
 
 __global__ void __launch_bounds__(kMergeThreads)
-    MergeTileSummariesKernel(const SampleSummary* __restrict__ tile_summaries,
-                             TilePartition partition, int64_t valid_vocab, int32_t* __restrict__ token_ids,
+    MergeTileSummariesKernel(const SampleSummary* __restrict__ tile_summaries, int64_t num_tiles,
+                             int64_t valid_vocab, int32_t* __restrict__ token_ids,
                              float* __restrict__ logz, float* __restrict__ logprobs,
                              const int32_t* __restrict__ draft_tokens,
                              float* __restrict__ draft_logprobs,
@@ -36,22 +33,10 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int64_t row = blockIdx.x;
 
-  const int64_t num_tiles = partition.num_tiles;
   const SampleSummary* tiles = tile_summaries + row * num_tiles;
   SampleSummary s = EmptySampleSummary();
-  if (partition.num_parts >= num_tiles) {  // one block per tile: no tile is split
 #pragma unroll 4
-    for (int64_t t = threadIdx.x; t < num_tiles; t += kMergeThreads) s = MergeSummaries(s, tiles[t]);
-  } else {
-    for (int64_t t = threadIdx.x; t < num_tiles; t += kMergeThreads) {
-      const int64_t boundary = SplitBoundaryOf(partition, t);
-      const SampleSummary tile =
-          boundary == 0 ? tiles[t] : MergeTileUnits([&](int u) {
-            return partition.split_units[SplitUnitIndex(partition, row, boundary, u)];
-          });
-      s = MergeSummaries(s, tile);
-    }
-  }
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kMergeThreads) s = MergeSummaries(s, tiles[t]);
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
   if (lane == 0) warp_results[warp] = s;
@@ -79,9 +64,8 @@ __global__ void __launch_bounds__(kMergeThreads)
 
 }  // namespace
 
-cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries,
-                                     const TilePartition& partition, const FusedSampleArgs& args,
-                                     cudaStream_t stream) {
+cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t num_tiles,
+                                     const FusedSampleArgs& args, cudaStream_t stream) {
   // One block per row. The callers bound batch by INT32_MAX, so the block
   // count fits a 1-D grid.
   // Programmatic dependent launch: the blocks are scheduled while stage 1's
@@ -90,7 +74,7 @@ cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries,
   const cudaLaunchConfig_t config =
       DependentLaunch(dim3(static_cast<unsigned>(args.batch)), dim3(kMergeThreads), 0, stream,
                       &attribute);
-  return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, partition,
+  return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, num_tiles,
                             args.valid_vocab, args.token_ids, args.logz, args.logprobs,
                             args.draft_tokens, args.draft_logprobs, args.row_summaries);
 }
@@ -111,7 +95,7 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
   }
   if (args.batch < 1 || args.batch > kMaxInt32 || args.vocab < 1 || args.vocab > kMaxInt32 ||
       args.valid_vocab < 1 || args.valid_vocab > args.vocab || args.hidden_dim < 1 ||
-      args.hidden_dim > kMaxInt32 || args.tile_parts < 0) {
+      args.hidden_dim > kMaxInt32) {
     return KernelStatus::kInvalidArgument;
   }
   auto aligned = [](const void* p, size_t alignment) {

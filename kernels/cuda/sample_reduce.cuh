@@ -20,7 +20,6 @@
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_params.h"
 #include "kernels/common/sample_summary.h"
-#include "kernels/common/tile_partition.h"
 #include "kernels/cuda/fused_sample.h"
 
 namespace flashsampler::kernels::cuda_internal {
@@ -221,11 +220,9 @@ inline bool WantsLogSumExp(const FusedSampleArgs& args) {
   return args.logz != nullptr || args.logprobs != nullptr || args.draft_logprobs != nullptr;
 }
 
-// Stage 2, shared by both samplers. tile_summaries is [args.batch,
-// partition.num_tiles] row-major (a row's tiles are contiguous, in vocabulary
-// order); the tiles that `partition` splits (kernels/common/tile_partition.h)
-// are read from its split_units instead. For every row it merges the tiles in
-// a fixed order (sample_reduce.cu) and writes
+// Stage 2, shared by both samplers. tile_summaries is [args.batch, num_tiles]
+// row-major (a row's tiles are contiguous, in vocabulary order). For every row
+// it merges the tiles in a fixed order (sample_reduce.cu) and writes
 //   token_ids[row] = best_index   (when token_ids != nullptr; -1 only if every
 //                                  score of the row was NaN),
 //   logz[row]      = SummaryLogZ  (when logz != nullptr),
@@ -236,8 +233,7 @@ inline bool WantsLogSumExp(const FusedSampleArgs& args) {
 // The log-sum-exp parts (and the summaries' max_logit / sum_exp) are
 // meaningful only if stage 1 ran with WantsLogSumExp(args). Enqueues one
 // kernel on `stream`; returns the launch error, if any.
-cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries,
-                                     const TilePartition& partition, const FusedSampleArgs& args,
-                                     cudaStream_t stream);
+cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_t num_tiles,
+                                     const FusedSampleArgs& args, cudaStream_t stream);
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -20,9 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
-#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -271,99 +269,6 @@ TEST_F(FusedSampleTest, BatchInvariance) {
     ASSERT_EQ(run_rows(reversed, &rev), KernelStatus::kOk);
     expect_same(reversed, rev);
   }
-}
-
-// ---------------------------------------------------------------------------
-// (5b) Stage 1's cut of the tiles among blocks (kernels/common/tile_partition.h):
-// one block per tile, or balanced parts that split tiles between two blocks.
-// Every cut must give the same tokens, logz, logprobs and draft log-probs BIT
-// FOR BIT. Forced cuts of 1 .. 23 parts of a 24-tile vocabulary (last tile
-// partial, valid_vocab < vocab) put part boundaries at every unit position, on
-// both stage-1 paths (CUDA cores: batch 2; tensor cores: batch 16; the scalar
-// path: hidden 1023 with 5 row chunks), with fp32 and bf16 weights, with drafts
-// (a draft token in a split tile is scored by exactly one block). Then a
-// half-vocabulary shard (594 tiles) cut in 100 and in one GPU-full of parts,
-// and as the launcher chooses (on a 132-SM H100 / H200: balanced).
-struct CutCase {
-  const char* name;
-  CudaWeightDType dtype;
-  int64_t vocab, valid_vocab, hidden, batch;
-  std::vector<int64_t> parts;  // forced cuts besides 0 (auto)
-};
-
-constexpr int64_t kOneBlockPerTile = std::numeric_limits<int64_t>::max();
-
-class TileCutTest : public GpuTest, public ::testing::WithParamInterface<CutCase> {};
-
-TEST_P(TileCutTest, EveryCutGivesTheSameBits) {
-  const CutCase& c = GetParam();
-  const HostWeights w = gpu_test::RandomWeights(c.dtype, c.vocab, c.hidden, WeightStddev(c.hidden), 21);
-  DeviceWeights dw;
-  gpu_test::UploadWeights(w, 0, &dw);
-  const Problem problem{dw.ptr, w.dtype, c.vocab, c.valid_vocab, c.hidden};
-  const auto hidden = gpu_test::RandomMatrix(c.batch, c.hidden, 1.0f, 22, w.dtype);
-  const auto params = gpu_test::RandomParams(c.batch, 0.25, 23);
-  // Drafts on every other row, spread over the vocabulary (many in split tiles).
-  std::vector<int32_t> drafts(static_cast<size_t>(c.batch), -1);
-  for (int64_t r = 0; r < c.batch; r += 2) {
-    drafts[static_cast<size_t>(r)] = static_cast<int32_t>((r * 7919 + 301) % c.valid_vocab);
-  }
-
-  SampleOutputs whole, whole_drafts;
-  ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &whole, nullptr, nullptr,
-                                 kOneBlockPerTile),
-            KernelStatus::kOk);
-  ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &whole_drafts, nullptr, &drafts,
-                                 kOneBlockPerTile),
-            KernelStatus::kOk);
-  // The reference itself is right: the CPU backend's tokens (a difference
-  // other than a near-tie fails inside CountTokenMismatches) and logz.
-  const SampleOutputs cpu = RunCpu(w, c.valid_vocab, hidden, params);
-  gpu_test::CountTokenMismatches(whole.tokens, cpu.tokens, w, hidden, params, kTieTolerance);
-  ExpectClose(whole.logz, cpu.logz, 1e-4, "logz");
-
-  std::vector<int64_t> cuts = c.parts;
-  cuts.push_back(0);
-  for (int64_t parts : cuts) {
-    SCOPED_TRACE("tile_parts " + std::to_string(parts));
-    SampleOutputs got, got_drafts;
-    ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &got, nullptr, nullptr, parts),
-              KernelStatus::kOk);
-    EXPECT_EQ(got.tokens, whole.tokens);
-    EXPECT_EQ(0, std::memcmp(got.logz.data(), whole.logz.data(), got.logz.size() * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(got.logprobs.data(), whole.logprobs.data(),
-                             got.logprobs.size() * sizeof(float)));
-    ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &got_drafts, nullptr, &drafts,
-                                   parts),
-              KernelStatus::kOk);
-    EXPECT_EQ(got_drafts.tokens, whole_drafts.tokens);
-    EXPECT_EQ(0, std::memcmp(got_drafts.draft_logprobs.data(), whole_drafts.draft_logprobs.data(),
-                             got_drafts.draft_logprobs.size() * sizeof(float)));
-  }
-}
-
-const std::vector<int64_t> kSmallCuts = {1, 2, 3, 5, 7, 11, 13, 17, 22, 23};
-INSTANTIATE_TEST_SUITE_P(
-    Cuts, TileCutTest,
-    ::testing::Values(
-        CutCase{"CudaCoresB2", CudaWeightDType::kBFloat16, 3000, 2990, 256, 2, kSmallCuts},
-        CutCase{"TensorCoresB16", CudaWeightDType::kBFloat16, 3000, 2990, 256, 16, kSmallCuts},
-        CutCase{"ScalarB37", CudaWeightDType::kFloat16, 3000, 2990, 1023, 37, kSmallCuts},
-        CutCase{"Fp32B3", CudaWeightDType::kFloat32, 3000, 3000, 128, 3, kSmallCuts},
-        CutCase{"HalfVocabB1", CudaWeightDType::kBFloat16, 76032, 76032, 64, 1, {100, 264}},
-        CutCase{"HalfVocabB8", CudaWeightDType::kBFloat16, 76032, 76032, 64, 8, {100, 396}}),
-    [](const ::testing::TestParamInfo<CutCase>& info) { return std::string(info.param.name); });
-
-TEST_F(FusedSampleTest, RejectsANegativeTileCut) {
-  const HostWeights w = gpu_test::RandomWeights(CudaWeightDType::kBFloat16, 512, 64, 0.3f, 1);
-  DeviceWeights dw;
-  gpu_test::UploadWeights(w, 0, &dw);
-  const Problem problem{dw.ptr, w.dtype, 512, 512, 64};
-  const auto hidden = gpu_test::RandomMatrix(1, 64, 1.0f, 2, w.dtype);
-  const auto params = gpu_test::RandomParams(1, 0.0, 3);
-  SampleOutputs out;
-  EXPECT_EQ(gpu_test::RunSampler(problem, hidden, params, false, &out, nullptr, nullptr, -1),
-            KernelStatus::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------

@@ -112,7 +112,7 @@ std::vector<RowParams> RandomParams(int64_t batch, double greedy_fraction, uint3
 KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden,
                         const std::vector<RowParams>& params, bool want_lse,
                         SampleOutputs* out, cublasHandle_t cublas,
-                        const std::vector<int32_t>* drafts, int64_t tile_parts) {
+                        const std::vector<int32_t>* drafts) {
   const int64_t batch = static_cast<int64_t>(params.size());
   EXPECT_EQ(hidden.size(), static_cast<size_t>(batch * problem.hidden));
   DeviceBuffer<float> d_hidden(hidden.size());
@@ -142,9 +142,6 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   EXPECT_EQ(cudaMemset(d_logz.data(), 0xff, d_logz.bytes()), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_logprobs.data(), 0xff, d_logprobs.bytes()), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_draft_logprobs.data(), 0xff, d_draft_logprobs.bytes()), cudaSuccess);
-  // The workspace too: a tile summary or split unit that stage 1 leaves
-  // unwritten reads as NaN scores and index -1, never as a stale winner.
-  EXPECT_EQ(cudaMemset(d_workspace.data(), 0xff, d_workspace.bytes()), cudaSuccess);
   if (drafts != nullptr) {
     EXPECT_EQ(drafts->size(), params.size());
     d_drafts.Upload(*drafts);
@@ -166,7 +163,6 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   args.logprobs = want_lse ? d_logprobs.data() : nullptr;
   args.workspace = d_workspace.data();
   args.workspace_bytes = ws_bytes;
-  args.tile_parts = tile_parts;
   if (drafts != nullptr) {
     args.draft_tokens = d_drafts.data();
     args.draft_logprobs = d_draft_logprobs.data();

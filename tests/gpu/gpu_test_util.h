@@ -153,12 +153,11 @@ struct Problem {
 // row's token was not written (still -1 or out of [0, valid_vocab)) or, when
 // want_lse, if its logz / logprob is not finite. With `drafts` ([batch], -1 for
 // a plain row) the launch verifies those draft tokens (FusedSampleArgs::
-// draft_tokens) and out->draft_logprobs is filled. tile_parts: stage 1's cut
-// of the tiles (FusedSampleArgs::tile_parts; 0 = the launcher's choice).
+// draft_tokens) and out->draft_logprobs is filled.
 KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden,
                         const std::vector<RowParams>& params, bool want_lse,
                         SampleOutputs* out, cublasHandle_t cublas = nullptr,
-                        const std::vector<int32_t>* drafts = nullptr, int64_t tile_parts = 0);
+                        const std::vector<int32_t>* drafts = nullptr);
 
 // ---- float64 references --------------------------------------------------------
 // h . w_v in double.
