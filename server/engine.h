@@ -32,6 +32,7 @@
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_controls.h"
 #include "kernels/common/row_params.h"
+#include "kernels/common/shard_exchange.h"
 #include "kernels/common/shard_merge.h"
 #include "server/lm_head.h"
 
@@ -148,6 +149,9 @@ struct CudaEngineOptions {
   // How the shards' summaries merge (kernels/common/shard_merge.h): kExact,
   // the single-GPU tokens, or kGroupGumbel, the paper's variant.
   ShardMergeMode shard_merge = ShardMergeMode::kExact;
+  // How the summaries reach GPU 0 (kernels/common/shard_exchange.h). kPeerWrite
+  // fails MakeEngine (FailedPrecondition) where a GPU cannot reach GPU 0.
+  ShardExchange shard_exchange = ShardExchange::kNcclAllGather;
   // A sharded step that has not finished after this long is declared hung:
   // the NCCL communicators are aborted and the engine turns unhealthy.
   double shard_timeout_s = 30.0;

@@ -216,6 +216,9 @@ int main(int argc, char** argv) {
     options.cuda.shard_merge = config->shard_merge == "group_gumbel"
                                    ? flashsampler::ShardMergeMode::kGroupGumbel
                                    : flashsampler::ShardMergeMode::kExact;
+    options.cuda.shard_exchange = config->shard_exchange == "peer"
+                                      ? flashsampler::ShardExchange::kPeerWrite
+                                      : flashsampler::ShardExchange::kNcclAllGather;
     options.cuda.shard_timeout_s = config->shard_timeout_s;
     if (options.cuda.devices.empty() && config->backend != "cpu") {
       // --devices unset: every visible GPU, or the first one when this build
@@ -266,7 +269,8 @@ int main(int argc, char** argv) {
     std::string where;
     if (backend == "cuda" && shards > 1) {
       for (int d : options.cuda.devices) where += (where.empty() ? " (GPUs " : ",") + std::to_string(d);
-      where += ", vocabulary sharded, " + config->shard_merge + " merge)";
+      where += ", vocabulary sharded, " + config->shard_merge + " merge, " +
+               config->shard_exchange + " exchange)";
     }
     std::fprintf(stderr, "flashsampler-server: serving on the %s backend%s\n", backend.c_str(),
                  where.c_str());

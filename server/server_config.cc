@@ -59,6 +59,10 @@ ABSL_FLAG(std::string, shard_merge, "exact",
           "CUDA backend, several --devices: exact (the tokens of one GPU for the same seeds) or "
           "group_gumbel (pick the shard by a fresh Gumbel over the shards' log-masses; exact "
           "in distribution)");
+ABSL_FLAG(std::string, shard_exchange, "nccl",
+          "CUDA backend, several --devices: how the shards' per-row summaries reach GPU 0: nccl "
+          "(one NCCL all-gather) or peer (each GPU's kernel writes them into GPU 0's memory; "
+          "needs peer access from every GPU to the first). The same tokens either way");
 ABSL_FLAG(double, shard_timeout_s, 30.0,
           "CUDA backend, several --devices: a sampling step not finished after this many seconds "
           "is a hang; the server stops serving (NOT_SERVING)");
@@ -101,6 +105,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   c.shard_merge = absl::GetFlag(FLAGS_shard_merge);
+  c.shard_exchange = absl::GetFlag(FLAGS_shard_exchange);
   c.shard_timeout_s = absl::GetFlag(FLAGS_shard_timeout_s);
   for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipWhitespace())) {
     int device = 0;
@@ -168,6 +173,10 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   if (c.shard_merge != "exact" && c.shard_merge != "group_gumbel") {
     return absl::InvalidArgumentError(
         absl::StrCat("--shard_merge must be exact or group_gumbel, got '", c.shard_merge, "'"));
+  }
+  if (c.shard_exchange != "nccl" && c.shard_exchange != "peer") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard_exchange must be nccl or peer, got '", c.shard_exchange, "'"));
   }
   if (!(c.shard_timeout_s > 0 && c.shard_timeout_s <= 3600)) {
     return absl::InvalidArgumentError("--shard_timeout_s must be in (0, 3600]");

@@ -35,6 +35,7 @@ struct ServerConfig {
   std::vector<int> devices;
   std::vector<double> shard_split;  // relative shard sizes; empty: equal
   std::string shard_merge = "exact";  // exact | group_gumbel
+  std::string shard_exchange = "nccl";  // nccl | peer
   double shard_timeout_s = 30;
   int64_t cuda_fused_max_rows = 128; // CUDA backend: fused kernel up to this batch
   bool cuda_fused_controls = true;   // CUDA backend: fused path for sampling controls

@@ -12,9 +12,10 @@
 // uploaded to every GPU on its own stream; LaunchShardedSample
 // (kernels/cuda/sharded_sample.h) runs every shard's sampler (the fused kernel
 // up to --cuda_fused_max_rows rows, the cuBLAS materialized path above, as on
-// one GPU), all-gathers the per-row summaries with NCCL (O(B * shards) bytes,
-// never logits) and merges them on GPU 0, whose results come back through
-// pinned memory. With --shard_merge=exact (the default) the tokens are those
+// one GPU), exchanges the per-row summaries (O(B * shards) bytes, never
+// logits: an NCCL all-gather, or with --shard_exchange=peer stores from each
+// GPU's kernel into GPU 0's memory) and merges them on GPU 0, whose results
+// come back through pinned memory. With --shard_merge=exact (the default) the tokens are those
 // of one GPU for the same seeds; log Z agrees to fp32 rounding.
 //
 // Failure. Every CUDA / NCCL call is checked. The step is awaited with
@@ -242,13 +243,21 @@ class ShardedCudaEngine final : public Engine {
   // NVLink / PCIe; without it the driver stages them through the host, which
   // is slower but correct, so GPUs that cannot reach each other only cost
   // speed. Access may already be on (NCCL turns it on for the links it uses).
+  // --shard_exchange=peer has each shard's kernel store into GPU 0's memory,
+  // which needs access from every GPU to GPU 0: refused without it.
   absl::Status EnablePeerCopies() {
     const int d0 = shards_[0].device.device;
+    const bool peer_exchange = options_.shard_exchange == ShardExchange::kPeerWrite;
     for (size_t k = 1; k < shards_.size(); ++k) {
       const int dk = shards_[k].device.device;
       for (const auto& [from, to] : {std::pair<int, int>{d0, dk}, std::pair<int, int>{dk, d0}}) {
         int can = 0;
         FS_SHARD_RETURN_IF_CUDA_ERROR(from, cudaDeviceCanAccessPeer(&can, from, to));
+        if (can == 0 && peer_exchange && to == d0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "--shard_exchange=peer: GPU ", from, " cannot access GPU ", d0,
+              "'s memory (no peer access between them); use --shard_exchange=nccl"));
+        }
         if (can == 0) continue;
         FS_SHARD_RETURN_IF_CUDA_ERROR(from, cudaSetDevice(from));
         const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
@@ -346,6 +355,7 @@ class ShardedCudaEngine final : public Engine {
     sharded.devices = devices.data();
     sharded.num_shards = n;
     sharded.mode = options_.shard_merge;
+    sharded.exchange_mode = options_.shard_exchange;
     sharded.materialized = rows > options_.fused_max_rows;
     sharded.token_ids = static_cast<int32_t*>(tokens_);
     sharded.logz = batch.want_logz ? static_cast<float*>(logz_) : nullptr;

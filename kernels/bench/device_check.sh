@@ -58,6 +58,12 @@ for phase in "$@"; do
         >> "$out/tests.log" 2>&1
       rc=$?
       summary+=("memcheck rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
+      # The sharded launcher's peer exchange with its shards on one GPU.
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/sharded_sample_gpu_test" \
+        --gtest_filter='ShardedSampleTest.PeerExchange*:ShardedSampleTest.AllGatherWithout*' \
+        >> "$out/tests.log" 2>&1
+      rc=$?
+      summary+=("memcheck sharded peer rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
       # Draft rows (speculative verification) on every launch path, small shapes.
       timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/draft_sample_gpu_test" \
         --gtest_filter='Paths/DraftRowsTest.*:DraftArgsTest.*' >> "$out/tests.log" 2>&1

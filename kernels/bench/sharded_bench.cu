@@ -11,6 +11,12 @@
 //                 GPU devices[0].
 //   exchange      the summary exchange alone: the all-gather (B * n * 20 bytes)
 //                 and the merge kernel.
+//   sharded_peer  LaunchShardedSample with ShardExchange::kPeerWrite: each
+//                 GPU's kernel stores its summaries into GPU devices[0]'s
+//                 buffer, GPU devices[0]'s stream waits for one event per GPU,
+//                 then the merge (peer access enabled between the GPUs).
+//   exchange_peer that exchange alone: an event recorded on every GPU's
+//                 stream, GPU devices[0]'s stream waiting for them, the merge.
 //   gather_logits the baseline (the paper's "all-gather logits" tensor-parallel
 //                 sampler): per GPU a cuBLAS GEMM of its logits [B, V/n]
 //                 (fp32), an NCCL all-gather of them (B * V * 4 bytes), then on
@@ -40,6 +46,7 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/gumbel_noise.h"
@@ -134,8 +141,8 @@ struct Gpu {
 struct Row {
   CudaShape shape;
   int64_t batch = 0;
-  Stats one_gpu, sharded, exchange, gather_logits;
-  int64_t agree_one = 0, agree_baseline = 0;
+  Stats one_gpu, sharded, exchange, sharded_peer, exchange_peer, gather_logits;
+  int64_t agree_one = 0, agree_baseline = 0, agree_peer = 0;
 };
 
 nlohmann::json StatsJson(const Stats& s) { return {{"median_ms", s.median_ms}, {"min_ms", s.min_ms}}; }
@@ -154,6 +161,27 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
     const int64_t end = k + 1 == n ? V : tiles * (k + 1) / n * kAlign;
     gpus[k].rows = end - gpus[k].begin;
     vmax = std::max(vmax, gpus[k].rows);
+  }
+  // Peer access to GPU devices[0] for the kPeerWrite exchange (and both ways
+  // for the copies); NCCL may have turned some on already.
+  for (int k = 1; k < n; ++k) {
+    for (const auto& [from, to] : {std::pair<int, int>{devices[k], devices[0]},
+                                   std::pair<int, int>{devices[0], devices[k]}}) {
+      int can = 0;
+      SB_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
+      if (can == 0) {
+        std::cerr << "flashsampler-kernel-bench: GPU " << from << " cannot access GPU " << to
+                  << " (the peer exchange needs it)\n";
+        return 1;
+      }
+      SB_CHECK(cudaSetDevice(from));
+      const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else {
+        SB_CHECK(err);
+      }
+    }
   }
   // One communicator per GPU.
   {
@@ -200,7 +228,7 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
   SB_CHECK(cudaMalloc(&whole_weight, V * D * 2));
   SB_CHECK(cudaMalloc(&whole_workspace, whole_workspace_bytes));
   SB_CHECK(cudaMalloc(&tokens, bmax * sizeof(int32_t)));
-  SB_CHECK(cudaMalloc(&check_tokens, 3 * bmax * sizeof(int32_t)));
+  SB_CHECK(cudaMalloc(&check_tokens, 4 * bmax * sizeof(int32_t)));
   SB_CHECK(cudaMalloc(&baseline_tiles, n * tiles_per_shard * bmax * sizeof(SampleSummary)));
   SB_CHECK(cudaMalloc(&d_begins, n * sizeof(int64_t)));
   SB_CHECK(cudaMalloc(&d_rows, n * sizeof(int64_t)));
@@ -281,14 +309,33 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
       exchange[k] = gpus[k].exchange;
       devs[k] = ShardDevice{gpus[k].device, gpus[k].stream, gpus[k].comm, gpus[k].cublas};
     }
-    auto sharded = [&](int32_t* out) -> int {
+    auto sharded = [&](int32_t* out, ShardExchange mode) -> int {
       ShardedSampleArgs s;
       s.shard_args = shard_args.data();
       s.exchange = exchange.data();
       s.devices = devs.data();
       s.num_shards = n;
+      s.exchange_mode = mode;
       s.token_ids = out;
       SB_CHECK(LaunchShardedSample(s));
+      return 0;
+    };
+    // The peer exchange's events, made once (LaunchShardedSample makes its own).
+    std::vector<cudaEvent_t> peer_events(n, nullptr);
+    for (int k = 0; k < n; ++k) {
+      SB_CHECK(cudaSetDevice(gpus[k].device));
+      SB_CHECK(cudaEventCreateWithFlags(&peer_events[k], cudaEventDisableTiming));
+    }
+    auto exchange_peer_only = [&]() -> int {
+      for (int k = 1; k < n; ++k) {
+        SB_CHECK(cudaSetDevice(gpus[k].device));
+        SB_CHECK(cudaEventRecord(peer_events[k], gpus[k].stream));
+      }
+      SB_CHECK(cudaSetDevice(g0.device));
+      for (int k = 1; k < n; ++k) SB_CHECK(cudaStreamWaitEvent(g0.stream, peer_events[k], 0));
+      SB_CHECK(LaunchMergeShardSummaries(static_cast<const SampleSummary*>(g0.exchange), batch, n,
+                                         g0.params, ShardMergeMode::kExact, tokens, nullptr,
+                                         nullptr, g0.stream));
       return 0;
     };
     const size_t slot = static_cast<size_t>(batch) * sizeof(SampleSummary);
@@ -347,30 +394,43 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
       return 0;
     };
 
-    // Check: the three samplers on the same params.
-    if (upload_params() != 0 || one_gpu(check_tokens) != 0 || sharded(check_tokens + bmax) != 0 ||
-        gather_logits(check_tokens + 2 * bmax) != 0 || sync_all() != 0) {
+    // Check: the four samplers on the same params.
+    if (upload_params() != 0 || one_gpu(check_tokens) != 0 ||
+        sharded(check_tokens + bmax, ShardExchange::kNcclAllGather) != 0 ||
+        gather_logits(check_tokens + 2 * bmax) != 0 || sync_all() != 0 ||
+        sharded(check_tokens + 3 * bmax, ShardExchange::kPeerWrite) != 0 || sync_all() != 0) {
       return 1;
     }
-    std::vector<int32_t> check(3 * bmax);
+    std::vector<int32_t> check(4 * bmax);
     SB_CHECK(cudaMemcpy(check.data(), check_tokens, check.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
     for (int64_t r = 0; r < batch; ++r) {
       row.agree_one += check[bmax + r] == check[r];
       row.agree_baseline += check[bmax + r] == check[2 * bmax + r];
+      row.agree_peer += check[3 * bmax + r] == check[r];
     }
     if (upload_params() != 0) return 1;
     if (TimeRepeated(g0.stream, o.warmup, o.iterations, [&] { return one_gpu(tokens); }, &row.one_gpu) != 0 ||
-        TimeRepeated(g0.stream, o.warmup, o.iterations, [&] { return sharded(tokens); }, &row.sharded) != 0 ||
+        TimeRepeated(g0.stream, o.warmup, o.iterations,
+                     [&] { return sharded(tokens, ShardExchange::kNcclAllGather); }, &row.sharded) != 0 ||
         TimeRepeated(g0.stream, o.warmup, o.iterations, exchange_only, &row.exchange) != 0 ||
+        TimeRepeated(g0.stream, o.warmup, o.iterations,
+                     [&] { return sharded(tokens, ShardExchange::kPeerWrite); }, &row.sharded_peer) != 0 ||
+        TimeRepeated(g0.stream, o.warmup, o.iterations, exchange_peer_only, &row.exchange_peer) != 0 ||
         TimeRepeated(g0.stream, o.warmup, o.iterations, [&] { return gather_logits(tokens); },
                      &row.gather_logits) != 0 ||
         sync_all() != 0) {
       return 1;
     }
-    std::fprintf(stderr, "  D=%lld V=%lld B=%lld: one_gpu %.3f sharded %.3f exchange %.3f gather_logits %.3f ms\n",
+    std::fprintf(stderr,
+                 "  D=%lld V=%lld B=%lld: one_gpu %.3f sharded %.3f exchange %.3f sharded_peer %.3f "
+                 "exchange_peer %.3f gather_logits %.3f ms\n",
                  static_cast<long long>(D), static_cast<long long>(V), static_cast<long long>(batch),
                  row.one_gpu.median_ms, row.sharded.median_ms, row.exchange.median_ms,
-                 row.gather_logits.median_ms);
+                 row.sharded_peer.median_ms, row.exchange_peer.median_ms, row.gather_logits.median_ms);
+    for (int k = 0; k < n; ++k) {
+      cudaSetDevice(gpus[k].device);
+      cudaEventDestroy(peer_events[k]);
+    }
     rows_out->push_back(row);
   }
 
@@ -415,22 +475,30 @@ int RunShardedBench(const CudaBenchOptions& o, const std::vector<int>& devices) 
               devices.size(), prop.name, list.c_str(), o.date.c_str(), o.commit.c_str());
   std::printf("T=%g logit_std=%g iterations=%d; medians in ms (CUDA events on GPU %d's stream)\n",
               o.temperature, o.logit_std, o.iterations, devices[0]);
-  std::printf("%-12s %4s %9s %9s %7s %9s %13s %8s %8s %8s\n", "DxV", "B", "one_gpu", "sharded",
-              "ratio", "exchange", "gather_logits", "vs_base", "agree1", "agreeB");
+  std::printf("%-12s %4s %9s %9s %7s %9s %9s %7s %9s %13s %8s %9s %9s %9s\n", "DxV", "B",
+              "one_gpu", "sharded", "ratio", "exchange", "s_peer", "ratio_p", "exch_peer",
+              "gather_logits", "vs_base", "agree1", "agreeB", "agreeP");
   for (const Row& r : rows) {
     char shape[32];
     std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(r.shape.hidden),
                   static_cast<long long>(r.shape.vocab));
-    std::printf("%-12s %4lld %9.4f %9.4f %7.3f %9.4f %13.4f %8.2f %4lld/%-4lld %4lld/%-4lld\n",
-                shape, static_cast<long long>(r.batch), r.one_gpu.median_ms, r.sharded.median_ms,
-                r.sharded.median_ms / r.one_gpu.median_ms, r.exchange.median_ms,
-                r.gather_logits.median_ms, r.gather_logits.median_ms / r.sharded.median_ms,
-                static_cast<long long>(r.agree_one), static_cast<long long>(r.batch),
-                static_cast<long long>(r.agree_baseline), static_cast<long long>(r.batch));
+    std::printf(
+        "%-12s %4lld %9.4f %9.4f %7.3f %9.4f %9.4f %7.3f %9.4f %13.4f %8.2f %4lld/%-4lld %4lld/%-4lld "
+        "%4lld/%-4lld\n",
+        shape, static_cast<long long>(r.batch), r.one_gpu.median_ms, r.sharded.median_ms,
+        r.sharded.median_ms / r.one_gpu.median_ms, r.exchange.median_ms, r.sharded_peer.median_ms,
+        r.sharded_peer.median_ms / r.one_gpu.median_ms, r.exchange_peer.median_ms,
+        r.gather_logits.median_ms,
+        r.gather_logits.median_ms / std::min(r.sharded.median_ms, r.sharded_peer.median_ms),
+        static_cast<long long>(r.agree_one), static_cast<long long>(r.batch),
+        static_cast<long long>(r.agree_baseline), static_cast<long long>(r.batch),
+        static_cast<long long>(r.agree_peer), static_cast<long long>(r.batch));
   }
-  std::printf("ratio = sharded / one_gpu (issue target <= 0.55 at B <= 16); vs_base = "
-              "gather_logits / sharded (target >= 1.5 at B = 64); exchange: target <= 0.030 ms. "
-              "agree1 / agreeB: rows whose sharded token equals one_gpu's / gather_logits'.\n");
+  std::printf("ratio = sharded / one_gpu, ratio_p = sharded_peer (s_peer) / one_gpu (issue target "
+              "<= 0.55 at B <= 16); vs_base = gather_logits / the faster sharded (target >= 1.5 at "
+              "B = 64); exchange, exch_peer: target <= 0.030 ms. agree1 / agreeB / agreeP: rows "
+              "whose sharded token equals one_gpu's / gather_logits' and whose sharded_peer token "
+              "equals one_gpu's.\n");
   if (!o.json_path.empty()) {
     nlohmann::json j;
     j["backend"] = "cuda_sharded";
@@ -450,6 +518,9 @@ int RunShardedBench(const CudaBenchOptions& o, const std::vector<int>& devices) 
                          {"one_gpu", StatsJson(r.one_gpu)},
                          {"sharded", StatsJson(r.sharded)},
                          {"exchange", StatsJson(r.exchange)},
+                         {"sharded_peer", StatsJson(r.sharded_peer)},
+                         {"exchange_peer", StatsJson(r.exchange_peer)},
+                         {"tokens_agree_peer_one_gpu", r.agree_peer},
                          {"gather_logits", StatsJson(r.gather_logits)},
                          {"tokens_agree_one_gpu", r.agree_one},
                          {"tokens_agree_gather_logits", r.agree_baseline}});

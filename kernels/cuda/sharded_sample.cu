@@ -1,8 +1,9 @@
-// Sharded sampling over the local GPUs: per-shard samplers, one NCCL
-// all-gather of per-row summaries, the merge on shard 0; and for controlled
-// rows the gathered-logits path. Contract: sharded_sample.h. Reads top to
-// bottom: exchange layout, the merge kernel, the launcher, the controlled
-// launcher, the bounded wait.
+// Sharded sampling over the local GPUs: per-shard samplers, the exchange of
+// per-row summaries (one NCCL all-gather, or peer stores into shard 0's
+// buffer), the merge on shard 0; and for controlled rows the gathered-logits
+// and gathered-tile paths. Contract: sharded_sample.h. Reads top to bottom:
+// exchange layout, the merge kernel, the launch events, the launcher, the
+// controlled launchers, the bounded wait.
 #include "kernels/cuda/sharded_sample.h"
 
 #include <cuda_runtime.h>
@@ -55,97 +56,9 @@ KernelStatus FromCuda(cudaError_t err) {
   return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
 }
 
-}  // namespace
-
-size_t ShardExchangeBytes(int64_t batch, int32_t num_shards) {
-  if (batch < 1 || batch > kMaxInt32 || num_shards < 1 || num_shards > 1024) return 0;
-  return GatheredBytes(batch, num_shards) + static_cast<size_t>(batch) * sizeof(float);
-}
-
-cudaError_t LaunchMergeShardSummaries(const SampleSummary* gathered, int64_t batch,
-                                      int32_t num_shards, const RowParams* params,
-                                      ShardMergeMode mode, int32_t* token_ids, float* logz,
-                                      float* logprobs, cudaStream_t stream) {
-  const int64_t blocks = (batch + kMergeThreads - 1) / kMergeThreads;
-  MergeShardSummariesKernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(
-      gathered, batch, num_shards, params, mode, token_ids, logz, logprobs);
-  return cudaGetLastError();
-}
-
-KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
-  // ---- Arguments (nothing is enqueued when they are wrong).
-  if (args.num_shards < 1 || args.shard_args == nullptr || args.exchange == nullptr ||
-      args.devices == nullptr || args.token_ids == nullptr) {
-    return KernelStatus::kInvalidArgument;
-  }
-  const int32_t n = args.num_shards;
-  const int64_t batch = args.shard_args[0].batch;
-  if (ShardExchangeBytes(batch, n) == 0) return KernelStatus::kInvalidArgument;
-  for (int32_t k = 0; k < n; ++k) {
-    const FusedSampleArgs& a = args.shard_args[k];
-    if (a.batch != batch || args.exchange[k] == nullptr ||
-        reinterpret_cast<uintptr_t>(args.exchange[k]) % 256 != 0 ||
-        (n > 1 && args.devices[k].comm == nullptr) ||
-        (args.materialized && args.devices[k].cublas == nullptr)) {
-      return KernelStatus::kInvalidArgument;
-    }
-  }
-  // The shard log-masses are needed for log Z / log-probs and for choosing a
-  // shard in kGroupGumbel mode; otherwise the shards skip the exponentials.
-  const bool want_lse =
-      args.logz != nullptr || args.logprobs != nullptr || args.mode == ShardMergeMode::kGroupGumbel;
-  const size_t slot_bytes = static_cast<size_t>(batch) * sizeof(SampleSummary);
-
-  // ---- 1. Every shard's sampler; its row summaries go to its own slot of its
-  // gathered buffer (the in-place all-gather's send buffer).
-  for (int32_t k = 0; k < n; ++k) {
-    char* exchange = static_cast<char*>(args.exchange[k]);
-    FusedSampleArgs a = args.shard_args[k];
-    a.token_ids = nullptr;
-    a.logprobs = nullptr;
-    a.row_summaries = reinterpret_cast<SampleSummary*>(exchange) + static_cast<int64_t>(k) * batch;
-    a.logz = want_lse ? reinterpret_cast<float*>(exchange + GatheredBytes(batch, n)) : nullptr;
-    if (cudaSetDevice(args.devices[k].device) != cudaSuccess) return KernelStatus::kDeviceError;
-    const KernelStatus s = args.materialized
-                               ? LaunchMaterializedSample(a, args.devices[k].cublas,
-                                                          args.devices[k].stream)
-                               : LaunchFusedSample(a, args.devices[k].stream);
-    if (s != KernelStatus::kOk) return s;
-  }
-
-  // ---- 2. One all-gather of the summaries (bytes: batch * n * 20). A group,
-  // because one thread drives every communicator.
-  if (n > 1) {
-    if (ncclGroupStart() != ncclSuccess) return KernelStatus::kDeviceError;
-    ncclResult_t result = ncclSuccess;
-    for (int32_t k = 0; k < n && result == ncclSuccess; ++k) {
-      char* gathered = static_cast<char*>(args.exchange[k]);
-      result = ncclAllGather(gathered + k * slot_bytes, gathered, slot_bytes, ncclUint8,
-                             args.devices[k].comm, args.devices[k].stream);
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    if (result != ncclSuccess || end != ncclSuccess) return KernelStatus::kDeviceError;
-  }
-
-  // ---- 3. The merge on shard 0, after its all-gather in stream order.
-  if (cudaSetDevice(args.devices[0].device) != cudaSuccess) return KernelStatus::kDeviceError;
-  return FromCuda(LaunchMergeShardSummaries(
-      static_cast<const SampleSummary*>(args.exchange[0]), batch, n, args.shard_args[0].params,
-      args.mode, args.token_ids, args.logz, args.logprobs, args.devices[0].stream));
-}
-
-// ---- Controlled rows: gathered logits ------------------------------------------
-namespace {
-
-size_t AlignUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-int64_t ChunkRows(int64_t batch) {
-  return batch < kControlledChunkRows ? batch : kControlledChunkRows;
-}
-
-// Events of one launch: done[k] on device k (shard k's GEMM of the current
-// chunk), copied on device 0 (shard 0's stream has read every slice of the
-// current chunk, so the shards may overwrite their logits). Destroying an
+// Events of one launch: done[k] on device k (shard k's sampler, or its GEMM
+// of the current chunk), copied on device 0 (shard 0's stream has read every
+// slice of the current chunk, so the shards may overwrite their logits). Destroying an
 // event whose record is still pending is allowed: it is released once done.
 class LaunchEvents {
  public:
@@ -181,6 +94,116 @@ class LaunchEvents {
   bool with_copied_;
   cudaEvent_t copied_ = nullptr;
 };
+
+}  // namespace
+
+size_t ShardExchangeBytes(int64_t batch, int32_t num_shards) {
+  if (batch < 1 || batch > kMaxInt32 || num_shards < 1 || num_shards > 1024) return 0;
+  return GatheredBytes(batch, num_shards) + static_cast<size_t>(batch) * sizeof(float);
+}
+
+cudaError_t LaunchMergeShardSummaries(const SampleSummary* gathered, int64_t batch,
+                                      int32_t num_shards, const RowParams* params,
+                                      ShardMergeMode mode, int32_t* token_ids, float* logz,
+                                      float* logprobs, cudaStream_t stream) {
+  const int64_t blocks = (batch + kMergeThreads - 1) / kMergeThreads;
+  MergeShardSummariesKernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(
+      gathered, batch, num_shards, params, mode, token_ids, logz, logprobs);
+  return cudaGetLastError();
+}
+
+KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
+  // ---- Arguments (nothing is enqueued when they are wrong).
+  if (args.num_shards < 1 || args.shard_args == nullptr || args.exchange == nullptr ||
+      args.devices == nullptr || args.token_ids == nullptr) {
+    return KernelStatus::kInvalidArgument;
+  }
+  const int32_t n = args.num_shards;
+  const int64_t batch = args.shard_args[0].batch;
+  if (ShardExchangeBytes(batch, n) == 0) return KernelStatus::kInvalidArgument;
+  for (int32_t k = 0; k < n; ++k) {
+    const FusedSampleArgs& a = args.shard_args[k];
+    if (a.batch != batch || args.exchange[k] == nullptr ||
+        reinterpret_cast<uintptr_t>(args.exchange[k]) % 256 != 0 ||
+        (n > 1 && args.exchange_mode == ShardExchange::kNcclAllGather &&
+         args.devices[k].comm == nullptr) ||
+        (args.materialized && args.devices[k].cublas == nullptr)) {
+      return KernelStatus::kInvalidArgument;
+    }
+  }
+  // The shard log-masses are needed for log Z / log-probs and for choosing a
+  // shard in kGroupGumbel mode; otherwise the shards skip the exponentials.
+  const bool want_lse =
+      args.logz != nullptr || args.logprobs != nullptr || args.mode == ShardMergeMode::kGroupGumbel;
+  const size_t slot_bytes = static_cast<size_t>(batch) * sizeof(SampleSummary);
+
+  const bool peer_write = args.exchange_mode == ShardExchange::kPeerWrite;
+  LaunchEvents events(peer_write ? n : 0, /*with_copied=*/false);
+  if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
+
+  // ---- 1. Every shard's sampler; its row summaries go to slot k of its own
+  // gathered buffer (the in-place all-gather's send buffer) or, with
+  // kPeerWrite, of shard 0's (a peer store; the merge reads them in place).
+  for (int32_t k = 0; k < n; ++k) {
+    char* exchange = static_cast<char*>(args.exchange[k]);
+    char* gathered = static_cast<char*>(args.exchange[peer_write ? 0 : k]);
+    FusedSampleArgs a = args.shard_args[k];
+    a.token_ids = nullptr;
+    a.logprobs = nullptr;
+    a.row_summaries = reinterpret_cast<SampleSummary*>(gathered) + static_cast<int64_t>(k) * batch;
+    a.logz = want_lse ? reinterpret_cast<float*>(exchange + GatheredBytes(batch, n)) : nullptr;
+    if (cudaSetDevice(args.devices[k].device) != cudaSuccess) return KernelStatus::kDeviceError;
+    const KernelStatus s = args.materialized
+                               ? LaunchMaterializedSample(a, args.devices[k].cublas,
+                                                          args.devices[k].stream)
+                               : LaunchFusedSample(a, args.devices[k].stream);
+    if (s != KernelStatus::kOk) return s;
+    if (peer_write && cudaEventRecord(events.done(k), args.devices[k].stream) != cudaSuccess) {
+      return KernelStatus::kDeviceError;
+    }
+  }
+
+  // ---- 2a. kPeerWrite: shard 0's stream waits until every shard's kernel has
+  // finished, and with it its stores into shard 0's memory (a kernel's writes
+  // are visible to work ordered after its completion, peer memory included).
+  if (peer_write) {
+    if (cudaSetDevice(args.devices[0].device) != cudaSuccess) return KernelStatus::kDeviceError;
+    for (int32_t k = 1; k < n; ++k) {
+      if (cudaStreamWaitEvent(args.devices[0].stream, events.done(k), 0) != cudaSuccess) {
+        return KernelStatus::kDeviceError;
+      }
+    }
+  }
+
+  // ---- 2b. Otherwise one all-gather of the summaries (bytes: batch * n * 20).
+  // A group, because one thread drives every communicator.
+  if (n > 1 && !peer_write) {
+    if (ncclGroupStart() != ncclSuccess) return KernelStatus::kDeviceError;
+    ncclResult_t result = ncclSuccess;
+    for (int32_t k = 0; k < n && result == ncclSuccess; ++k) {
+      char* gathered = static_cast<char*>(args.exchange[k]);
+      result = ncclAllGather(gathered + k * slot_bytes, gathered, slot_bytes, ncclUint8,
+                             args.devices[k].comm, args.devices[k].stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (result != ncclSuccess || end != ncclSuccess) return KernelStatus::kDeviceError;
+  }
+
+  // ---- 3. The merge on shard 0, after its all-gather in stream order.
+  if (cudaSetDevice(args.devices[0].device) != cudaSuccess) return KernelStatus::kDeviceError;
+  return FromCuda(LaunchMergeShardSummaries(
+      static_cast<const SampleSummary*>(args.exchange[0]), batch, n, args.shard_args[0].params,
+      args.mode, args.token_ids, args.logz, args.logprobs, args.devices[0].stream));
+}
+
+// ---- Controlled rows: gathered logits ------------------------------------------
+namespace {
+
+size_t AlignUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+int64_t ChunkRows(int64_t batch) {
+  return batch < kControlledChunkRows ? batch : kControlledChunkRows;
+}
 
 // `rows` rows of `width` bytes from (src, src_pitch) on src_device to (dst,
 // dst_pitch) on dst_device, on `stream` (dst_device's): one strided copy, over

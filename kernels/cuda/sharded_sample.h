@@ -26,6 +26,19 @@
 // valid_vocab counts its own valid rows (>= 1: a shard holding only padding is
 // not allowed, drop it instead).
 //
+// Two ways to exchange the summaries (ShardExchange, shard_exchange.h). kNcclAllGather: the
+// all-gather above, through each shard's communicator. kPeerWrite: only shard
+// 0 needs the summaries, so each shard's sampler stores its row summaries
+// straight into its slot of shard 0's exchange buffer (a store over NVLink /
+// PCIe from the kernel's last stage, 20 bytes a row), records an event, and
+// shard 0's stream waits for every shard's event before the merge: no
+// collective, no copy, one cross-GPU event wait per shard. The kernels are
+// the same and write the same summaries to the same layout, so both
+// exchanges give the same bits. kPeerWrite needs peer access from every
+// shard's GPU to GPU devices[0].device enabled by the caller
+// (cudaDeviceEnablePeerAccess), or shards on that same GPU; the communicators
+// are not used (they may be null), so it also runs several shards on one GPU.
+//
 // Failure and hangs. A launch or NCCL error while enqueuing returns
 // kDeviceError before any later shard's collective is enqueued where possible
 // (kernel launches of all shards come first, the all-gather is one NCCL group).
@@ -67,6 +80,7 @@
 #include <vector>
 
 #include "kernels/common/kernel_status.h"
+#include "kernels/common/shard_exchange.h"
 #include "kernels/common/shard_merge.h"
 #include "kernels/cuda/controlled_sample.h"
 #include "kernels/cuda/fused_controlled_sample.h"
@@ -101,6 +115,8 @@ struct ShardedSampleArgs {
   const ShardDevice* devices = nullptr;
   int32_t num_shards = 0;  // >= 1
   ShardMergeMode mode = ShardMergeMode::kExact;
+  // How the summaries reach shard 0 (kernels/common/shard_exchange.h).
+  ShardExchange exchange_mode = ShardExchange::kNcclAllGather;
   bool materialized = false;  // every shard uses LaunchMaterializedSample
   // Outputs on shard 0's device, [batch]; logz / logprobs optional.
   int32_t* token_ids = nullptr;
@@ -109,11 +125,13 @@ struct ShardedSampleArgs {
 };
 
 // Enqueues, in order: every shard's sampler (its summaries land in its slot
-// of its exchange buffer), one NCCL group of in-place all-gathers, and the merge
-// on shard 0's stream. Outputs are valid once devices[0].stream passes them
-// (wait with WaitForShards). kInvalidArgument: inconsistent arguments (nothing
-// enqueued); kDeviceError: a launch or an NCCL call failed (earlier shards'
-// work may be enqueued; call WaitForShards before reusing the buffers).
+// of its own exchange buffer, or with kPeerWrite of shard 0's), the exchange
+// (one NCCL group of in-place all-gathers, or shard 0's stream waiting for
+// each shard's event), and the merge on shard 0's stream. Outputs are valid
+// once devices[0].stream passes them (wait with WaitForShards).
+// kInvalidArgument: inconsistent arguments (nothing enqueued); kDeviceError: a
+// launch, an event or an NCCL call failed (earlier shards' work may be
+// enqueued; call WaitForShards before reusing the buffers).
 KernelStatus LaunchShardedSample(const ShardedSampleArgs& args);
 
 // What both controlled launchers below take besides their shards: the GPUs,

@@ -689,10 +689,12 @@ TEST(ServerLifecycle, BadFlagsExitTwoAndMissingWeightsExitOne) {
 
   // --shard_split must match --devices (checked with the flags; without
   // --devices main.cc checks it against the GPUs found at start), and means
-  // nothing to the CPU backend; --idle_spin_us is -1 or in [0, 1000000].
+  // nothing to the CPU backend; --shard_exchange is nccl or peer;
+  // --idle_spin_us is -1 or in [0, 1000000].
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--backend=cuda", "--devices=0", "--shard_split=1,3"},
         std::vector<std::string>{"--backend=cpu", "--shard_split=1,3"},
+        std::vector<std::string>{"--shard_exchange=allreduce"},
         std::vector<std::string>{"--idle_spin_us=-2"},
         std::vector<std::string>{"--idle_spin_us=2000000"}}) {
     ServerProcess bad_split(flags);

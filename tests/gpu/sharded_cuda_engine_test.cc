@@ -3,7 +3,8 @@
 // (ctest labels `gpu`, `multi_gpu`): same seeds give the same tokens (the
 // noise is keyed by the global token id and the shards' tiles are the
 // single-GPU tiles), log Z and log-probs agree to fp32 rounding, through the
-// fused and the materialized paths, for an even and an uneven split; rows
+// fused and the materialized paths, for an even and an uneven split, and
+// --shard_exchange=peer gives the nccl exchange's bits; rows
 // with sampling controls and draft rows through the gathered-logits path. Needs 2
 // GPUs: skipped with one, fails with none (like every GPU test).
 #include <cuda_runtime_api.h>
@@ -80,6 +81,24 @@ TEST_F(ShardedCudaEngineTest, SameTokensAsOneGpuOnBothPaths) {
     }
     EXPECT_LE(materialized_mismatches * 1000, rows);
     EXPECT_TRUE((*two)->healthy());
+
+    // --shard_exchange=peer moves the same summaries: the same bits as nccl.
+    options.cuda.shard_exchange = ShardExchange::kPeerWrite;
+    absl::StatusOr<std::unique_ptr<Engine>> peer =
+        MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+    options.cuda.shard_exchange = ShardExchange::kNcclAllGather;
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    for (int64_t batch_rows : {1, 16, 96}) {
+      SampleBatch batch = RandomBatch(batch_rows, seed++);
+      absl::StatusOr<SampleResult> a = (*two)->Sample(batch);
+      absl::StatusOr<SampleResult> b = (*peer)->Sample(batch);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(b->token_ids, a->token_ids) << "batch " << batch_rows;
+      EXPECT_EQ(b->logz, a->logz) << "batch " << batch_rows;
+      EXPECT_EQ(b->logprobs, a->logprobs) << "batch " << batch_rows;
+    }
+    EXPECT_TRUE((*peer)->healthy());
   }
 }
 

@@ -5,12 +5,16 @@
 //   GPU 0 with FusedSampleArgs::token_offset / row_summaries, and
 //   LaunchMergeShardSummaries merges them: the single-GPU kernel pieces of
 //   sharding, without NCCL.
+// - PeerExchangeOnOneGpu* (any GPU count): LaunchShardedSample with the
+//   kPeerWrite exchange and every shard on GPU 0, against the hand merge
+//   above (bit for bit) and the whole head.
 // - TwoGpus* (need 2 GPUs; skipped with one, fail with none like every GPU
-//   test): LaunchShardedSample over GPUs 0 and 1 with NCCL against the
-//   single-GPU sampler on GPU 0, same seeds: the tokens are identical and log Z
-//   / log-probs agree to fp32 rounding, for even and uneven splits and every
-//   stage-1 path; and the chi-square exactness of both merge modes against the
-//   float64 softmax (tests/common/goodness_of_fit.h).
+//   test): LaunchShardedSample over GPUs 0 and 1, with NCCL and with peer
+//   writes, against the single-GPU sampler on GPU 0, same seeds: the tokens
+//   are identical and log Z / log-probs agree to fp32 rounding, for even and
+//   uneven splits and every stage-1 path; and the chi-square exactness of
+//   both merge modes against the float64 softmax
+//   (tests/common/goodness_of_fit.h).
 // - Controlled rows: LaunchShardedControlledSample (gathered logits) against
 //   its 1-shard launch and the CPU backend, LaunchShardedFusedControlledSample
 //   (gathered tile candidates) against LaunchFusedControlledSample on the
@@ -220,22 +224,36 @@ TEST_F(ShardedSampleTest, SimulatedGroupGumbelKeepsGreedyRowsAndLogZ) {
   }
 }
 
-// ---- Two GPUs with NCCL -----------------------------------------------------------------
-// One shard per GPU: weights, inputs, buffers, stream, cuBLAS handle, and the
-// communicators of the group.
-class TwoGpuShards {
+// ---- LaunchShardedSample over a group of shards ------------------------------------
+// One shard per entry of device_ids (GPU ordinals; repeats allowed with
+// kPeerWrite, which uses no communicator): weights, inputs, buffers, stream,
+// cuBLAS handle; the NCCL communicators for kNcclAllGather; peer access to
+// device_ids[0] for kPeerWrite.
+class ShardGroup {
  public:
-  // bounds: {0, cut, valid_vocab}; shard k on GPU k.
-  TwoGpuShards(const HostWeights& w, const std::vector<int64_t>& bounds, int64_t max_batch)
-      : w_(w), bounds_(bounds), max_batch_(max_batch) {
-    int ordinals[2] = {0, 1};
-    ncclComm_t comms[2] = {nullptr, nullptr};
-    EXPECT_EQ(ncclCommInitAll(comms, 2, ordinals), ncclSuccess);
-    for (int k = 0; k < 2; ++k) {
-      EXPECT_EQ(cudaSetDevice(k), cudaSuccess);
-      Shard& s = shards_[k];
-      s.device.device = k;
-      s.device.comm = comms[k];
+  // bounds: {0, cut, ..., valid_vocab}; shard k on device_ids[k].
+  ShardGroup(const HostWeights& w, const std::vector<int64_t>& bounds, int64_t max_batch,
+             const std::vector<int>& device_ids, ShardExchange exchange)
+      : w_(w), bounds_(bounds), max_batch_(max_batch), exchange_(exchange),
+        shards_(device_ids.size()) {
+    const int n = static_cast<int>(device_ids.size());
+    EXPECT_EQ(static_cast<size_t>(n) + 1, bounds.size());
+    std::vector<ncclComm_t> comms(device_ids.size(), nullptr);
+    if (exchange == ShardExchange::kNcclAllGather && n > 1) {
+      EXPECT_EQ(ncclCommInitAll(comms.data(), n, device_ids.data()), ncclSuccess);
+    }
+    for (int k = 0; k < n; ++k) {
+      const int device = device_ids[static_cast<size_t>(k)];
+      EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
+      if (exchange == ShardExchange::kPeerWrite && device != device_ids[0]) {
+        const cudaError_t err = cudaDeviceEnablePeerAccess(device_ids[0], 0);
+        EXPECT_TRUE(err == cudaSuccess || err == cudaErrorPeerAccessAlreadyEnabled)
+            << cudaGetErrorString(err);
+        cudaGetLastError();  // AlreadyEnabled is not sticky; clear it
+      }
+      Shard& s = shards_[static_cast<size_t>(k)];
+      s.device.device = device;
+      s.device.comm = comms[static_cast<size_t>(k)];
       EXPECT_EQ(cudaStreamCreateWithFlags(&s.device.stream, cudaStreamNonBlocking), cudaSuccess);
       EXPECT_EQ(cublasCreate(&s.device.cublas), CUBLAS_STATUS_SUCCESS);
       // UploadWeights copies on the legacy stream; Run synchronizes the device
@@ -246,16 +264,16 @@ class TwoGpuShards {
           std::max(FusedSampleWorkspaceBytes(max_batch, rows, w.hidden),
                    MaterializedSampleWorkspaceBytes(max_batch, rows, w.hidden, w.dtype));
       s.workspace.Allocate(s.workspace_bytes);
-      s.exchange.Allocate(ShardExchangeBytes(max_batch, 2));
+      s.exchange.Allocate(ShardExchangeBytes(max_batch, n));
       s.hidden.Allocate(static_cast<size_t>(max_batch * w.hidden));
       s.params.Allocate(static_cast<size_t>(max_batch));
     }
-    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(device_ids[0]), cudaSuccess);
     tokens_.Allocate(static_cast<size_t>(max_batch));
     logz_.Allocate(static_cast<size_t>(max_batch));
     logprobs_.Allocate(static_cast<size_t>(max_batch));
   }
-  ~TwoGpuShards() {
+  ~ShardGroup() {
     for (Shard& s : shards_) {
       cudaSetDevice(s.device.device);
       if (s.device.stream != nullptr) cudaStreamSynchronize(s.device.stream);
@@ -263,26 +281,29 @@ class TwoGpuShards {
       if (s.device.cublas != nullptr) cublasDestroy(s.device.cublas);
       if (s.device.stream != nullptr) cudaStreamDestroy(s.device.stream);
     }
-    cudaSetDevice(0);
+    cudaSetDevice(shards_[0].device.device);
   }
 
   // One sharded step; returns the outputs (tokens -1 / NaN where unwritten).
   SampleOutputs Run(const std::vector<float>& hidden, const std::vector<RowParams>& params,
                     bool want_lse, ShardMergeMode mode, bool materialized) {
     const int64_t batch = static_cast<int64_t>(params.size());
+    const int32_t n = static_cast<int32_t>(shards_.size());
     EXPECT_LE(batch, max_batch_);
-    FusedSampleArgs args[2];
-    void* exchange[2];
-    ShardDevice devices[2];
-    for (int k = 0; k < 2; ++k) {
-      Shard& s = shards_[k];
-      EXPECT_EQ(cudaSetDevice(k), cudaSuccess);
+    std::vector<FusedSampleArgs> args(shards_.size());
+    std::vector<void*> exchange(shards_.size());
+    std::vector<ShardDevice> devices(shards_.size());
+    for (int32_t k = 0; k < n; ++k) {
+      Shard& s = shards_[static_cast<size_t>(k)];
+      EXPECT_EQ(cudaSetDevice(s.device.device), cudaSuccess);
       s.hidden.Upload(hidden);
       s.params.Upload(params);
+      // Stale summaries from an earlier step must not pass for this one's.
+      EXPECT_EQ(cudaMemset(s.exchange.data(), 0xff, s.exchange.bytes()), cudaSuccess);
       // cudaMemcpy / cudaMemset order only against the legacy default stream;
       // the shards' streams are non-blocking: settle the device first.
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      FusedSampleArgs& a = args[k];
+      FusedSampleArgs& a = args[static_cast<size_t>(k)];
       a.weight = s.weights.ptr;
       a.weight_dtype = w_.dtype;
       a.hidden = s.hidden.data();
@@ -294,29 +315,32 @@ class TwoGpuShards {
       a.token_offset = bounds_[k];
       a.workspace = s.workspace.data();
       a.workspace_bytes = s.workspace_bytes;
-      exchange[k] = s.exchange.data();
-      devices[k] = s.device;
+      exchange[static_cast<size_t>(k)] = s.exchange.data();
+      devices[static_cast<size_t>(k)] = s.device;
     }
-    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(devices[0].device), cudaSuccess);
     EXPECT_EQ(cudaMemset(tokens_.data(), 0xff, tokens_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaMemset(logz_.data(), 0xff, logz_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ShardedSampleArgs sharded;
-    sharded.shard_args = args;
-    sharded.exchange = exchange;
-    sharded.devices = devices;
-    sharded.num_shards = 2;
+    sharded.shard_args = args.data();
+    sharded.exchange = exchange.data();
+    sharded.devices = devices.data();
+    sharded.num_shards = n;
     sharded.mode = mode;
+    sharded.exchange_mode = exchange_;
     sharded.materialized = materialized;
     sharded.token_ids = tokens_.data();
     sharded.logz = want_lse ? logz_.data() : nullptr;
     sharded.logprobs = want_lse ? logprobs_.data() : nullptr;
     EXPECT_EQ(LaunchShardedSample(sharded), KernelStatus::kOk);
     std::string error;
-    EXPECT_EQ(WaitForShards(devices, 2, 60.0, &error), KernelStatus::kOk) << error;
-    for (int k = 0; k < 2; ++k) shards_[k].device.comm = devices[k].comm;  // null if aborted
+    EXPECT_EQ(WaitForShards(devices.data(), n, 60.0, &error), KernelStatus::kOk) << error;
+    for (int32_t k = 0; k < n; ++k) {
+      shards_[static_cast<size_t>(k)].device.comm = devices[static_cast<size_t>(k)].comm;  // null if aborted
+    }
     SampleOutputs out;
-    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(devices[0].device), cudaSuccess);
     out.tokens = tokens_.Download(static_cast<size_t>(batch));
     if (want_lse) {
       out.logz = logz_.Download(static_cast<size_t>(batch));
@@ -338,11 +362,98 @@ class TwoGpuShards {
   const HostWeights& w_;
   std::vector<int64_t> bounds_;
   int64_t max_batch_;
-  Shard shards_[2];
+  ShardExchange exchange_;
+  std::vector<Shard> shards_;
   DeviceBuffer<int32_t> tokens_;
   DeviceBuffer<float> logz_;
   DeviceBuffer<float> logprobs_;
 };
+
+// kPeerWrite with every shard on GPU 0 (own streams): the launcher's peer
+// exchange (slots of shard 0's buffer, events, the merge) against the whole
+// head and against the shards merged by hand (RunSimulatedShards): the
+// tokens are the whole head's and every output is the hand merge's, bit for
+// bit, in both merge modes, fused and materialized.
+TEST_F(ShardedSampleTest, PeerExchangeOnOneGpuMatchesTheWholeHead) {
+  constexpr int64_t kVocab = 20000, kValid = 19990, kHidden = 256, kMaxBatch = 64;
+  cublasHandle_t cublas = nullptr;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  const HostWeights w = gpu_test::RandomWeights(CudaWeightDType::kBFloat16, kVocab, kHidden, 0.05f, 23);
+  for (const std::vector<int64_t>& bounds :
+       {std::vector<int64_t>{0, 9984, kValid}, std::vector<int64_t>{0, 4992, 15104, kValid}}) {
+    ShardGroup group(w, bounds, kMaxBatch, std::vector<int>(bounds.size() - 1, 0),
+                     ShardExchange::kPeerWrite);
+    for (int64_t batch : {int64_t{1}, int64_t{5}, kMaxBatch}) {
+      SCOPED_TRACE(::testing::Message() << bounds.size() - 1 << " shards, batch " << batch);
+      std::vector<float> hidden =
+          gpu_test::RandomMatrix(batch, kHidden, 1.0f, 300 + batch, CudaWeightDType::kBFloat16);
+      const std::vector<RowParams> params = gpu_test::RandomParams(batch, 0.2, 400 + batch);
+      const SampleOutputs whole = RunWhole(w, kValid, hidden, params, true);
+      for (ShardMergeMode mode : {ShardMergeMode::kExact, ShardMergeMode::kGroupGumbel}) {
+        const SampleOutputs by_hand = RunSimulatedShards(w, bounds, hidden, params, true, mode);
+        const SampleOutputs peer = group.Run(hidden, params, true, mode, false);
+        EXPECT_EQ(peer.tokens, by_hand.tokens);
+        EXPECT_EQ(peer.logz, by_hand.logz);
+        EXPECT_EQ(peer.logprobs, by_hand.logprobs);
+        if (mode == ShardMergeMode::kExact) {
+          EXPECT_EQ(peer.tokens, whole.tokens);
+          ExpectLseClose(peer, whole);
+        }
+      }
+      EXPECT_EQ(group.Run(hidden, params, false, ShardMergeMode::kExact, false).tokens, whole.tokens);
+      const SampleOutputs by_hand_m =
+          RunSimulatedShards(w, bounds, hidden, params, true, ShardMergeMode::kExact, cublas);
+      const SampleOutputs peer_m = group.Run(hidden, params, true, ShardMergeMode::kExact, true);
+      EXPECT_EQ(peer_m.tokens, by_hand_m.tokens);
+      EXPECT_EQ(peer_m.logz, by_hand_m.logz);
+    }
+  }
+  cublasDestroy(cublas);
+}
+
+// Without communicators only kPeerWrite may run several shards.
+TEST_F(ShardedSampleTest, AllGatherWithoutCommunicatorsIsRefused) {
+  constexpr int64_t kVocab = 1024, kHidden = 64, kBatch = 4;
+  const HostWeights w = gpu_test::RandomWeights(CudaWeightDType::kBFloat16, kVocab, kHidden, 0.1f, 3);
+  DeviceWeights dw;
+  gpu_test::UploadWeights(w, 0, &dw);
+  DeviceBuffer<float> d_hidden(static_cast<size_t>(kBatch * kHidden));
+  DeviceBuffer<RowParams> d_params(static_cast<size_t>(kBatch));
+  DeviceBuffer<uint8_t> workspace(FusedSampleWorkspaceBytes(kBatch, kVocab / 2, kHidden));
+  DeviceBuffer<uint8_t> exchange0(ShardExchangeBytes(kBatch, 2)), exchange1(ShardExchangeBytes(kBatch, 2));
+  DeviceBuffer<int32_t> tokens(static_cast<size_t>(kBatch));
+  FusedSampleArgs args[2];
+  for (int k = 0; k < 2; ++k) {
+    args[k].weight = dw.ptr;
+    args[k].hidden = d_hidden.data();
+    args[k].params = d_params.data();
+    args[k].batch = kBatch;
+    args[k].vocab = args[k].valid_vocab = kVocab / 2;
+    args[k].hidden_dim = kHidden;
+    args[k].token_offset = k * kVocab / 2;
+    args[k].workspace = workspace.data();
+    args[k].workspace_bytes = workspace.bytes();
+  }
+  void* exchange[2] = {exchange0.data(), exchange1.data()};
+  ShardDevice devices[2];  // GPU 0, legacy stream, no communicators
+  ShardedSampleArgs sharded;
+  sharded.shard_args = args;
+  sharded.exchange = exchange;
+  sharded.devices = devices;
+  sharded.num_shards = 2;
+  sharded.token_ids = tokens.data();
+  EXPECT_EQ(LaunchShardedSample(sharded), KernelStatus::kInvalidArgument);
+  // The same shards with peer writes need no communicator (greedy rows of zeros).
+  ASSERT_EQ(cudaMemset(d_hidden.data(), 0, d_hidden.bytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d_params.data(), 0, d_params.bytes()), cudaSuccess);
+  sharded.exchange_mode = ShardExchange::kPeerWrite;
+  EXPECT_EQ(LaunchShardedSample(sharded), KernelStatus::kOk);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int32_t t : tokens.Download(static_cast<size_t>(kBatch))) {
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, kVocab);
+  }
+}
 
 class TwoGpuShardedSampleTest : public GpuTest {
  protected:
@@ -357,25 +468,31 @@ class TwoGpuShardedSampleTest : public GpuTest {
 
 // The acceptance test: same seeds, 1 vs 2 GPUs, even and uneven
 // splits, every stage-1 path (bf16: CUDA cores at B <= 2, tensor cores above;
-// fp32: CUDA cores), and the materialized path at B = 200.
+// fp32: CUDA cores), and the materialized path at B = 200; both exchanges.
 TEST_F(TwoGpuShardedSampleTest, SameTokensAndLogZAsOneGpu) {
   constexpr int64_t kVocab = 50000, kValid = 49950, kHidden = 512, kMaxBatch = 200;
   for (CudaWeightDType dtype : {CudaWeightDType::kBFloat16, CudaWeightDType::kFloat32}) {
     const HostWeights w = gpu_test::RandomWeights(dtype, kVocab, kHidden, 0.05f, 31);
     for (const std::vector<int64_t>& bounds :
          {std::vector<int64_t>{0, 25088, kValid}, std::vector<int64_t>{0, 7936, kValid}}) {
-      TwoGpuShards shards(w, bounds, kMaxBatch);
+      ShardGroup nccl(w, bounds, kMaxBatch, {0, 1}, ShardExchange::kNcclAllGather);
+      ShardGroup peer(w, bounds, kMaxBatch, {0, 1}, ShardExchange::kPeerWrite);
       for (int64_t batch : {1, 2, 3, 16, 64}) {
         SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " cut "
                                           << bounds[1] << " batch " << batch);
         std::vector<float> hidden = gpu_test::RandomMatrix(batch, kHidden, 1.0f, 40 + batch, dtype);
         const std::vector<RowParams> params = gpu_test::RandomParams(batch, 0.2, 50 + batch);
         const SampleOutputs one = RunWhole(w, kValid, hidden, params, true);
-        const SampleOutputs two = shards.Run(hidden, params, true, ShardMergeMode::kExact, false);
+        const SampleOutputs two = nccl.Run(hidden, params, true, ShardMergeMode::kExact, false);
         EXPECT_EQ(two.tokens, one.tokens);
         ExpectLseClose(two, one);
         // Without log Z the shards skip the exponentials; tokens are unchanged.
-        EXPECT_EQ(shards.Run(hidden, params, false, ShardMergeMode::kExact, false).tokens, one.tokens);
+        EXPECT_EQ(nccl.Run(hidden, params, false, ShardMergeMode::kExact, false).tokens, one.tokens);
+        // The peer exchange moves the same summaries: the same bits.
+        const SampleOutputs two_peer = peer.Run(hidden, params, true, ShardMergeMode::kExact, false);
+        EXPECT_EQ(two_peer.tokens, two.tokens);
+        EXPECT_EQ(two_peer.logz, two.logz);
+        EXPECT_EQ(two_peer.logprobs, two.logprobs);
       }
       // Materialized per shard (the server's path above --cuda_fused_max_rows).
       cublasHandle_t cublas = nullptr;
@@ -384,9 +501,12 @@ TEST_F(TwoGpuShardedSampleTest, SameTokensAndLogZAsOneGpu) {
       std::vector<float> hidden = gpu_test::RandomMatrix(kMaxBatch, kHidden, 1.0f, 60, dtype);
       const std::vector<RowParams> params = gpu_test::RandomParams(kMaxBatch, 0.2, 61);
       const SampleOutputs one = RunWhole(w, kValid, hidden, params, true, cublas);
-      const SampleOutputs two = shards.Run(hidden, params, true, ShardMergeMode::kExact, true);
+      const SampleOutputs two = nccl.Run(hidden, params, true, ShardMergeMode::kExact, true);
       EXPECT_LE(gpu_test::CountTokenMismatches(two.tokens, one.tokens, w, hidden, params, 1e-3), 2);
       ExpectLseClose(two, one);
+      const SampleOutputs two_peer = peer.Run(hidden, params, true, ShardMergeMode::kExact, true);
+      EXPECT_EQ(two_peer.tokens, two.tokens);
+      EXPECT_EQ(two_peer.logz, two.logz);
       cublasDestroy(cublas);
     }
   }
@@ -412,7 +532,7 @@ TEST_F(TwoGpuShardedSampleTest, BothMergeModesMatchFloat64Softmax) {
   const std::vector<double> probs = flashsampler::testing::SoftmaxOfScaled(
       logits, kVocab, LogitScale(RowParams{kTemperature, 0, 0, 0}));
 
-  TwoGpuShards shards(w, {0, 128, kVocab}, kRows);
+  ShardGroup shards(w, {0, 128, kVocab}, kRows, {0, 1}, ShardExchange::kNcclAllGather);
   std::vector<float> hidden(static_cast<size_t>(kRows * kHidden), 0.0f);
   for (int64_t r = 0; r < kRows; ++r) hidden[r * kHidden] = 1.0f;
   std::vector<RowParams> params(static_cast<size_t>(kRows));
