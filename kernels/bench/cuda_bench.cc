@@ -421,11 +421,29 @@ class ShapeBench {
       gemm_logits_;
 };
 
+}  // namespace
+
 nlohmann::json StatsJson(const Stats& s) {
   return {{"median_ms", s.median_ms}, {"min_ms", s.min_ms}};
 }
 
-}  // namespace
+nlohmann::json BenchJsonHeader(const CudaBenchOptions& o, const std::string& backend,
+                               const std::string& device) {
+  return {{"backend", backend},         {"device", device},
+          {"date", o.date},             {"commit", o.commit},
+          {"temperature", o.temperature}, {"logit_std", o.logit_std},
+          {"iterations", o.iterations}};
+}
+
+int WriteBenchJson(const nlohmann::json& j, const std::string& path) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) {
+    std::cerr << "flashsampler-kernel-bench: cannot write " << path << "\n";
+    return 1;
+  }
+  return 0;
+}
 
 int RunCudaBench(const CudaBenchOptions& o) {
   if (o.shapes.empty() || o.batches.empty() || o.iterations < 100 || o.warmup < 1 ||
@@ -574,12 +592,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
                               {"tokens_agree", r.tokens_agree},
                               {"max_logz_diff", r.max_logz_diff}});
     }
-    std::ofstream out(o.json_path);
-    out << j.dump(2) << "\n";
-    if (!out) {
-      std::cerr << "flashsampler-kernel-bench: cannot write " << o.json_path << "\n";
-      return 1;
-    }
+    return WriteBenchJson(j, o.json_path);
   }
   return 0;
 }

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "kernels/common/kernel_status.h"
+#include "kernels/common/row_controls.h"
+#include "nlohmann/json.hpp"
 
 namespace flashsampler::kernels::bench {
 
@@ -40,8 +42,20 @@ int RunCudaBench(const CudaBenchOptions& options);
 
 // The materialized controlled path (cuda_controlled_bench.cc) for the control
 // sets named in `which` ("all" or a comma list of top_p, top_k, top_k_top_p,
-// min_p). Same exit codes.
+// min_p, bitmask). Same exit codes.
 int RunCudaControlledBench(const CudaBenchOptions& options, const std::string& which);
+
+// One control set of the controlled modes: every row of a batch gets `controls`.
+struct ControlSet {
+  std::string name;
+  RowControls controls;
+};
+
+// The sets named in `which` ("all" or a comma list; unknown names are
+// skipped, so an empty result means a bad list), for a head of `vocab`
+// tokens (bitmask biases 16 tokens spread over it). What each holds:
+// cuda_controlled_bench.cc.
+std::vector<ControlSet> ControlSets(const std::string& which, int64_t vocab);
 // ---- Timing and error helpers (cuda_bench.cc), shared by the CUDA modes ----------
 // True on success; otherwise prints "flashsampler-kernel-bench: what: error".
 bool Ok(cudaError_t err, const char* what);
@@ -55,6 +69,17 @@ struct Stats {
 
 // Median and minimum of `ms` (zeros when empty).
 Stats Summarize(std::vector<double> ms);
+
+// {"median_ms": ..., "min_ms": ...}: how every CUDA mode's JSON records Stats.
+nlohmann::json StatsJson(const Stats& s);
+
+// The fields every CUDA mode's JSON opens with: backend, device (its name),
+// date, commit, temperature, logit_std, iterations.
+nlohmann::json BenchJsonHeader(const CudaBenchOptions& o, const std::string& backend,
+                               const std::string& device);
+
+// Writes j (2-space indent) to `path`. 0, or 1 after printing why not.
+int WriteBenchJson(const nlohmann::json& j, const std::string& path);
 
 // Runs fn `warmup` times, then `runs` times, each between its own pair of CUDA
 // events recorded on `stream` (created on the current device, which must be

@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -74,12 +73,9 @@ struct Buf {
   }
 };
 
-struct ControlSet {
-  std::string name;
-  RowControls controls;
-};
+}  // namespace
 
-std::vector<ControlSet> ControlSets(const std::string& which) {
+std::vector<ControlSet> ControlSets(const std::string& which, int64_t vocab) {
   std::vector<ControlSet> all;
   RowControls c;
   c.top_p = 0.9f;
@@ -94,7 +90,10 @@ std::vector<ControlSet> ControlSets(const std::string& which) {
   all.push_back({"min_p", c});
   c = RowControls{};
   c.allowed_bitmask.assign(1 << 16, 0x55555555u);  // covers any vocabulary <= 2^21
-  all.push_back({"bitmask", c});  // plus 16 biased tokens, spread over V per shape (below)
+  for (int64_t i = 0; i < 16; ++i) {  // 16 biased tokens spread over this vocabulary
+    c.logit_bias.push_back({static_cast<int32_t>(i * (vocab / 16)), 1.5f});
+  }
+  all.push_back({"bitmask", c});
   if (which == "all") return all;
   std::vector<ControlSet> out;
   for (const ControlSet& s : all) {
@@ -103,11 +102,8 @@ std::vector<ControlSet> ControlSets(const std::string& which) {
   return out;
 }
 
-}  // namespace
-
 int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) {
-  const std::vector<ControlSet> sets = ControlSets(which);
-  if (sets.empty() || o.shapes.empty() || o.batches.empty() || o.iterations < 100) {
+  if (ControlSets(which, 1).empty() || o.shapes.empty() || o.batches.empty() || o.iterations < 100) {
     std::cerr << "flashsampler-kernel-bench: --controls wants all or a list of top_p, top_k, "
                  "top_k_top_p, min_p, bitmask; iterations >= 100\n";
     return 2;
@@ -172,15 +168,9 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
     gemm.logits = logits.as<float>();
     CB_CHECK(LaunchLogitsGemm(gemm, cublas, stream));
 
-    for (const ControlSet& set : sets) {
+    for (const ControlSet& set : ControlSets(which, v)) {
       FlatControls flat;
-      RowControls row_controls = set.controls;
-      if (set.name == "bitmask") {  // 16 biased tokens spread over this vocabulary
-        for (int64_t i = 0; i < 16; ++i) {
-          row_controls.logit_bias.push_back({static_cast<int32_t>(i * (v / 16)), 1.5f});
-        }
-      }
-      const std::vector<RowControls> rows(bmax, row_controls);
+      const std::vector<RowControls> rows(bmax, set.controls);
       CB_CHECK(FlattenControls(rows.data(), bmax, v, v, &flat));
       std::vector<uint8_t> packed(flat.PackedBytes());
       flat.PackTo(packed.data());
@@ -321,15 +311,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   cublasDestroy(cublas);
   cudaStreamDestroy(stream);
   if (!o.json_path.empty()) {
-    nlohmann::json j;
-    j["backend"] = "cuda";
+    nlohmann::json j = BenchJsonHeader(o, "cuda", prop.name);
     j["mode"] = "controls";
-    j["device"] = prop.name;
-    j["date"] = o.date;
-    j["commit"] = o.commit;
-    j["temperature"] = o.temperature;
-    j["logit_std"] = o.logit_std;
-    j["iterations"] = o.iterations;
     j["weight_dtype"] = "bf16";
     j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits, cluster size auto"},
                      {"filter_cluster8", "the same, 8 blocks per row"},
@@ -339,9 +322,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
                      {"plain_fused", "LaunchFusedSample, no controls"},
                      {"fused_controlled", "LaunchFusedControlledSample (null for sets it does not serve)"}};
     j["results"] = results;
-    std::ofstream f(o.json_path);
-    f << j.dump(2) << "\n";
-    if (!f) return 1;
+    return WriteBenchJson(j, o.json_path);
   }
   return 0;
 }

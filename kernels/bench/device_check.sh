@@ -14,7 +14,9 @@
 # Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936), shard_bench
 # (flashsampler-kernel-bench --backend=cuda_sharded: 1 vs all visible GPUs,
 # both issue shapes, B = 1..256, the summary exchange and the all-gather-logits
-# baseline; SHARD_BENCH_ARGS; needs >= 2 GPUs and a build with NCCL).
+# baseline; SHARD_BENCH_ARGS; needs >= 2 GPUs and a build with NCCL; both
+# exchanges, NCCL and peer), shard_controls (the same with --controls=all: the
+# controlled launchers over the shards against one GPU; SHARD_CONTROLS_ARGS).
 # The tests phase also runs the sharding tests (labels gpu, multi_gpu): their
 # two-GPU cases are skipped on one GPU.
 # Each phase appends to one log under OUT_DIR (the device tool returns at most
@@ -115,6 +117,12 @@ for phase in "$@"; do
         --json="$out/shard_bench.json" ${SHARD_BENCH_ARGS:-} > "$out/shard_bench.log" 2>&1
       summary+=("shard_bench rc=$?")
       ;;
+    shard_controls)
+      timeout 500 "$bin/flashsampler-kernel-bench" --backend=cuda_sharded --controls=all \
+        --batches=1,4,16,64,128 --json="$out/shard_controls.json" ${SHARD_CONTROLS_ARGS:-} \
+        > "$out/shard_controls.log" 2>&1
+      summary+=("shard_controls rc=$?")
+      ;;
     peers)
       PYTHONUNBUFFERED=1 timeout 420 python3 "${PEERS:-kernels/bench/peers.py}" \
         --json="$out/peers.json" ${PEERS_ARGS:-} > "$out/peers.log" 2>&1
@@ -137,5 +145,5 @@ for phase in "$@"; do
       ;;
   esac
 done
-for f in "$out"/bench*.log "$out"/shard_bench.log; do [ -f "$f" ] && grep -E '^[0-9]+x[0-9]+ ' "$f"; done
+for f in "$out"/bench*.log "$out"/shard_bench.log "$out"/shard_controls.log; do [ -f "$f" ] && grep -E '^[0-9]+x[0-9]+ ' "$f"; done
 printf '%s\n' "${summary[@]}"

@@ -10,6 +10,8 @@
 //
 //   flashsampler-kernel-bench --backend=cuda_sharded [--devices=0,1 --shapes=...
 //       --batches=... --iterations=100 --json=out.json]
+//   flashsampler-kernel-bench --backend=cuda_sharded --controls=all [--devices=0,1 ...]
+//       (controlled rows over the shards: sharded_controlled_bench.cc)
 //
 // The cuda_sharded mode (built only with NCCL) times one sampling step with W
 // split by vocabulary over --devices (default: every visible GPU) against one
@@ -93,8 +95,9 @@ ABSL_FLAG(std::string, shapes, "4096x151936,8192x128256",
           "cuda: comma-separated DxV shapes (hidden x vocab) of the bf16 LM head");
 ABSL_FLAG(std::string, batches, "1,2,4,8,16,32,64,128,256", "cuda: comma-separated batch sizes");
 ABSL_FLAG(std::string, controls, "",
-          "cuda: time the controlled materialized path instead (all, or a comma list of top_p, "
-          "top_k, top_k_top_p, min_p; cuda_controlled_bench.cc)");
+          "cuda: time the controlled paths instead (all, or a comma list of top_p, top_k, "
+          "top_k_top_p, min_p, bitmask; cuda_controlled_bench.cc); cuda_sharded: the "
+          "controlled launchers over the shards (sharded_controlled_bench.cc)");
 ABSL_FLAG(int64_t, copy_mib, 2048, "cuda: MiB of the device-to-device copy that measures bandwidth");
 
 namespace flashsampler::kernels {
@@ -428,6 +431,9 @@ int RunCudaSharded() {
   o.json_path = absl::GetFlag(FLAGS_json);
   o.commit = absl::GetFlag(FLAGS_commit);
   o.date = UtcNow();
+  if (const std::string controls = absl::GetFlag(FLAGS_controls); !controls.empty()) {
+    return bench::RunShardedControlledBench(o, devices, controls);
+  }
   return bench::RunShardedBench(o, devices);
 }
 #endif

@@ -42,7 +42,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -144,8 +143,6 @@ struct Row {
   Stats one_gpu, sharded, exchange, sharded_peer, exchange_peer, gather_logits;
   int64_t agree_one = 0, agree_baseline = 0, agree_peer = 0;
 };
-
-nlohmann::json StatsJson(const Stats& s) { return {{"median_ms", s.median_ms}, {"min_ms", s.min_ms}}; }
 
 int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const CudaShape& shape,
              std::vector<Row>* rows_out) {
@@ -385,14 +382,7 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
                                          ShardMergeMode::kExact, out, nullptr, nullptr, g0.stream));
       return 0;
     };
-    auto sync_all = [&]() -> int {
-      std::string error;
-      if (WaitForShards(devs.data(), n, 60.0, &error) != KernelStatus::kOk) {
-        std::cerr << "flashsampler-kernel-bench: " << error << "\n";
-        return 1;
-      }
-      return 0;
-    };
+    auto sync_all = [&] { return WaitForBenchShards(&devs); };
 
     // Check: the four samplers on the same params.
     if (upload_params() != 0 || one_gpu(check_tokens) != 0 ||
@@ -457,6 +447,16 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
 
 }  // namespace
 
+int WaitForBenchShards(std::vector<ShardDevice>* devices) {
+  std::string error;
+  if (WaitForShards(devices->data(), static_cast<int32_t>(devices->size()), 60.0, &error) !=
+      KernelStatus::kOk) {
+    std::cerr << "flashsampler-kernel-bench: " << error << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 int RunShardedBench(const CudaBenchOptions& o, const std::vector<int>& devices) {
   if (devices.size() < 2 || o.iterations < 1 || o.shapes.empty() || o.batches.empty()) {
     std::cerr << "flashsampler-kernel-bench: --backend=cuda_sharded needs >= 2 --devices, shapes "
@@ -500,15 +500,8 @@ int RunShardedBench(const CudaBenchOptions& o, const std::vector<int>& devices) 
               "whose sharded token equals one_gpu's / gather_logits' and whose sharded_peer token "
               "equals one_gpu's.\n");
   if (!o.json_path.empty()) {
-    nlohmann::json j;
-    j["backend"] = "cuda_sharded";
-    j["device"] = prop.name;
+    nlohmann::json j = BenchJsonHeader(o, "cuda_sharded", prop.name);
     j["devices"] = devices;
-    j["date"] = o.date;
-    j["commit"] = o.commit;
-    j["temperature"] = o.temperature;
-    j["logit_std"] = o.logit_std;
-    j["iterations"] = o.iterations;
     j["timing"] = "CUDA events on the first device's stream, steps enqueued back to back";
     nlohmann::json results = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -526,12 +519,7 @@ int RunShardedBench(const CudaBenchOptions& o, const std::vector<int>& devices) 
                          {"tokens_agree_gather_logits", r.agree_baseline}});
     }
     j["results"] = results;
-    std::ofstream out(o.json_path);
-    out << j.dump(2) << "\n";
-    if (!out) {
-      std::cerr << "flashsampler-kernel-bench: cannot write " << o.json_path << "\n";
-      return 1;
-    }
+    return WriteBenchJson(j, o.json_path);
   }
   return 0;
 }
