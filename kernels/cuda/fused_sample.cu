@@ -7,8 +7,10 @@
 // Stage 1, one block per (vocabulary tile, row chunk):
 //   - the block's R hidden rows (R = 1, 2, 4 or 8) are copied to shared memory
 //     as fp32, once;
-//   - its tile is kTileVocab = 128 consecutive tokens; warp w owns the 16 tokens
-//     [w * 16, w * 16 + 16) of it and walks them in groups of kGroupRows = 4;
+//   - its tile is kTile = 128 or 64 consecutive tokens, chosen per head
+//     (cuda_core_tiling.h: 64 where 128 would end the grid in a mostly empty
+//     wave); warp w owns the kTile / 8 tokens [w * kTile / 8, ...) of it and
+//     walks them in groups of kGroupRows = 4;
 //   - for a group, each lane streams a strided slice of the 4 W rows (16-byte
 //     loads, 4 rows in flight) and accumulates the 4 x R partial dot products in
 //     fp32 registers; a butterfly of shuffles then gives every lane the full
@@ -26,7 +28,10 @@
 // same lanes in the same order whatever R is (lane k always takes the same
 // elements of d, then the same butterfly), a token's noise depends only on its
 // row's params and its id, and every merge tree has a shape fixed by the tile,
-// not by R. So a row's token (and log Z) is the same alone or in any batch.
+// not by R; the tile itself depends on the head and the device, not the
+// batch. So a row's token (and log Z) is the same alone or in any batch. The
+// token does not depend on the tile either (the best-score merge is exact);
+// log Z does, by fp32 rounding.
 //
 // Memory traffic: W is read once per row chunk; blocks are numbered chunk-fastest,
 // so the chunks of one tile run back to back and its later chunks find the tile
@@ -42,6 +47,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/cuda_core_tiling.h"
 #include "kernels/cuda/fused_sample_mma.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
@@ -56,13 +62,12 @@ using cuda_internal::RowSampler;
 // ---- Tiling -------------------------------------------------------------------
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTileVocab = 128;                          // tokens per block
-static_assert(kTileVocab == cuda_internal::kMmaTileVocab, "both stage-1 paths fill the same tiles");
-constexpr int kRowsPerWarp = kTileVocab / kWarps;        // 16 tokens per warp
+// Tokens per block: kCudaCoreLargeTile (128, the tensor-core path's tile) or
+// kCudaCoreSmallTile (64), chosen per head (cuda_core_tiling.h).
+static_assert(kCudaCoreLargeTile == cuda_internal::kMmaTileVocab,
+              "the tensor-core path fills the large tiles");
 constexpr int kGroupRows = 4;                            // W rows a warp streams at once
-constexpr int kGroupsPerWarp = kRowsPerWarp / kGroupRows;
 constexpr int kMaxRowChunk = 8;                          // hidden rows per block (R)
-static_assert(kRowsPerWarp % kGroupRows == 0, "a warp's tokens split into whole groups");
 static_assert(kGroupRows * kMaxRowChunk <= 32, "each (token, row) pair of a group needs a lane");
 
 // Shared memory: the R hidden rows (dynamic, R * hidden_dim floats) and the
@@ -74,7 +79,7 @@ constexpr size_t kPreferredRowBytes = 96 * 1024;
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
-int64_t NumTiles(int64_t valid_vocab) { return (valid_vocab + kTileVocab - 1) / kTileVocab; }
+int64_t NumTiles(int64_t valid_vocab, int tile) { return (valid_vocab + tile - 1) / tile; }
 
 // ---- Weight formats ---------------------------------------------------------------
 // Each format says how many elements a 16-byte load holds (kVec), how to widen
@@ -212,9 +217,9 @@ __device__ __forceinline__ void AccumulateScalar(const typename W::Storage* __re
 
 // ---- Stage 1 --------------------------------------------------------------------
 // Block b handles row chunk (b % num_chunks), rows [chunk * R, chunk * R + R),
-// and tile (b / num_chunks), tokens [tile * kTileVocab, ... + kTileVocab). It
+// and tile (b / num_chunks), tokens [tile * kTile, ... + kTile). It
 // writes tile_summaries[row * num_tiles + tile] for each of its rows < batch.
-template <class W, int R>
+template <class W, int R, int kTile>
 __global__ void __launch_bounds__(kThreads, 2)
     FusedSampleTileKernel(const typename W::Storage* __restrict__ weight,
                           const float* __restrict__ hidden, const RowParams* __restrict__ params,
@@ -254,7 +259,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
 
   // 3. This warp's tokens, one group of kGroupRows W rows at a time.
-  const int64_t warp_v0 = tile * kTileVocab + warp * kRowsPerWarp;
+  constexpr int kRowsPerWarp = kTile / kWarps;
+  constexpr int kGroupsPerWarp = kRowsPerWarp / kGroupRows;
+  static_assert(kRowsPerWarp % kGroupRows == 0, "a warp's tokens split into whole groups");
+  const int64_t warp_v0 = tile * kTile + warp * kRowsPerWarp;
   for (int g = 0; g < kGroupsPerWarp; ++g) {
     const int64_t v0 = warp_v0 + g * kGroupRows;
     if (v0 >= valid_vocab) break;  // same for the whole warp
@@ -322,9 +330,9 @@ struct Stage1Launch {
   size_t smem_bytes;
 };
 
-template <class W, int R>
+template <class W, int R, int kTile>
 cudaError_t LaunchStage1(const Stage1Launch& l, cudaStream_t stream) {
-  auto* kernel = &FusedSampleTileKernel<W, R>;
+  auto* kernel = &FusedSampleTileKernel<W, R, kTile>;
   // Past 48 KB of shared memory per block (static + dynamic) a kernel must opt
   // in to its dynamic part explicitly.
   if (l.smem_bytes + kStaticSharedBytes > 48 * 1024) {
@@ -339,14 +347,63 @@ cudaError_t LaunchStage1(const Stage1Launch& l, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <class W>
+template <class W, int kTile>
 cudaError_t LaunchStage1ForRows(int rows, const Stage1Launch& l, cudaStream_t stream) {
   switch (rows) {
-    case 1: return LaunchStage1<W, 1>(l, stream);
-    case 2: return LaunchStage1<W, 2>(l, stream);
-    case 4: return LaunchStage1<W, 4>(l, stream);
-    default: return LaunchStage1<W, 8>(l, stream);
+    case 1: return LaunchStage1<W, 1, kTile>(l, stream);
+    case 2: return LaunchStage1<W, 2, kTile>(l, stream);
+    case 4: return LaunchStage1<W, 4, kTile>(l, stream);
+    default: return LaunchStage1<W, 8, kTile>(l, stream);
   }
+}
+
+template <class W>
+cudaError_t LaunchStage1ForTile(int tile, int rows, const Stage1Launch& l, cudaStream_t stream) {
+  return tile == kCudaCoreSmallTile ? LaunchStage1ForRows<W, kCudaCoreSmallTile>(rows, l, stream)
+                                    : LaunchStage1ForRows<W, kCudaCoreLargeTile>(rows, l, stream);
+}
+
+// One-row blocks of the large-tile kernel resident at once on `device`
+// (blocks per SM times SMs): the wave size cuda_core_tiling.h's rule reads.
+// Depends on the head (W's type, hidden_dim) and the device only.
+template <class W>
+cudaError_t ResidentOneRowBlocks(int64_t hidden_dim, int device, int64_t* resident) {
+  auto* kernel = &FusedSampleTileKernel<W, 1, kCudaCoreLargeTile>;
+  const size_t smem_bytes = static_cast<size_t>(hidden_dim) * sizeof(float);
+  if (smem_bytes + kStaticSharedBytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  int per_sm = 0, sms = 0;
+  cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  *resident = static_cast<int64_t>(per_sm) * sms;
+  return err;
+}
+
+cudaError_t CudaCoreTile(const FusedSampleArgs& args, int device, int* tile) {
+  if (args.cuda_core_tile != 0) {
+    *tile = args.cuda_core_tile;
+    return cudaSuccess;
+  }
+  int64_t resident = 0;
+  cudaError_t err = cudaSuccess;
+  switch (args.weight_dtype) {
+    case CudaWeightDType::kFloat32:
+      err = ResidentOneRowBlocks<Fp32Weights>(args.hidden_dim, device, &resident);
+      break;
+    case CudaWeightDType::kFloat16:
+      err = ResidentOneRowBlocks<Fp16Weights>(args.hidden_dim, device, &resident);
+      break;
+    case CudaWeightDType::kBFloat16:
+      err = ResidentOneRowBlocks<Bf16Weights>(args.hidden_dim, device, &resident);
+      break;
+  }
+  *tile = CudaCoreTileTokens(args.valid_vocab, args.hidden_dim,
+                             CudaWeightDTypeBytes(args.weight_dtype), resident);
+  return err;
 }
 
 bool AlignedTo(const void* p, size_t alignment) {
@@ -364,10 +421,12 @@ size_t CudaWeightDTypeBytes(CudaWeightDType dtype) {
   return 0;
 }
 
-// Workspace layout: [batch][num_tiles] SampleSummary, then (from a 256-byte
-// boundary) the tensor-core path's H rounded to 16 bits, [batch][hidden_dim].
+// Workspace layout: [batch][num_tiles] SampleSummary, sized for the small
+// tiles (the most a launch can use), then (from a 256-byte boundary) the
+// tensor-core path's H rounded to 16 bits, [batch][hidden_dim].
 size_t TileSummaryBytes(int64_t batch, int64_t vocab) {
-  const size_t bytes = static_cast<size_t>(batch) * static_cast<size_t>(NumTiles(vocab)) *
+  const size_t bytes = static_cast<size_t>(batch) *
+                       static_cast<size_t>(NumTiles(vocab, kCudaCoreSmallTile)) *
                        sizeof(SampleSummary);
   return (bytes + 255) / 256 * 256;
 }
@@ -385,7 +444,10 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   // ---- Arguments (nothing is enqueued when they are wrong).
   if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 16); s != KernelStatus::kOk) return s;
   const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
-  const int64_t num_tiles = NumTiles(args.valid_vocab);
+  if (args.cuda_core_tile != 0 && args.cuda_core_tile != kCudaCoreSmallTile &&
+      args.cuda_core_tile != kCudaCoreLargeTile) {
+    return KernelStatus::kInvalidArgument;
+  }
   if (args.workspace_bytes <
       FusedSampleWorkspaceBytes(args.batch, args.valid_vocab, args.hidden_dim)) {
     return KernelStatus::kInvalidArgument;
@@ -401,10 +463,11 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   if (cuda_internal::MmaStage1Eligible(args)) {
     auto* hidden_rounded = reinterpret_cast<unsigned short*>(
         static_cast<unsigned char*>(args.workspace) + TileSummaryBytes(args.batch, args.valid_vocab));
-    err = cuda_internal::LaunchMmaStage1(args, num_tiles, want_lse, tile_summaries,
+    const int64_t mma_tiles = NumTiles(args.valid_vocab, cuda_internal::kMmaTileVocab);
+    err = cuda_internal::LaunchMmaStage1(args, mma_tiles, want_lse, tile_summaries,
                                          hidden_rounded, stream);
     if (err != cudaSuccess) return StatusFromCuda(err);
-    err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, num_tiles, args, stream);
+    err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, mma_tiles, args, stream);
     return StatusFromCuda(err);
   }
 
@@ -428,10 +491,17 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     return KernelStatus::kInvalidArgument;  // even one row does not fit one block
   }
 
+  // ---- Tile: 64 or 128 tokens per block (cuda_core_tiling.h: the rule, and
+  // why either gives the same tokens).
+  int tile = kCudaCoreLargeTile;
+  err = CudaCoreTile(args, device, &tile);
+  if (err != cudaSuccess) return StatusFromCuda(err);
+  const int64_t num_tiles = NumTiles(args.valid_vocab, tile);
+
   // ---- Grid. One block per (tile, row chunk), numbered chunk-fastest so the
   // chunks of a tile run together (L2 reuse of its W rows). kThreads = 256
-  // threads per block; at V = 151936 there are 1187 tiles, enough blocks to fill
-  // every SM several times over even at batch 1.
+  // threads per block; at V = 151936 there are 1187 large tiles, enough blocks
+  // to fill every SM several times over even at batch 1.
   const int64_t num_chunks = (args.batch + rows - 1) / rows;
   const int64_t blocks = num_tiles * num_chunks;
   if (blocks > kMaxInt32) return KernelStatus::kInvalidArgument;
@@ -448,13 +518,13 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
                             smem_bytes};
   switch (args.weight_dtype) {
     case CudaWeightDType::kFloat32:
-      err = LaunchStage1ForRows<Fp32Weights>(rows, launch, stream);
+      err = LaunchStage1ForTile<Fp32Weights>(tile, rows, launch, stream);
       break;
     case CudaWeightDType::kFloat16:
-      err = LaunchStage1ForRows<Fp16Weights>(rows, launch, stream);
+      err = LaunchStage1ForTile<Fp16Weights>(tile, rows, launch, stream);
       break;
     case CudaWeightDType::kBFloat16:
-      err = LaunchStage1ForRows<Bf16Weights>(rows, launch, stream);
+      err = LaunchStage1ForTile<Bf16Weights>(tile, rows, launch, stream);
       break;
   }
   if (err != cudaSuccess) return StatusFromCuda(err);

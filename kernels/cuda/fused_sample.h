@@ -42,11 +42,12 @@
 //   order differs, so the two paths agree except at near-ties, and each path
 //   on its own is batch-invariant.
 // - CUDA cores (fused_sample.cu), every other case. Stage 1: one block per
-// (vocabulary tile, chunk of up to 8 rows) streams its tile of W once with
-// 16-byte loads, forms the dot products with the rows held in shared memory,
-// adds the noise and reduces the tile to one SampleSummary per row in the
-// workspace. Stage 2: one block per row merges that row's tile summaries in a
-// fixed order (deterministic: identical outputs on every launch).
+// (vocabulary tile of 64 or 128 tokens, cuda_core_tiling.h; chunk of up to
+// 8 rows) streams its tile of W once with 16-byte loads, forms the dot
+// products with the rows held in shared memory, adds the noise and reduces
+// the tile to one SampleSummary per row in the workspace. Stage 2: one block
+// per row merges that row's tile summaries in a fixed order (deterministic:
+// identical outputs on every launch).
 //
 // Preconditions the launcher cannot check (device data): params are validated
 // (temperature == 0 or finite > 0; other values are treated like 0 for the
@@ -121,6 +122,12 @@ struct FusedSampleArgs {
   // tokens (global best_index; max_logit / sum_exp only when logz or logprobs
   // is requested). token_ids may be null when this is given.
   SampleSummary* row_summaries = nullptr;
+  // Tokens per block of the CUDA-core stage 1: 0 lets the launcher choose 64
+  // or 128 for the head (kernels/cuda/cuda_core_tiling.h); 64 or 128 forces
+  // one (tests, benchmarks). The token is the same either way, log Z agrees to
+  // fp32 rounding. The tensor-core path always uses 128. Other values:
+  // InvalidArgument.
+  int32_t cuda_core_tile = 0;
 };
 
 // Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),

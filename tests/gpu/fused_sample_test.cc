@@ -272,6 +272,65 @@ TEST_F(FusedSampleTest, BatchInvariance) {
 }
 
 // ---------------------------------------------------------------------------
+// (5b) Tiles of 64 and 128 tokens on the CUDA-core path (cuda_core_tiling.h):
+// the same tokens, log Z and log-probs within fp32 rounding (only the merge
+// tree of the log-sum-exp changes); each tile batch-invariant bit for bit; the
+// launcher's own choice is one of the two, bit for bit. Heads: D = 4096 bf16
+// with 67 tiles (the rule picks 64 on any GPU with 67 or more SMs), fp32 on
+// the scalar path (D = 1023), and bf16 D = 256 where batch 7 takes the
+// tensor cores (the tile does not apply: identical bits).
+TEST_F(FusedSampleTest, SmallAndLargeTilesGiveTheSameTokens) {
+  struct Case {
+    CudaWeightDType dtype;
+    int64_t vocab, hidden;
+  };
+  for (const Case& c : {Case{CudaWeightDType::kBFloat16, 8453, 4096},
+                        Case{CudaWeightDType::kFloat32, 3001, 1023},
+                        Case{CudaWeightDType::kBFloat16, 20000, 256}}) {
+    const HostWeights w =
+        gpu_test::RandomWeights(c.dtype, c.vocab, c.hidden, WeightStddev(c.hidden), 41);
+    DeviceWeights dw;
+    gpu_test::UploadWeights(w, 0, &dw);
+    for (int64_t batch : {1, 2, 7}) {
+      SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(c.dtype) << " V "
+                                        << c.vocab << " D " << c.hidden << " B " << batch);
+      const auto hidden = gpu_test::RandomMatrix(batch, c.hidden, 1.0f, 42 + batch, c.dtype);
+      const auto params = gpu_test::RandomParams(batch, 0.2, 43 + batch);
+      SampleOutputs small, large, chosen;
+      Problem problem{dw.ptr, w.dtype, c.vocab, c.vocab, c.hidden};
+      problem.cuda_core_tile = 64;
+      ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &small), KernelStatus::kOk);
+      problem.cuda_core_tile = 128;
+      ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &large), KernelStatus::kOk);
+      problem.cuda_core_tile = 0;
+      ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &chosen), KernelStatus::kOk);
+      EXPECT_EQ(small.tokens, large.tokens);
+      ExpectClose(small.logz, large.logz, 2e-5, "logz");
+      ExpectClose(small.logprobs, large.logprobs, 2e-5, "logprobs");
+      EXPECT_EQ(chosen.tokens, large.tokens);
+      EXPECT_TRUE(chosen.logz == small.logz || chosen.logz == large.logz);
+      const bool tensor_cores = c.dtype != CudaWeightDType::kFloat32 && c.hidden % 16 == 0 && batch >= 3;
+      if (tensor_cores) EXPECT_EQ(small.logz, large.logz);
+      if (c.hidden == 4096 && batch == 1) {
+        int sms = 0;
+        ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+        if (sms >= 67) EXPECT_EQ(chosen.logz, small.logz) << sms << " SMs";
+      }
+      // Small tiles, each row alone: the batch's bits (CUDA-core launches only).
+      if (tensor_cores) continue;
+      problem.cuda_core_tile = 64;
+      for (int64_t r = 0; r < batch; ++r) {
+        SampleOutputs alone;
+        const std::vector<float> h(hidden.begin() + r * c.hidden, hidden.begin() + (r + 1) * c.hidden);
+        ASSERT_EQ(gpu_test::RunSampler(problem, h, {params[r]}, true, &alone), KernelStatus::kOk);
+        EXPECT_EQ(alone.tokens[0], small.tokens[r]) << "row " << r;
+        EXPECT_EQ(alone.logz[0], small.logz[r]) << "row " << r;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // (6) Awkward sizes, all compared with the CPU backend.
 struct SizeCase {
   const char* name;
@@ -378,6 +437,8 @@ TEST_F(FusedSampleTest, RejectsInvalidArguments) {
       // path: hidden_dim % 16 != 0 keeps it off the tensor-core path, which
       // has no such limit).
       {"hidden_dim too large", [](FusedSampleArgs& a) { a.hidden_dim = 100001; }},
+      {"cuda_core_tile 96", [](FusedSampleArgs& a) { a.cuda_core_tile = 96; }},
+      {"cuda_core_tile -1", [](FusedSampleArgs& a) { a.cuda_core_tile = -1; }},
   };
   for (const auto& [name, mutate] : cases) {
     FusedSampleArgs args = good;

@@ -158,6 +158,7 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   args.vocab = problem.vocab;
   args.valid_vocab = problem.valid_vocab;
   args.hidden_dim = problem.hidden;
+  args.cuda_core_tile = problem.cuda_core_tile;
   args.token_ids = d_tokens.data();
   args.logz = want_lse ? d_logz.data() : nullptr;
   args.logprobs = want_lse ? d_logprobs.data() : nullptr;
