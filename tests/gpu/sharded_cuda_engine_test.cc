@@ -2,7 +2,7 @@
 // for several devices, against the single-GPU engine on the same demo LM head
 // (ctest labels `gpu`, `multi_gpu`): same seeds give the same tokens (the
 // noise is keyed by the global token id and the shards' tiles are the
-// single-GPU tiles), log Z and log-probs agree to fp32 rounding, through the
+// single-GPU tiles or their halves), log Z and log-probs agree to fp32 rounding, through the
 // fused and the materialized paths, for an even and an uneven split, and
 // --shard_exchange=peer gives the nccl exchange's bits; rows
 // with sampling controls and draft rows through the gathered-logits path. Needs 2
