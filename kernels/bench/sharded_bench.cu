@@ -14,9 +14,16 @@
 //   sharded_peer  LaunchShardedSample with ShardExchange::kPeerWrite: each
 //                 GPU's kernel stores its summaries into GPU devices[0]'s
 //                 buffer, GPU devices[0]'s stream waits for one event per GPU,
-//                 then the merge (peer access enabled between the GPUs).
+//                 then the merge (peer access enabled between the GPUs). Each
+//                 step first records an event on GPU devices[0]'s stream that
+//                 the other streams wait for, so a step's stores cannot
+//                 overtake the previous step's merge (the engine waits for
+//                 every stream between steps instead); NCCL's all-gather
+//                 orders the steps the same way for `sharded`.
 //   exchange_peer that exchange alone: an event recorded on every GPU's
-//                 stream, GPU devices[0]'s stream waiting for them, the merge.
+//                 stream, GPU devices[0]'s stream waiting for them, the merge
+//                 (events made once; the launcher makes one per GPU per step).
+// Without peer access between the GPUs the two peer variants are skipped (NaN).
 //   gather_logits the baseline (the paper's "all-gather logits" tensor-parallel
 //                 sampler): per GPU a cuBLAS GEMM of its logits [B, V/n]
 //                 (fp32), an NCCL all-gather of them (B * V * 4 bytes), then on
@@ -161,6 +168,7 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
   }
   // Peer access to GPU devices[0] for the kPeerWrite exchange (and both ways
   // for the copies); NCCL may have turned some on already.
+  bool peer = true;
   for (int k = 1; k < n; ++k) {
     for (const auto& [from, to] : {std::pair<int, int>{devices[k], devices[0]},
                                    std::pair<int, int>{devices[0], devices[k]}}) {
@@ -168,8 +176,9 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
       SB_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
       if (can == 0) {
         std::cerr << "flashsampler-kernel-bench: GPU " << from << " cannot access GPU " << to
-                  << " (the peer exchange needs it)\n";
-        return 1;
+                  << ": the peer exchange is skipped\n";
+        peer = false;
+        continue;
       }
       SB_CHECK(cudaSetDevice(from));
       const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
@@ -306,7 +315,19 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
       exchange[k] = gpus[k].exchange;
       devs[k] = ShardDevice{gpus[k].device, gpus[k].stream, gpus[k].comm, gpus[k].cublas};
     }
+    // The peer steps' order guard (see the top of the file).
+    cudaEvent_t step_start = nullptr;
+    SB_CHECK(cudaSetDevice(g0.device));
+    SB_CHECK(cudaEventCreateWithFlags(&step_start, cudaEventDisableTiming));
     auto sharded = [&](int32_t* out, ShardExchange mode) -> int {
+      if (mode == ShardExchange::kPeerWrite) {
+        SB_CHECK(cudaSetDevice(g0.device));
+        SB_CHECK(cudaEventRecord(step_start, g0.stream));
+        for (int k = 1; k < n; ++k) {
+          SB_CHECK(cudaSetDevice(gpus[k].device));
+          SB_CHECK(cudaStreamWaitEvent(gpus[k].stream, step_start, 0));
+        }
+      }
       ShardedSampleArgs s;
       s.shard_args = shard_args.data();
       s.exchange = exchange.data();
@@ -388,7 +409,8 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
     if (upload_params() != 0 || one_gpu(check_tokens) != 0 ||
         sharded(check_tokens + bmax, ShardExchange::kNcclAllGather) != 0 ||
         gather_logits(check_tokens + 2 * bmax) != 0 || sync_all() != 0 ||
-        sharded(check_tokens + 3 * bmax, ShardExchange::kPeerWrite) != 0 || sync_all() != 0) {
+        (peer && (sharded(check_tokens + 3 * bmax, ShardExchange::kPeerWrite) != 0 ||
+                  sync_all() != 0))) {
       return 1;
     }
     std::vector<int32_t> check(4 * bmax);
@@ -396,16 +418,18 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
     for (int64_t r = 0; r < batch; ++r) {
       row.agree_one += check[bmax + r] == check[r];
       row.agree_baseline += check[bmax + r] == check[2 * bmax + r];
-      row.agree_peer += check[3 * bmax + r] == check[r];
+      if (peer) row.agree_peer += check[3 * bmax + r] == check[r];
     }
     if (upload_params() != 0) return 1;
     if (TimeRepeated(g0.stream, o.warmup, o.iterations, [&] { return one_gpu(tokens); }, &row.one_gpu) != 0 ||
         TimeRepeated(g0.stream, o.warmup, o.iterations,
                      [&] { return sharded(tokens, ShardExchange::kNcclAllGather); }, &row.sharded) != 0 ||
         TimeRepeated(g0.stream, o.warmup, o.iterations, exchange_only, &row.exchange) != 0 ||
-        TimeRepeated(g0.stream, o.warmup, o.iterations,
-                     [&] { return sharded(tokens, ShardExchange::kPeerWrite); }, &row.sharded_peer) != 0 ||
-        TimeRepeated(g0.stream, o.warmup, o.iterations, exchange_peer_only, &row.exchange_peer) != 0 ||
+        (peer && (TimeRepeated(g0.stream, o.warmup, o.iterations,
+                               [&] { return sharded(tokens, ShardExchange::kPeerWrite); },
+                               &row.sharded_peer) != 0 ||
+                  TimeRepeated(g0.stream, o.warmup, o.iterations, exchange_peer_only,
+                               &row.exchange_peer) != 0)) ||
         TimeRepeated(g0.stream, o.warmup, o.iterations, [&] { return gather_logits(tokens); },
                      &row.gather_logits) != 0 ||
         sync_all() != 0) {
@@ -421,6 +445,9 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
       cudaSetDevice(gpus[k].device);
       cudaEventDestroy(peer_events[k]);
     }
+    cudaSetDevice(g0.device);
+    cudaEventDestroy(step_start);
+    if (!peer) row.sharded_peer = row.exchange_peer = Stats{NAN, NAN};
     rows_out->push_back(row);
   }
 

@@ -72,6 +72,11 @@ struct DeviceAlloc {
     }
   }
   bool Alloc(int on_device, size_t n) {
+    if (p != nullptr) {  // reused across control sets: the previous buffer goes first
+      cudaSetDevice(device);
+      cudaFree(p);
+      p = nullptr;
+    }
     device = on_device;
     bytes = n;
     return cudaSetDevice(device) == cudaSuccess &&

@@ -44,6 +44,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <vector>
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
@@ -383,10 +385,39 @@ cudaError_t ResidentOneRowBlocks(int64_t hidden_dim, int device, int64_t* reside
   return err;
 }
 
+// ResidentOneRowBlocks per (device, dtype, hidden_dim), asked once per
+// process: the answer never changes, and the occupancy query would otherwise
+// cost host time before every launch. A process serves a few heads at most,
+// so a short list under a mutex (LaunchFusedSample may run on many threads).
+struct ResidentEntry {
+  int device;
+  CudaWeightDType dtype;
+  int64_t hidden_dim;
+  int64_t resident;
+};
+std::mutex& ResidentMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+std::vector<ResidentEntry>& ResidentCache() {
+  static auto* cache = new std::vector<ResidentEntry>;
+  return *cache;
+}
+
 cudaError_t CudaCoreTile(const FusedSampleArgs& args, int device, int* tile) {
   if (args.cuda_core_tile != 0) {
     *tile = args.cuda_core_tile;
     return cudaSuccess;
+  }
+  {
+    std::lock_guard<std::mutex> lock(ResidentMutex());
+    for (const ResidentEntry& e : ResidentCache()) {
+      if (e.device == device && e.dtype == args.weight_dtype && e.hidden_dim == args.hidden_dim) {
+        *tile = CudaCoreTileTokens(args.valid_vocab, args.hidden_dim,
+                                   CudaWeightDTypeBytes(args.weight_dtype), e.resident);
+        return cudaSuccess;
+      }
+    }
   }
   int64_t resident = 0;
   cudaError_t err = cudaSuccess;
@@ -401,9 +432,14 @@ cudaError_t CudaCoreTile(const FusedSampleArgs& args, int device, int* tile) {
       err = ResidentOneRowBlocks<Bf16Weights>(args.hidden_dim, device, &resident);
       break;
   }
+  if (err != cudaSuccess) return err;
+  {
+    std::lock_guard<std::mutex> lock(ResidentMutex());
+    ResidentCache().push_back({device, args.weight_dtype, args.hidden_dim, resident});
+  }
   *tile = CudaCoreTileTokens(args.valid_vocab, args.hidden_dim,
                              CudaWeightDTypeBytes(args.weight_dtype), resident);
-  return err;
+  return cudaSuccess;
 }
 
 bool AlignedTo(const void* p, size_t alignment) {

@@ -2,8 +2,8 @@
 // per-row summaries (one NCCL all-gather, or peer stores into shard 0's
 // buffer), the merge on shard 0; and for controlled rows the gathered-logits
 // and gathered-tile paths. Contract: sharded_sample.h. Reads top to bottom:
-// exchange layout, the merge kernel, the launch events, the launcher, the
-// controlled launchers, the bounded wait.
+// exchange layout, the merge kernel, the launcher, the controlled launchers,
+// the bounded wait.
 #include "kernels/cuda/sharded_sample.h"
 
 #include <cuda_runtime.h>
@@ -56,45 +56,6 @@ KernelStatus FromCuda(cudaError_t err) {
   return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
 }
 
-// Events of one launch: done[k] on device k (shard k's sampler, or its GEMM
-// of the current chunk), copied on device 0 (shard 0's stream has read every
-// slice of the current chunk, so the shards may overwrite their logits). Destroying an
-// event whose record is still pending is allowed: it is released once done.
-class LaunchEvents {
- public:
-  // with_copied: also the `copied` event (launches in several chunks).
-  LaunchEvents(int32_t n, bool with_copied)
-      : done_(static_cast<size_t>(n), nullptr), with_copied_(with_copied) {}
-  ~LaunchEvents() {
-    for (cudaEvent_t e : done_) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-    if (copied_ != nullptr) cudaEventDestroy(copied_);
-  }
-  LaunchEvents(const LaunchEvents&) = delete;
-  LaunchEvents& operator=(const LaunchEvents&) = delete;
-
-  cudaError_t Create(const ShardDevice* devices) {
-    for (size_t k = 0; k < done_.size(); ++k) {
-      if (const cudaError_t err = cudaSetDevice(devices[k].device); err != cudaSuccess) return err;
-      if (const cudaError_t err = cudaEventCreateWithFlags(&done_[k], cudaEventDisableTiming);
-          err != cudaSuccess) {
-        return err;
-      }
-    }
-    if (!with_copied_) return cudaSuccess;
-    if (const cudaError_t err = cudaSetDevice(devices[0].device); err != cudaSuccess) return err;
-    return cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
-  }
-  cudaEvent_t done(int32_t k) const { return done_[static_cast<size_t>(k)]; }
-  cudaEvent_t copied() const { return copied_; }
-
- private:
-  std::vector<cudaEvent_t> done_;
-  bool with_copied_;
-  cudaEvent_t copied_ = nullptr;
-};
-
 }  // namespace
 
 size_t ShardExchangeBytes(int64_t batch, int32_t num_shards) {
@@ -137,9 +98,18 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
       args.logz != nullptr || args.logprobs != nullptr || args.mode == ShardMergeMode::kGroupGumbel;
   const size_t slot_bytes = static_cast<size_t>(batch) * sizeof(SampleSummary);
 
+  // kPeerWrite: one event per shard k >= 1, made right after its launch, so
+  // nothing but the launch itself precedes shard 0's kernel on the host.
   const bool peer_write = args.exchange_mode == ShardExchange::kPeerWrite;
-  LaunchEvents events(peer_write ? n : 0, /*with_copied=*/false);
-  if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
+  std::vector<cudaEvent_t> done(static_cast<size_t>(n), nullptr);
+  struct DestroyEvents {
+    std::vector<cudaEvent_t>* events;
+    ~DestroyEvents() {  // allowed while a record is pending: released once done
+      for (cudaEvent_t e : *events) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+    }
+  } destroy_events{&done};
 
   // ---- 1. Every shard's sampler; its row summaries go to slot k of its own
   // gathered buffer (the in-place all-gather's send buffer) or, with
@@ -158,7 +128,9 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
                                                           args.devices[k].stream)
                                : LaunchFusedSample(a, args.devices[k].stream);
     if (s != KernelStatus::kOk) return s;
-    if (peer_write && cudaEventRecord(events.done(k), args.devices[k].stream) != cudaSuccess) {
+    if (peer_write && k > 0 &&
+        (cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming) != cudaSuccess ||
+         cudaEventRecord(done[k], args.devices[k].stream) != cudaSuccess)) {
       return KernelStatus::kDeviceError;
     }
   }
@@ -169,7 +141,7 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
   if (peer_write) {
     if (cudaSetDevice(args.devices[0].device) != cudaSuccess) return KernelStatus::kDeviceError;
     for (int32_t k = 1; k < n; ++k) {
-      if (cudaStreamWaitEvent(args.devices[0].stream, events.done(k), 0) != cudaSuccess) {
+      if (cudaStreamWaitEvent(args.devices[0].stream, done[k], 0) != cudaSuccess) {
         return KernelStatus::kDeviceError;
       }
     }
@@ -189,7 +161,7 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
     if (result != ncclSuccess || end != ncclSuccess) return KernelStatus::kDeviceError;
   }
 
-  // ---- 3. The merge on shard 0, after its all-gather in stream order.
+  // ---- 3. The merge on shard 0, after the exchange in stream order.
   if (cudaSetDevice(args.devices[0].device) != cudaSuccess) return KernelStatus::kDeviceError;
   return FromCuda(LaunchMergeShardSummaries(
       static_cast<const SampleSummary*>(args.exchange[0]), batch, n, args.shard_args[0].params,
@@ -204,6 +176,46 @@ size_t AlignUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 int64_t ChunkRows(int64_t batch) {
   return batch < kControlledChunkRows ? batch : kControlledChunkRows;
 }
+
+// Events of one controlled launch: done[k] on device k (shard k's GEMM of the
+// current chunk, or its stage 1), copied on device 0 (shard 0's stream has
+// read every slice of the current chunk, so the shards may overwrite their
+// logits). Destroying an event whose record is still pending is allowed: it
+// is released once done.
+class LaunchEvents {
+ public:
+  // with_copied: also the `copied` event (launches in several chunks).
+  LaunchEvents(int32_t n, bool with_copied)
+      : done_(static_cast<size_t>(n), nullptr), with_copied_(with_copied) {}
+  ~LaunchEvents() {
+    for (cudaEvent_t e : done_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (copied_ != nullptr) cudaEventDestroy(copied_);
+  }
+  LaunchEvents(const LaunchEvents&) = delete;
+  LaunchEvents& operator=(const LaunchEvents&) = delete;
+
+  cudaError_t Create(const ShardDevice* devices) {
+    for (size_t k = 0; k < done_.size(); ++k) {
+      if (const cudaError_t err = cudaSetDevice(devices[k].device); err != cudaSuccess) return err;
+      if (const cudaError_t err = cudaEventCreateWithFlags(&done_[k], cudaEventDisableTiming);
+          err != cudaSuccess) {
+        return err;
+      }
+    }
+    if (!with_copied_) return cudaSuccess;
+    if (const cudaError_t err = cudaSetDevice(devices[0].device); err != cudaSuccess) return err;
+    return cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
+  }
+  cudaEvent_t done(int32_t k) const { return done_[static_cast<size_t>(k)]; }
+  cudaEvent_t copied() const { return copied_; }
+
+ private:
+  std::vector<cudaEvent_t> done_;
+  bool with_copied_;
+  cudaEvent_t copied_ = nullptr;
+};
 
 // `rows` rows of `width` bytes from (src, src_pitch) on src_device to (dst,
 // dst_pitch) on dst_device, on `stream` (dst_device's): one strided copy, over

@@ -1,7 +1,8 @@
 // Sharded sampling: one exact sample per row of softmax(s_b * H W^T) with W
 // split by vocabulary over the local GPUs (the paper's distributed
-// group-Gumbel reduction, Algorithm B.4). One process, one CUDA stream and one
-// NCCL communicator per GPU (rank k = shard k, ncclCommInitAll).
+// group-Gumbel reduction, Algorithm B.4). One process, one CUDA stream per GPU
+// and, for the NCCL exchange, one communicator per GPU (rank k = shard k,
+// ncclCommInitAll).
 //
 // What it computes. Shard k holds the global tokens [begin_k, end_k) of W (a
 // contiguous range; shards in token order, uneven sizes allowed) and runs the
@@ -40,6 +41,11 @@
 // shard's GPU to GPU devices[0].device enabled by the caller
 // (cudaDeviceEnablePeerAccess), or shards on that same GPU; the communicators
 // are not used (they may be null), so it also runs several shards on one GPU.
+// With kPeerWrite a shard's next launch writes into shard 0's buffer without
+// waiting for shard 0's stream: the caller must wait for every shard
+// (WaitForShards) before launching again, or order the shards' streams after
+// shard 0's itself (the benchmark records an event on shard 0's stream first
+// and makes every other stream wait for it).
 //
 // Failure and hangs. A launch or NCCL error while enqueuing returns
 // kDeviceError before any later shard's collective is enqueued where possible
@@ -48,7 +54,10 @@
 // all-gather forever; WaitForShards therefore polls with a deadline and, on a
 // device error, an NCCL async error or the deadline, aborts every
 // communicator (ncclCommAbort), after which the group is unusable (the server
-// marks itself NOT_SERVING).
+// marks itself NOT_SERVING). With kPeerWrite there is no collective to abort:
+// a shard that faults leaves shard 0's stream waiting on its event, and
+// WaitForShards reports the fault (or the deadline) the same way; the GPUs
+// need a new process either way, as after any device fault.
 //
 // Rows with sampling controls or draft tokens (LaunchShardedControlledSample).
 // The controls (top-k / top-p / min-p cuts, penalties, masks, top lists, the
