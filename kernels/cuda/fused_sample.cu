@@ -8,7 +8,7 @@
 //   - the block's R hidden rows (R = 1, 2, 4 or 8) are copied to shared memory
 //     as fp32, once;
 //   - its tile is kTile = 128 or 64 consecutive tokens, chosen per head
-//     (cuda_core_tiling.h: 64 where 128 would end the grid in a mostly empty
+//     (stage1_shape.h: 64 where 128 would end the grid in a mostly empty
 //     wave); warp w owns the kTile / 8 tokens [w * kTile / 8, ...) of it and
 //     walks them in groups of kGroupRows = 4;
 //   - for a group, each lane streams a strided slice of the 4 W rows (16-byte
@@ -49,7 +49,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
-#include "kernels/cuda/cuda_core_tiling.h"
+#include "kernels/cuda/stage1_shape.h"
 #include "kernels/cuda/fused_sample_mma.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
@@ -65,7 +65,7 @@ using cuda_internal::RowSampler;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 // Tokens per block: kCudaCoreLargeTile (128, the tensor-core path's tile) or
-// kCudaCoreSmallTile (64), chosen per head (cuda_core_tiling.h).
+// kCudaCoreSmallTile (64), chosen per head (stage1_shape.h).
 static_assert(kCudaCoreLargeTile == cuda_internal::kMmaTileVocab,
               "the tensor-core path fills the large tiles");
 constexpr int kGroupRows = 4;                            // W rows a warp streams at once
@@ -366,7 +366,7 @@ cudaError_t LaunchStage1ForTile(int tile, int rows, const Stage1Launch& l, cudaS
 }
 
 // One-row blocks of the large-tile kernel resident at once on `device`
-// (blocks per SM times SMs): the wave size cuda_core_tiling.h's rule reads.
+// (blocks per SM times SMs): the wave size stage1_shape.h's rule reads.
 // Depends on the head (W's type, hidden_dim) and the device only.
 template <class W>
 cudaError_t ResidentOneRowBlocks(int64_t hidden_dim, int device, int64_t* resident) {
@@ -480,8 +480,10 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   // ---- Arguments (nothing is enqueued when they are wrong).
   if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 16); s != KernelStatus::kOk) return s;
   const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
-  if (args.cuda_core_tile != 0 && args.cuda_core_tile != kCudaCoreSmallTile &&
-      args.cuda_core_tile != kCudaCoreLargeTile) {
+  if ((args.cuda_core_tile != 0 && args.cuda_core_tile != kCudaCoreSmallTile &&
+       args.cuda_core_tile != kCudaCoreLargeTile) ||
+      (args.mma_pipeline != MmaPipeline::kAuto && args.mma_pipeline != MmaPipeline::kShallow &&
+       args.mma_pipeline != MmaPipeline::kDeep)) {
     return KernelStatus::kInvalidArgument;
   }
   if (args.workspace_bytes <
@@ -527,7 +529,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     return KernelStatus::kInvalidArgument;  // even one row does not fit one block
   }
 
-  // ---- Tile: 64 or 128 tokens per block (cuda_core_tiling.h: the rule, and
+  // ---- Tile: 64 or 128 tokens per block (stage1_shape.h: the rule, and
   // why either gives the same tokens).
   int tile = kCudaCoreLargeTile;
   err = CudaCoreTile(args, device, &tile);

@@ -42,7 +42,7 @@
 //   order differs, so the two paths agree except at near-ties, and each path
 //   on its own is batch-invariant.
 // - CUDA cores (fused_sample.cu), every other case. Stage 1: one block per
-// (vocabulary tile of 64 or 128 tokens, cuda_core_tiling.h; chunk of up to
+// (vocabulary tile of 64 or 128 tokens, stage1_shape.h; chunk of up to
 // 8 rows) streams its tile of W once with 16-byte loads, forms the dot
 // products with the rows held in shared memory, adds the noise and reduces
 // the tile to one SampleSummary per row in the workspace. Stage 2: one block
@@ -81,6 +81,14 @@ namespace flashsampler::kernels {
 
 // Storage type of the LM head on the device.
 enum class CudaWeightDType { kFloat32, kFloat16, kBFloat16 };
+
+// The tensor-core stage 1's pipeline at B <= 16 (kernels/cuda/stage1_shape.h):
+// the launcher's choice, or forced (tests, benchmarks). Bit-identical outputs.
+enum class MmaPipeline : int32_t {
+  kAuto = 0,     // MmaDeepPipeline decides
+  kShallow = 1,  // 3 blocks per SM, one K step in flight each
+  kDeep = 2,     // 1 block per SM, three K steps in flight
+};
 
 // Bytes per weight element (4 or 2); 0 for an unknown value.
 size_t CudaWeightDTypeBytes(CudaWeightDType dtype);
@@ -123,11 +131,14 @@ struct FusedSampleArgs {
   // is requested). token_ids may be null when this is given.
   SampleSummary* row_summaries = nullptr;
   // Tokens per block of the CUDA-core stage 1: 0 lets the launcher choose 64
-  // or 128 for the head (kernels/cuda/cuda_core_tiling.h); 64 or 128 forces
+  // or 128 for the head (kernels/cuda/stage1_shape.h); 64 or 128 forces
   // one (tests, benchmarks). The token is the same either way, log Z agrees to
   // fp32 rounding. The tensor-core path always uses 128. Other values:
   // InvalidArgument.
   int32_t cuda_core_tile = 0;
+  // The tensor-core path's pipeline at B <= 16 (see MmaPipeline). Values
+  // outside the enum: InvalidArgument.
+  MmaPipeline mma_pipeline = MmaPipeline::kAuto;
 };
 
 // Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),

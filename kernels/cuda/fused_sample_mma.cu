@@ -57,6 +57,7 @@
 #include "kernels/common/sample_summary.h"
 #include "kernels/cuda/fused_controls.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
+#include "kernels/cuda/stage1_shape.h"
 
 namespace flashsampler::kernels::cuda_internal {
 namespace {
@@ -112,6 +113,12 @@ using Mma16 = MmaConfig<16, 8, 2, 3, 128>;   //  72 KB
 using Mma32 = MmaConfig<32, 8, 2, 2, 128>;   //  80 KB
 using Mma64 = MmaConfig<64, 4, 2, 2, 128>;   //  96 KB
 using Mma128 = MmaConfig<128, 2, 3, 2, 64>;  //  96 KB
+// The deep pipeline for B <= 16 (stage1_shape.h, MmaDeepPipeline): one block
+// per SM with three steps in flight instead of three blocks with one each.
+using Mma8Deep = MmaConfig<8, 8, 4, 1, 128>;    // 136 KB
+using Mma16Deep = MmaConfig<16, 8, 4, 1, 128>;  // 144 KB
+static_assert(Mma8::kMinBlocks == 3 && Mma16::kMinBlocks == 3,
+              "MmaDeepPipeline's wave is 3 blocks per SM");
 // Larger batches take 128-row chunks: two blocks per SM, so one block's
 // epilogue overlaps the other's main loop (a 256-row block would hold the SM
 // alone), and the chunks of a tile, numbered next to each other, share its W
@@ -400,6 +407,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
 // kSmemBytes = kStages * (128 + kRows) * 2 * kKStep bytes of dynamic shared
 // memory each (table above). At V = 151936 there are 1187 tiles: 2.99 waves
 // of 3 blocks per SM on 132 SMs for 8 and 16 rows, 4.5 waves of 2 for 32..128.
+// Where 3 blocks per SM would end in a last wave at most a third full (rows
+// >= 7168), 8 and 16 rows take the deep configs: DeepPipeline below.
 template <class T, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
@@ -423,6 +432,22 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                             controls != nullptr ? *controls : MmaControls{});
 }
 
+// Whether a launch of at most 16 rows takes the deep pipeline: as forced by
+// a.mma_pipeline, else by MmaDeepPipeline (stage1_shape.h) for the plain
+// sampler. The fused controlled epilogue keeps the default (not measured).
+cudaError_t DeepPipeline(const FusedSampleArgs& a, int64_t num_tiles, const MmaControls* c,
+                         bool* deep) {
+  *deep = a.mma_pipeline == MmaPipeline::kDeep;
+  if (a.mma_pipeline != MmaPipeline::kAuto || c != nullptr || a.hidden_dim < 7168) {
+    return cudaSuccess;
+  }
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  *deep = err == cudaSuccess && MmaDeepPipeline(num_tiles, a.hidden_dim, sms);
+  return err;
+}
+
 template <class T>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
                            int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
@@ -436,8 +461,17 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_roun
   if (err != cudaSuccess) return err;
   // The smallest block that holds the batch; above 128 rows, chunks of 128.
   const unsigned short* hr = hidden_rounded;
-  if (a.batch <= 8) return LaunchTiles<T, Mma8>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
-  if (a.batch <= 16) return LaunchTiles<T, Mma16>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  if (a.batch <= 16) {
+    bool deep = false;
+    err = DeepPipeline(a, num_tiles, c, &deep);
+    if (err != cudaSuccess) return err;
+    if (a.batch <= 8) {
+      return deep ? LaunchTiles<T, Mma8Deep>(a, hr, num_tiles, want_lse, tile_summaries, stream, c)
+                  : LaunchTiles<T, Mma8>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+    }
+    return deep ? LaunchTiles<T, Mma16Deep>(a, hr, num_tiles, want_lse, tile_summaries, stream, c)
+                : LaunchTiles<T, Mma16>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
+  }
   if (a.batch <= 32) return LaunchTiles<T, Mma32>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
   if (a.batch <= 64) return LaunchTiles<T, Mma64>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);
   return LaunchTiles<T, Mma128>(a, hr, num_tiles, want_lse, tile_summaries, stream, c);

@@ -18,7 +18,8 @@ struct MmaControls;  // fused_controls.cuh
 // kernel already reads W once and is at the bandwidth floor).
 constexpr int64_t kMmaMinBatch = 3;
 
-// Tokens per workspace tile; the CUDA-core stage 1 uses the same tiles.
+// Tokens per workspace tile; the CUDA-core stage 1 uses these or their 64-token
+// halves (stage1_shape.h).
 constexpr int kMmaTileVocab = 128;
 
 // True when the tensor-core stage 1 applies: fp16 / bf16 weights, batch >=
@@ -28,7 +29,7 @@ bool MmaStage1Eligible(const FusedSampleArgs& args);
 // Enqueues the tensor-core stage 1 (two kernels): H rounded to the weight
 // dtype into hidden_rounded (device scratch of batch * hidden_dim 16-bit
 // elements, 16-byte aligned), then tile_summaries[row * num_tiles + tile]
-// (tiles of kMmaTileVocab tokens, the layout of the CUDA-core stage 1) for
+// (tiles of kMmaTileVocab tokens, the CUDA-core stage 1's layout) for
 // every row and tile. Returns the launch error, if any.
 // controls: null for the plain sampler; else the fused controlled path's
 // epilogue (fused_controls.cuh) replaces the plain one, for any batch >= 1

@@ -24,7 +24,7 @@
 // Shard boundaries must be multiples of 4 (whole Philox blocks; the server
 // uses multiples of 128, the kernels' largest tile, so a shard's tiles are
 // the single-GPU tiles wherever both launches pick the same tile size,
-// cuda_core_tiling.h; the tokens do not depend on the tile either way, only
+// stage1_shape.h; the tokens do not depend on the tile either way, only
 // log Z's rounding does). Tokens >= valid_vocab are never sampled: a shard's
 // valid_vocab counts its own valid rows (>= 1: a shard holding only padding is
 // not allowed, drop it instead).

@@ -110,6 +110,42 @@ TEST_P(FusedSampleMmaTest, MatchesCpuAndCudaCorePath) {
   }
 }
 
+// The deep pipeline at B <= 16 (stage1_shape.h) changes when W arrives, not
+// the arithmetic: shallow, deep and the launcher's own choice give the same
+// bits. D = 7168 with 10 tiles is a head the launcher runs deep on any GPU
+// with 10 or more SMs; D = 256 one it runs shallow.
+class FusedSampleMmaPipelineTest : public GpuTest {};
+
+TEST_F(FusedSampleMmaPipelineTest, DeepAndShallowGiveTheSameBits) {
+  for (const auto& [dtype, vocab, hidden_dim] :
+       {std::tuple<CudaWeightDType, int64_t, int64_t>{CudaWeightDType::kBFloat16, 1280, 7168},
+        std::tuple<CudaWeightDType, int64_t, int64_t>{CudaWeightDType::kFloat16, 1250, 7168},
+        std::tuple<CudaWeightDType, int64_t, int64_t>{CudaWeightDType::kBFloat16, kVocab, 256}}) {
+    const HostWeights w = gpu_test::RandomWeights(dtype, vocab, hidden_dim,
+                                                  3.0f / std::sqrt(static_cast<float>(hidden_dim)), 5);
+    DeviceWeights dw;
+    gpu_test::UploadWeights(w, 0, &dw);
+    for (int64_t batch : {int64_t{3}, int64_t{8}, int64_t{16}}) {
+      SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " V " << vocab
+                                        << " D " << hidden_dim << " B " << batch);
+      const auto hidden = gpu_test::RandomMatrix(batch, hidden_dim, 1.0f, 6 + batch, dtype);
+      const auto params = gpu_test::RandomParams(batch, 0.2, 7 + batch);
+      Problem problem{dw.ptr, dtype, vocab, vocab, hidden_dim};
+      SampleOutputs out[3];
+      const MmaPipeline pipelines[3] = {MmaPipeline::kShallow, MmaPipeline::kDeep, MmaPipeline::kAuto};
+      for (int i = 0; i < 3; ++i) {
+        problem.mma_pipeline = pipelines[i];
+        ASSERT_EQ(gpu_test::RunSampler(problem, hidden, params, true, &out[i]), KernelStatus::kOk);
+      }
+      for (int i = 1; i < 3; ++i) {
+        EXPECT_EQ(out[i].tokens, out[0].tokens) << "pipeline " << i;
+        EXPECT_EQ(out[i].logz, out[0].logz) << "pipeline " << i;
+        EXPECT_EQ(out[i].logprobs, out[0].logprobs) << "pipeline " << i;
+      }
+    }
+  }
+}
+
 std::string CaseName(const ::testing::TestParamInfo<MmaCase>& info) {
   const auto [dtype, batch, hidden_dim] = info.param;
   return std::string(dtype == CudaWeightDType::kFloat16 ? "fp16" : "bf16") + "_B" +

@@ -272,7 +272,7 @@ TEST_F(FusedSampleTest, BatchInvariance) {
 }
 
 // ---------------------------------------------------------------------------
-// (5b) Tiles of 64 and 128 tokens on the CUDA-core path (cuda_core_tiling.h):
+// (5b) Tiles of 64 and 128 tokens on the CUDA-core path (stage1_shape.h):
 // the same tokens, log Z and log-probs within fp32 rounding (only the merge
 // tree of the log-sum-exp changes); each tile batch-invariant bit for bit; the
 // launcher's own choice is one of the two, bit for bit. Heads: D = 4096 bf16
@@ -439,6 +439,7 @@ TEST_F(FusedSampleTest, RejectsInvalidArguments) {
       {"hidden_dim too large", [](FusedSampleArgs& a) { a.hidden_dim = 100001; }},
       {"cuda_core_tile 96", [](FusedSampleArgs& a) { a.cuda_core_tile = 96; }},
       {"cuda_core_tile -1", [](FusedSampleArgs& a) { a.cuda_core_tile = -1; }},
+      {"mma_pipeline 7", [](FusedSampleArgs& a) { a.mma_pipeline = static_cast<MmaPipeline>(7); }},
   };
   for (const auto& [name, mutate] : cases) {
     FusedSampleArgs args = good;

@@ -159,6 +159,7 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   args.valid_vocab = problem.valid_vocab;
   args.hidden_dim = problem.hidden;
   args.cuda_core_tile = problem.cuda_core_tile;
+  args.mma_pipeline = problem.mma_pipeline;
   args.token_ids = d_tokens.data();
   args.logz = want_lse ? d_logz.data() : nullptr;
   args.logprobs = want_lse ? d_logprobs.data() : nullptr;

@@ -145,6 +145,7 @@ struct Problem {
   int64_t valid_vocab = 0;
   int64_t hidden = 0;
   int32_t cuda_core_tile = 0;  // FusedSampleArgs::cuda_core_tile (0: the launcher's choice)
+  MmaPipeline mma_pipeline = MmaPipeline::kAuto;  // FusedSampleArgs::mma_pipeline
 };
 
 // Uploads H and params, poisons the outputs (0xff bytes: token -1, NaN),

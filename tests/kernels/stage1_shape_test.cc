@@ -1,9 +1,10 @@
-// Tests of kernels/cuda/cuda_core_tiling.h, the CUDA-core stage 1's choice of
-// 64- or 128-token tiles (pure host arithmetic, so it runs in CI). The shapes
-// and the 264-block wave (2 blocks on each of 132 SMs) are those measured in
-// BENCHMARKS.md ("64-token tiles for the CUDA-core stage 1"): 64 where it was
-// measured faster, 128 where it was measured slower or equal.
-#include "kernels/cuda/cuda_core_tiling.h"
+// Tests of kernels/cuda/stage1_shape.h: the CUDA-core stage 1's choice of
+// 64- or 128-token tiles and the tensor-core stage 1's pipeline depth at
+// B <= 16 (pure host arithmetic, so they run in CI). The shapes and waves
+// (132 SMs: 264 one-row CUDA-core blocks, 396 tensor-core blocks) are those
+// measured in BENCHMARKS.md ("64-token tiles for the CUDA-core stage 1",
+// "a deeper tensor-core pipeline"): the rules pick what was measured faster.
+#include "kernels/cuda/stage1_shape.h"
 
 #include <gtest/gtest.h>
 
@@ -48,6 +49,26 @@ TEST(CudaCoreTiling, UnknownDeviceOrEmptyHeadKeepsLargeTiles) {
   EXPECT_EQ(CudaCoreTileTokens(76032, 4096, kBf16, 0), kCudaCoreLargeTile);
   EXPECT_EQ(CudaCoreTileTokens(76032, 4096, kBf16, -1), kCudaCoreLargeTile);
   EXPECT_EQ(CudaCoreTileTokens(0, 4096, kBf16, kWave), kCudaCoreLargeTile);
+}
+
+constexpr int64_t kSms = 132;
+
+TEST(MmaDeepPipeline, DeepWhereTheLastWaveIsAtMostAThirdFullOnLongRows) {
+  EXPECT_TRUE(MmaDeepPipeline(501, 8192, kSms));   // 8192 x 64128: + 105 of 396, measured 3% faster
+  EXPECT_TRUE(MmaDeepPipeline(505, 7168, kSms));   // 7168 x 64640: + 109, 2.5% faster
+  EXPECT_TRUE(MmaDeepPipeline(2000, 8192, kSms));  // 8192 x 256000: + 20, equal
+  EXPECT_TRUE(MmaDeepPipeline(132, 7168, kSms));   // exactly a third
+}
+
+TEST(MmaDeepPipeline, ShallowElsewhere) {
+  EXPECT_FALSE(MmaDeepPipeline(594, 8192, kSms));   // 8192 x 76032: + 198, 1% slower deep
+  EXPECT_FALSE(MmaDeepPipeline(1002, 8192, kSms));  // 8192 x 128256: + 210
+  EXPECT_FALSE(MmaDeepPipeline(250, 8192, kSms));   // 8192 x 32000: 250 of one wave
+  EXPECT_FALSE(MmaDeepPipeline(133, 7168, kSms));   // one block past a third
+  EXPECT_FALSE(MmaDeepPipeline(792, 8192, kSms));   // whole waves
+  EXPECT_FALSE(MmaDeepPipeline(501, 6144, kSms));   // short rows: 5120, 6144 never gained deep
+  EXPECT_FALSE(MmaDeepPipeline(501, 8192, 0));      // unknown device
+  EXPECT_FALSE(MmaDeepPipeline(0, 8192, kSms));
 }
 
 }  // namespace
