@@ -92,7 +92,9 @@ class HostileClients : public ::testing::Test {
     delete client_;
     absl::StatusOr<int> exit_code = server_->Stop(SIGTERM, absl::Seconds(60));
     EXPECT_TRUE(exit_code.ok()) << exit_code.status();
-    if (exit_code.ok()) EXPECT_EQ(*exit_code, 0);
+    if (exit_code.ok()) {
+      EXPECT_EQ(*exit_code, 0);
+    }
     delete server_;
   }
 

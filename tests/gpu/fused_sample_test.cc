@@ -310,11 +310,15 @@ TEST_F(FusedSampleTest, SmallAndLargeTilesGiveTheSameTokens) {
       EXPECT_EQ(chosen.tokens, large.tokens);
       EXPECT_TRUE(chosen.logz == small.logz || chosen.logz == large.logz);
       const bool tensor_cores = c.dtype != CudaWeightDType::kFloat32 && c.hidden % 16 == 0 && batch >= 3;
-      if (tensor_cores) EXPECT_EQ(small.logz, large.logz);
+      if (tensor_cores) {
+        EXPECT_EQ(small.logz, large.logz);
+      }
       if (c.hidden == 4096 && batch == 1) {
         int sms = 0;
         ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-        if (sms >= 67) EXPECT_EQ(chosen.logz, small.logz) << sms << " SMs";
+        if (sms >= 67) {
+          EXPECT_EQ(chosen.logz, small.logz) << sms << " SMs";
+        }
       }
       // Small tiles, each row alone: the batch's bits (CUDA-core launches only).
       if (tensor_cores) continue;
