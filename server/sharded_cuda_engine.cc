@@ -15,8 +15,9 @@
 // one GPU), exchanges the per-row summaries (O(B * shards) bytes, never
 // logits: an NCCL all-gather, or with --shard_exchange=peer stores from each
 // GPU's kernel into GPU 0's memory) and merges them on GPU 0, whose results
-// come back through pinned memory. With --shard_merge=exact (the default) the tokens are those
-// of one GPU for the same seeds; log Z agrees to fp32 rounding.
+// come back through pinned memory. With --shard_merge=exact (the default) the
+// tokens are those of one GPU for the same seeds; log Z agrees to fp32
+// rounding.
 //
 // Failure. Every CUDA / NCCL call is checked. The step is awaited with
 // WaitForShards under --shard_timeout_s: a device error, an NCCL error or a

@@ -83,42 +83,6 @@ bool Ok(KernelStatus s, const char* what) {
     if (!Ok((expr), #expr)) return 1;  \
   } while (0)
 
-namespace {
-
-// Device memory freed on scope exit.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
-    other.ptr_ = nullptr;
-    other.bytes_ = 0;
-  }
-  ~DeviceBuffer() { Reset(); }
-  bool Allocate(size_t bytes, const char* what) {
-    Reset();
-    bytes_ = bytes;
-    return Ok(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256)), what);
-  }
-  void Reset() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  template <class T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-}  // namespace
-
 Stats Summarize(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   const size_t n = ms.size();

@@ -62,6 +62,50 @@ bool Ok(cudaError_t err, const char* what);
 bool Ok(cublasStatus_t s, const char* what);
 bool Ok(KernelStatus s, const char* what);
 
+// Device memory freed on scope exit, on the device it was allocated on (the
+// current device at Allocate; the sharded modes hold buffers on several).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : ptr_(other.ptr_), bytes_(other.bytes_), device_(other.device_) {
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  ~DeviceBuffer() { Reset(); }
+  // Frees what it held, then cudaMalloc(max(bytes, 256)); false (printed
+  // with `what`) on failure.
+  bool Allocate(size_t bytes, const char* what = "cudaMalloc") {
+    Reset();
+    bytes_ = bytes;
+    return Ok(cudaGetDevice(&device_), what) &&
+           Ok(cudaMalloc(&ptr_, bytes > 256 ? bytes : 256), what);
+  }
+  void Reset() {
+    if (ptr_ != nullptr) {
+      int current = 0;
+      const bool switch_device = cudaGetDevice(&current) == cudaSuccess && current != device_;
+      if (switch_device) cudaSetDevice(device_);
+      cudaFree(ptr_);
+      if (switch_device) cudaSetDevice(current);
+    }
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  template <class T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  int device_ = 0;
+};
+
 struct Stats {
   double median_ms = 0.0;
   double min_ms = 0.0;

@@ -51,29 +51,12 @@
 #include "nlohmann/json.hpp"
 
 namespace flashsampler::kernels::bench {
-namespace {
 
 // Ok: cuda_bench.h.
 #define CB_CHECK(expr)                 \
   do {                                 \
     if (!Ok((expr), #expr)) return 1;  \
   } while (0)
-
-struct Buf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  ~Buf() { cudaFree(p); }
-  bool Alloc(size_t n) {
-    bytes = n;
-    return cudaMalloc(&p, std::max<size_t>(n, 256)) == cudaSuccess;
-  }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-}  // namespace
 
 std::vector<ControlSet> ControlSets(const std::string& which, int64_t vocab) {
   std::vector<ControlSet> all;
@@ -128,26 +111,26 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
               "fused_ctl", "plain_fused", "ctl/plain");
   for (const CudaShape& shape : o.shapes) {
     const int64_t d = shape.hidden, v = shape.vocab;
-    Buf w, h, logits, params, ws_from, ws_full, ws_mat, ws_fused, ws_fused_ctl, controls_buf;
-    Buf tokens, logz, status, stokens, slogprobs, sranks, top_ids, top_lp, top_counts;
-    if (!w.Alloc(static_cast<size_t>(v * d) * 2) || !h.Alloc(static_cast<size_t>(bmax * d) * 4) ||
-        !logits.Alloc(static_cast<size_t>(bmax * v) * 4) ||
-        !params.Alloc(static_cast<size_t>(bmax) * sizeof(RowParams)) ||
-        !ws_from.Alloc(ControlledFromLogitsWorkspaceBytes(bmax, v)) ||
-        !ws_full.Alloc(ControlledSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
-        !ws_mat.Alloc(MaterializedSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
-        !ws_fused.Alloc(FusedSampleWorkspaceBytes(bmax, v, d)) ||
-        !ws_fused_ctl.Alloc(FusedControlledWorkspaceBytes(bmax, v, d)) ||
-        !tokens.Alloc(bmax * 4) || !logz.Alloc(bmax * 4) || !status.Alloc(bmax * 4) ||
-        !stokens.Alloc(bmax * 4) || !slogprobs.Alloc(bmax * 4) || !sranks.Alloc(bmax * 4) ||
-        !top_ids.Alloc(bmax * kMaxTopLogprobs * 4) || !top_lp.Alloc(bmax * kMaxTopLogprobs * 4) ||
-        !top_counts.Alloc(bmax * 4)) {
+    DeviceBuffer w, h, logits, params, ws_from, ws_full, ws_mat, ws_fused, ws_fused_ctl, controls_buf;
+    DeviceBuffer tokens, logz, status, stokens, slogprobs, sranks, top_ids, top_lp, top_counts;
+    if (!w.Allocate(static_cast<size_t>(v * d) * 2) || !h.Allocate(static_cast<size_t>(bmax * d) * 4) ||
+        !logits.Allocate(static_cast<size_t>(bmax * v) * 4) ||
+        !params.Allocate(static_cast<size_t>(bmax) * sizeof(RowParams)) ||
+        !ws_from.Allocate(ControlledFromLogitsWorkspaceBytes(bmax, v)) ||
+        !ws_full.Allocate(ControlledSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
+        !ws_mat.Allocate(MaterializedSampleWorkspaceBytes(bmax, v, d, CudaWeightDType::kBFloat16)) ||
+        !ws_fused.Allocate(FusedSampleWorkspaceBytes(bmax, v, d)) ||
+        !ws_fused_ctl.Allocate(FusedControlledWorkspaceBytes(bmax, v, d)) ||
+        !tokens.Allocate(bmax * 4) || !logz.Allocate(bmax * 4) || !status.Allocate(bmax * 4) ||
+        !stokens.Allocate(bmax * 4) || !slogprobs.Allocate(bmax * 4) || !sranks.Allocate(bmax * 4) ||
+        !top_ids.Allocate(bmax * kMaxTopLogprobs * 4) || !top_lp.Allocate(bmax * kMaxTopLogprobs * 4) ||
+        !top_counts.Allocate(bmax * 4)) {
       std::cerr << "flashsampler-kernel-bench: device allocation failed\n";
       return 1;
     }
-    if (FillNormalBf16(w.p, static_cast<size_t>(v * d), o.logit_std / std::sqrt(static_cast<float>(d)),
+    if (FillNormalBf16(w.get(), static_cast<size_t>(v * d), o.logit_std / std::sqrt(static_cast<float>(d)),
                        o.seed * 1000 + 7, stream) != 0 ||
-        FillNormalFloatBf16Exact(h.as<float>(), static_cast<size_t>(bmax * d), 1.0f, o.seed * 1000 + 3,
+        FillNormalFloatBf16Exact(h.get<float>(), static_cast<size_t>(bmax * d), 1.0f, o.seed * 1000 + 3,
                                  stream) != 0) {
       return 1;
     }
@@ -155,17 +138,17 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
     for (int64_t b = 0; b < bmax; ++b) {
       host_params[b] = RowParams{o.temperature, o.seed, 1, static_cast<uint32_t>(b)};
     }
-    CB_CHECK(cudaMemcpy(params.p, host_params.data(), bmax * sizeof(RowParams), cudaMemcpyHostToDevice));
-    Buf cast;
-    if (!cast.Alloc(LogitsGemmCastBytes(bmax, d, CudaWeightDType::kBFloat16))) return 1;
+    CB_CHECK(cudaMemcpy(params.get(), host_params.data(), bmax * sizeof(RowParams), cudaMemcpyHostToDevice));
+    DeviceBuffer cast;
+    if (!cast.Allocate(LogitsGemmCastBytes(bmax, d, CudaWeightDType::kBFloat16))) return 1;
     LogitsGemmArgs gemm;
-    gemm.weight = w.p;
-    gemm.hidden = h.as<float>();
+    gemm.weight = w.get();
+    gemm.hidden = h.get<float>();
     gemm.batch = bmax;
     gemm.valid_vocab = v;
     gemm.hidden_dim = d;
-    gemm.cast_hidden = cast.p;
-    gemm.logits = logits.as<float>();
+    gemm.cast_hidden = cast.get();
+    gemm.logits = logits.get<float>();
     CB_CHECK(LaunchLogitsGemm(gemm, cublas, stream));
 
     for (const ControlSet& set : ControlSets(which, v)) {
@@ -174,46 +157,46 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
       CB_CHECK(FlattenControls(rows.data(), bmax, v, v, &flat));
       std::vector<uint8_t> packed(flat.PackedBytes());
       flat.PackTo(packed.data());
-      if (!controls_buf.Alloc(packed.size())) return 1;
-      CB_CHECK(cudaMemcpy(controls_buf.p, packed.data(), packed.size(), cudaMemcpyHostToDevice));
-      const ControlledDeviceControls dc = flat.DeviceView(controls_buf.p);
-      const ControlledSampleOutputs out{tokens.as<int32_t>(),  logz.as<float>(),     nullptr,
-                                        status.as<int32_t>(),  stokens.as<int32_t>(), slogprobs.as<float>(),
-                                        sranks.as<int32_t>(), top_ids.as<int32_t>(), top_lp.as<float>(),
-                                        top_counts.as<int32_t>()};
+      if (!controls_buf.Allocate(packed.size())) return 1;
+      CB_CHECK(cudaMemcpy(controls_buf.get(), packed.data(), packed.size(), cudaMemcpyHostToDevice));
+      const ControlledDeviceControls dc = flat.DeviceView(controls_buf.get());
+      const ControlledSampleOutputs out{tokens.get<int32_t>(),  logz.get<float>(),     nullptr,
+                                        status.get<int32_t>(),  stokens.get<int32_t>(), slogprobs.get<float>(),
+                                        sranks.get<int32_t>(), top_ids.get<int32_t>(), top_lp.get<float>(),
+                                        top_counts.get<int32_t>()};
       for (int64_t batch : o.batches) {
         auto filter_with = [&](int cluster_blocks) {
-          return LaunchControlledSampleFromLogits(logits.as<float>(), params.as<RowParams>(), batch, v, dc,
-                                                  out, ws_from.p, ws_from.bytes, stream, cluster_blocks);
+          return LaunchControlledSampleFromLogits(logits.get<float>(), params.get<RowParams>(), batch, v, dc,
+                                                  out, ws_from.get(), ws_from.bytes(), stream, cluster_blocks);
         };
         auto filter = [&] { return filter_with(kControlledClusterAuto); };
         auto filter_g8 = [&] { return filter_with(kControlledClusterBlocks); };
         auto filter_g1 = [&] { return filter_with(1); };
-        auto controlled_args = [&](const Buf& ws) {
+        auto controlled_args = [&](const DeviceBuffer& ws) {
           ControlledSampleArgs a;
-          a.weight = w.p;
-          a.hidden = h.as<float>();
-          a.params = params.as<RowParams>();
+          a.weight = w.get();
+          a.hidden = h.get<float>();
+          a.params = params.get<RowParams>();
           a.batch = batch;
           a.vocab = a.valid_vocab = v;
           a.hidden_dim = d;
           a.controls = dc;
           a.outputs = out;
-          a.workspace = ws.p;
-          a.workspace_bytes = ws.bytes;
+          a.workspace = ws.get();
+          a.workspace_bytes = ws.bytes();
           return a;
         };
-        auto plain_args = [&](const Buf& ws) {
+        auto plain_args = [&](const DeviceBuffer& ws) {
           FusedSampleArgs a;
-          a.weight = w.p;
-          a.hidden = h.as<float>();
-          a.params = params.as<RowParams>();
+          a.weight = w.get();
+          a.hidden = h.get<float>();
+          a.params = params.get<RowParams>();
           a.batch = batch;
           a.vocab = a.valid_vocab = v;
           a.hidden_dim = d;
-          a.token_ids = tokens.as<int32_t>();
-          a.workspace = ws.p;
-          a.workspace_bytes = ws.bytes;
+          a.token_ids = tokens.get<int32_t>();
+          a.workspace = ws.get();
+          a.workspace_bytes = ws.bytes();
           return a;
         };
         auto full = [&] { return LaunchControlledSample(controlled_args(ws_full), cublas, stream); };
@@ -228,8 +211,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         if (fused_served) {  // check: every row served (status 0), tokens in range
           CB_CHECK(fused_ctl());
           CB_CHECK(cudaStreamSynchronize(stream));
-          CB_CHECK(cudaMemcpy(st.data(), status.p, batch * 4, cudaMemcpyDeviceToHost));
-          CB_CHECK(cudaMemcpy(tk.data(), tokens.p, batch * 4, cudaMemcpyDeviceToHost));
+          CB_CHECK(cudaMemcpy(st.data(), status.get(), batch * 4, cudaMemcpyDeviceToHost));
+          CB_CHECK(cudaMemcpy(tk.data(), tokens.get(), batch * 4, cudaMemcpyDeviceToHost));
           for (int64_t b = 0; b < batch; ++b) {
             if (st[b] != 0 || tk[b] < 0 || tk[b] >= v) {
               std::cerr << "flashsampler-kernel-bench: fused controlled check failed at row " << b
@@ -241,8 +224,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         // Check: statuses 0, tokens in range.
         CB_CHECK(filter());
         CB_CHECK(cudaStreamSynchronize(stream));
-        CB_CHECK(cudaMemcpy(st.data(), status.p, batch * 4, cudaMemcpyDeviceToHost));
-        CB_CHECK(cudaMemcpy(tk.data(), tokens.p, batch * 4, cudaMemcpyDeviceToHost));
+        CB_CHECK(cudaMemcpy(st.data(), status.get(), batch * 4, cudaMemcpyDeviceToHost));
+        CB_CHECK(cudaMemcpy(tk.data(), tokens.get(), batch * 4, cudaMemcpyDeviceToHost));
         for (int64_t b = 0; b < batch; ++b) {
           if (st[b] != 0 || tk[b] < 0 || tk[b] >= v) {
             std::cerr << "flashsampler-kernel-bench: controlled check failed at row " << b << "\n";

@@ -57,36 +57,10 @@ constexpr int64_t kAlign = 128;  // shard boundaries: the kernels' tile
     if (!Ok((expr), #expr)) return 1;  \
   } while (0)
 
-// A device allocation freed on its own device.
-struct DeviceAlloc {
-  int device = 0;
-  void* p = nullptr;
-  size_t bytes = 0;
-  DeviceAlloc() = default;
-  DeviceAlloc(const DeviceAlloc&) = delete;
-  DeviceAlloc& operator=(const DeviceAlloc&) = delete;
-  ~DeviceAlloc() {
-    if (p != nullptr) {
-      cudaSetDevice(device);
-      cudaFree(p);
-    }
-  }
-  bool Alloc(int on_device, size_t n) {
-    if (p != nullptr) {  // reused across control sets: the previous buffer goes first
-      cudaSetDevice(device);
-      cudaFree(p);
-      p = nullptr;
-    }
-    device = on_device;
-    bytes = n;
-    return cudaSetDevice(device) == cudaSuccess &&
-           cudaMalloc(&p, std::max<size_t>(n, 256)) == cudaSuccess;
-  }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
+// b->Allocate(bytes) on `device` (DeviceBuffer frees it there).
+bool AllocOn(DeviceBuffer* b, int device, size_t bytes) {
+  return Ok(cudaSetDevice(device), "cudaSetDevice") && b->Allocate(bytes);
+}
 
 // One shard's GPU and buffers for one shape.
 struct Shard {
@@ -94,7 +68,7 @@ struct Shard {
   int64_t begin = 0, end = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  DeviceAlloc weight, hidden, params, controls, workspace, scratch;
+  DeviceBuffer weight, hidden, params, controls, workspace, scratch;
 };
 
 struct Row {
@@ -125,19 +99,19 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
     SC_CHECK(cublasSetStream(s.cublas, s.stream));
     const size_t scratch = ShardedControlledShardBytes(bmax, rows, D, CudaWeightDType::kBFloat16);
     const size_t workspace = FusedControlledWorkspaceBytes(bmax, rows, D);
-    if (scratch == 0 || !s.weight.Alloc(s.device, static_cast<size_t>(rows * D) * 2) ||
-        !s.hidden.Alloc(s.device, static_cast<size_t>(bmax * D) * sizeof(float)) ||
-        !s.params.Alloc(s.device, static_cast<size_t>(bmax) * sizeof(RowParams)) ||
-        !s.workspace.Alloc(s.device, workspace) || !s.scratch.Alloc(s.device, scratch)) {
+    if (scratch == 0 || !AllocOn(&s.weight, s.device, static_cast<size_t>(rows * D) * 2) ||
+        !AllocOn(&s.hidden, s.device, static_cast<size_t>(bmax * D) * sizeof(float)) ||
+        !AllocOn(&s.params, s.device, static_cast<size_t>(bmax) * sizeof(RowParams)) ||
+        !AllocOn(&s.workspace, s.device, workspace) || !AllocOn(&s.scratch, s.device, scratch)) {
       std::cerr << "flashsampler-kernel-bench: shard allocation failed on GPU " << s.device << "\n";
       return 1;
     }
     // W ~ N(0, logit_std^2 / D), each shard its own seed; the whole W on
     // devices[0] is then copied together from the shards.
-    if (FillNormalBf16(s.weight.p, static_cast<size_t>(rows * D),
+    if (FillNormalBf16(s.weight.get(), static_cast<size_t>(rows * D),
                        o.logit_std / std::sqrt(static_cast<float>(D)), o.seed * 1000003 + k,
                        s.stream) != 0 ||
-        FillNormalFloatBf16Exact(s.hidden.as<float>(), static_cast<size_t>(bmax * D), 1.0f,
+        FillNormalFloatBf16Exact(s.hidden.get<float>(), static_cast<size_t>(bmax * D), 1.0f,
                                  o.seed + 7, s.stream) != 0) {
       std::cerr << "flashsampler-kernel-bench: fill kernel failed\n";
       return 1;
@@ -147,33 +121,33 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
   Shard& s0 = shards[0];
   const int d0 = s0.device;
   // GPU devices[0]: the whole W, its workspaces, the outputs and the gathers.
-  DeviceAlloc whole_weight, ws_full, ws_fused, gather_full, gather_fused;
-  DeviceAlloc tokens, status, stokens, slogprobs, sranks, top_ids, top_lp, top_counts;
-  if (!whole_weight.Alloc(d0, static_cast<size_t>(V * D) * 2) ||
-      !ws_full.Alloc(d0, ControlledSampleWorkspaceBytes(bmax, V, D, CudaWeightDType::kBFloat16)) ||
-      !ws_fused.Alloc(d0, FusedControlledWorkspaceBytes(bmax, V, D)) ||
-      !gather_full.Alloc(d0, ShardedControlledGatherBytes(bmax, V)) ||
-      !gather_fused.Alloc(d0, ShardedFusedControlledGatherBytes(bmax, V)) ||
-      !tokens.Alloc(d0, bmax * 4) || !status.Alloc(d0, bmax * 4) ||
-      !stokens.Alloc(d0, bmax * 4) || !slogprobs.Alloc(d0, bmax * 4) ||
-      !sranks.Alloc(d0, bmax * 4) || !top_ids.Alloc(d0, bmax * kMaxTopLogprobs * 4) ||
-      !top_lp.Alloc(d0, bmax * kMaxTopLogprobs * 4) || !top_counts.Alloc(d0, bmax * 4)) {
+  DeviceBuffer whole_weight, ws_full, ws_fused, gather_full, gather_fused;
+  DeviceBuffer tokens, status, stokens, slogprobs, sranks, top_ids, top_lp, top_counts;
+  if (!AllocOn(&whole_weight, d0, static_cast<size_t>(V * D) * 2) ||
+      !AllocOn(&ws_full, d0, ControlledSampleWorkspaceBytes(bmax, V, D, CudaWeightDType::kBFloat16)) ||
+      !AllocOn(&ws_fused, d0, FusedControlledWorkspaceBytes(bmax, V, D)) ||
+      !AllocOn(&gather_full, d0, ShardedControlledGatherBytes(bmax, V)) ||
+      !AllocOn(&gather_fused, d0, ShardedFusedControlledGatherBytes(bmax, V)) ||
+      !AllocOn(&tokens, d0, bmax * 4) || !AllocOn(&status, d0, bmax * 4) ||
+      !AllocOn(&stokens, d0, bmax * 4) || !AllocOn(&slogprobs, d0, bmax * 4) ||
+      !AllocOn(&sranks, d0, bmax * 4) || !AllocOn(&top_ids, d0, bmax * kMaxTopLogprobs * 4) ||
+      !AllocOn(&top_lp, d0, bmax * kMaxTopLogprobs * 4) || !AllocOn(&top_counts, d0, bmax * 4)) {
     std::cerr << "flashsampler-kernel-bench: allocation failed on GPU " << d0 << "\n";
     return 1;
   }
   for (const Shard& s : shards) {  // the whole W = the shards' rows, in order
-    SC_CHECK(cudaMemcpyPeer(whole_weight.as<char>() + s.begin * D * 2, d0, s.weight.p, s.device,
+    SC_CHECK(cudaMemcpyPeer(whole_weight.get<char>() + s.begin * D * 2, d0, s.weight.get(), s.device,
                             static_cast<size_t>((s.end - s.begin) * D) * 2));
   }
   for (const Shard& s : shards) {  // cudaMemcpyPeer orders only against the legacy stream
     SC_CHECK(cudaSetDevice(s.device));
     SC_CHECK(cudaDeviceSynchronize());
   }
-  const ControlledSampleOutputs out{tokens.as<int32_t>(),  nullptr,
-                                    nullptr,               status.as<int32_t>(),
-                                    stokens.as<int32_t>(), slogprobs.as<float>(),
-                                    sranks.as<int32_t>(),  top_ids.as<int32_t>(),
-                                    top_lp.as<float>(),    top_counts.as<int32_t>()};
+  const ControlledSampleOutputs out{tokens.get<int32_t>(),  nullptr,
+                                    nullptr,               status.get<int32_t>(),
+                                    stokens.get<int32_t>(), slogprobs.get<float>(),
+                                    sranks.get<int32_t>(),  top_ids.get<int32_t>(),
+                                    top_lp.get<float>(),    top_counts.get<int32_t>()};
   std::vector<ShardDevice> devs(static_cast<size_t>(n));
   for (int k = 0; k < n; ++k) devs[k] = ShardDevice{shards[k].device, shards[k].stream, nullptr, shards[k].cublas};
 
@@ -214,8 +188,8 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
     std::vector<uint8_t> packed(flat.PackedBytes());
     flat.PackTo(packed.data());
     for (Shard& s : shards) {  // the controls on every GPU (fused stage 1 reads them there)
-      if (!s.controls.Alloc(s.device, packed.size())) return 1;
-      SC_CHECK(cudaMemcpy(s.controls.p, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+      if (!AllocOn(&s.controls, s.device, packed.size())) return 1;
+      SC_CHECK(cudaMemcpy(s.controls.get(), packed.data(), packed.size(), cudaMemcpyHostToDevice));
     }
     const bool fused_served =
         std::none_of(flat.rows.begin(), flat.rows.end(), [](const ControlledRowDesc& r) {
@@ -233,52 +207,52 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
       }
       for (Shard& s : shards) {
         SC_CHECK(cudaSetDevice(s.device));
-        SC_CHECK(cudaMemcpy(s.params.p, params.data(), batch * sizeof(RowParams), cudaMemcpyHostToDevice));
+        SC_CHECK(cudaMemcpy(s.params.get(), params.data(), batch * sizeof(RowParams), cudaMemcpyHostToDevice));
         SC_CHECK(cudaDeviceSynchronize());
       }
       // Controls are flattened for bmax rows; a batch uses the first `batch`
       // rows' descriptors (every row is the same set).
-      auto controlled_args = [&](const DeviceAlloc& ws) {
+      auto controlled_args = [&](const DeviceBuffer& ws) {
         ControlledSampleArgs a;
-        a.weight = whole_weight.p;
-        a.hidden = s0.hidden.as<float>();
-        a.params = s0.params.as<RowParams>();
+        a.weight = whole_weight.get();
+        a.hidden = s0.hidden.get<float>();
+        a.params = s0.params.get<RowParams>();
         a.batch = batch;
         a.vocab = a.valid_vocab = V;
         a.hidden_dim = D;
-        a.controls = flat.DeviceView(s0.controls.p);
+        a.controls = flat.DeviceView(s0.controls.get());
         a.outputs = out;
-        a.workspace = ws.p;
-        a.workspace_bytes = ws.bytes;
+        a.workspace = ws.get();
+        a.workspace_bytes = ws.bytes();
         return a;
       };
-      auto batch_of = [&](ShardedControlledBatch* b, const DeviceAlloc& gather) {
+      auto batch_of = [&](ShardedControlledBatch* b, const DeviceBuffer& gather) {
         b->devices = devs.data();
         b->num_shards = n;
         b->batch = batch;
         b->hidden_dim = D;
         b->valid_vocab = V;
-        b->params = s0.params.as<RowParams>();
-        b->controls = flat.DeviceView(s0.controls.p);
+        b->params = s0.params.get<RowParams>();
+        b->controls = flat.DeviceView(s0.controls.get());
         b->outputs = out;
-        b->gather_scratch = gather.p;
-        b->gather_scratch_bytes = gather.bytes;
+        b->gather_scratch = gather.get();
+        b->gather_scratch_bytes = gather.bytes();
       };
       std::vector<ShardedControlledShard> full_shards(static_cast<size_t>(n));
       std::vector<ShardedFusedControlledShard> fused_shards(static_cast<size_t>(n));
       for (int k = 0; k < n; ++k) {
         const Shard& s = shards[k];
-        full_shards[k] = ShardedControlledShard{s.weight.p, s.hidden.as<float>(), s.begin, s.end,
-                                                s.scratch.p, s.scratch.bytes};
+        full_shards[k] = ShardedControlledShard{s.weight.get(), s.hidden.get<float>(), s.begin, s.end,
+                                                s.scratch.get(), s.scratch.bytes()};
         ShardedFusedControlledShard& f = fused_shards[k];
-        f.weight = s.weight.p;
-        f.hidden = s.hidden.as<float>();
-        f.params = s.params.as<RowParams>();
-        f.controls = flat.DeviceView(s.controls.p);
+        f.weight = s.weight.get();
+        f.hidden = s.hidden.get<float>();
+        f.params = s.params.get<RowParams>();
+        f.controls = flat.DeviceView(s.controls.get());
         f.begin = s.begin;
         f.end = s.end;
-        f.workspace = s.workspace.p;
-        f.workspace_bytes = s.workspace.bytes;
+        f.workspace = s.workspace.get();
+        f.workspace_bytes = s.workspace.bytes();
       }
       auto one_full = [&] {
         cudaSetDevice(d0);
@@ -309,8 +283,8 @@ int RunShape(const CudaBenchOptions& o, const std::vector<int>& devices, const C
         std::vector<int32_t> st(static_cast<size_t>(batch));
         tk->resize(static_cast<size_t>(batch));
         SC_CHECK(cudaSetDevice(d0));
-        SC_CHECK(cudaMemcpy(st.data(), status.p, batch * 4, cudaMemcpyDeviceToHost));
-        SC_CHECK(cudaMemcpy(tk->data(), tokens.p, batch * 4, cudaMemcpyDeviceToHost));
+        SC_CHECK(cudaMemcpy(st.data(), status.get(), batch * 4, cudaMemcpyDeviceToHost));
+        SC_CHECK(cudaMemcpy(tk->data(), tokens.get(), batch * 4, cudaMemcpyDeviceToHost));
         for (int64_t b = 0; b < batch; ++b) {
           if (st[b] != 0 || (*tk)[b] < 0 || (*tk)[b] >= V) {
             std::cerr << "flashsampler-kernel-bench: " << name << " check failed at row " << b

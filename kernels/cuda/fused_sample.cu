@@ -404,41 +404,51 @@ std::vector<ResidentEntry>& ResidentCache() {
   return *cache;
 }
 
+// ResidentOneRowBlocks for the launch's head, from the cache or asked once.
+cudaError_t CachedResidentBlocks(const FusedSampleArgs& args, int device, int64_t* resident) {
+  {
+    std::lock_guard<std::mutex> lock(ResidentMutex());
+    for (const ResidentEntry& e : ResidentCache()) {
+      if (e.device == device && e.dtype == args.weight_dtype && e.hidden_dim == args.hidden_dim) {
+        *resident = e.resident;
+        return cudaSuccess;
+      }
+    }
+  }
+  cudaError_t err = cudaSuccess;
+  switch (args.weight_dtype) {
+    case CudaWeightDType::kFloat32:
+      err = ResidentOneRowBlocks<Fp32Weights>(args.hidden_dim, device, resident);
+      break;
+    case CudaWeightDType::kFloat16:
+      err = ResidentOneRowBlocks<Fp16Weights>(args.hidden_dim, device, resident);
+      break;
+    case CudaWeightDType::kBFloat16:
+      err = ResidentOneRowBlocks<Bf16Weights>(args.hidden_dim, device, resident);
+      break;
+  }
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(ResidentMutex());
+  ResidentCache().push_back({device, args.weight_dtype, args.hidden_dim, *resident});
+  return cudaSuccess;
+}
+
+// The launch's CUDA-core tile: as forced by args.cuda_core_tile, else by
+// CudaCoreTileTokens (stage1_shape.h).
 cudaError_t CudaCoreTile(const FusedSampleArgs& args, int device, int* tile) {
   if (args.cuda_core_tile != 0) {
     *tile = args.cuda_core_tile;
     return cudaSuccess;
   }
-  {
-    std::lock_guard<std::mutex> lock(ResidentMutex());
-    for (const ResidentEntry& e : ResidentCache()) {
-      if (e.device == device && e.dtype == args.weight_dtype && e.hidden_dim == args.hidden_dim) {
-        *tile = CudaCoreTileTokens(args.valid_vocab, args.hidden_dim,
-                                   CudaWeightDTypeBytes(args.weight_dtype), e.resident);
-        return cudaSuccess;
-      }
-    }
+  const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
+  if (static_cast<int64_t>(elem_bytes) * args.hidden_dim < kCudaCoreSmallTileMinRowBytes) {
+    *tile = kCudaCoreLargeTile;  // short rows: no occupancy lookup
+    return cudaSuccess;
   }
   int64_t resident = 0;
-  cudaError_t err = cudaSuccess;
-  switch (args.weight_dtype) {
-    case CudaWeightDType::kFloat32:
-      err = ResidentOneRowBlocks<Fp32Weights>(args.hidden_dim, device, &resident);
-      break;
-    case CudaWeightDType::kFloat16:
-      err = ResidentOneRowBlocks<Fp16Weights>(args.hidden_dim, device, &resident);
-      break;
-    case CudaWeightDType::kBFloat16:
-      err = ResidentOneRowBlocks<Bf16Weights>(args.hidden_dim, device, &resident);
-      break;
-  }
+  const cudaError_t err = CachedResidentBlocks(args, device, &resident);
   if (err != cudaSuccess) return err;
-  {
-    std::lock_guard<std::mutex> lock(ResidentMutex());
-    ResidentCache().push_back({device, args.weight_dtype, args.hidden_dim, resident});
-  }
-  *tile = CudaCoreTileTokens(args.valid_vocab, args.hidden_dim,
-                             CudaWeightDTypeBytes(args.weight_dtype), resident);
+  *tile = CudaCoreTileTokens(args.valid_vocab, args.hidden_dim, elem_bytes, resident);
   return cudaSuccess;
 }
 

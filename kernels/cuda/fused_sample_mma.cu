@@ -438,8 +438,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
 cudaError_t DeepPipeline(const FusedSampleArgs& a, int64_t num_tiles, const MmaControls* c,
                          bool* deep) {
   *deep = a.mma_pipeline == MmaPipeline::kDeep;
-  if (a.mma_pipeline != MmaPipeline::kAuto || c != nullptr || a.hidden_dim < 7168) {
-    return cudaSuccess;
+  if (a.mma_pipeline != MmaPipeline::kAuto || c != nullptr || a.hidden_dim < kMmaDeepMinHidden) {
+    return cudaSuccess;  // no device query where the rule cannot pick deep
   }
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);

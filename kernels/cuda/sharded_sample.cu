@@ -2,8 +2,8 @@
 // per-row summaries (one NCCL all-gather, or peer stores into shard 0's
 // buffer), the merge on shard 0; and for controlled rows the gathered-logits
 // and gathered-tile paths. Contract: sharded_sample.h. Reads top to bottom:
-// exchange layout, the merge kernel, the launcher, the controlled launchers,
-// the bounded wait.
+// exchange layout, the merge kernel, the launch events, the launcher, the
+// controlled launchers, the bounded wait.
 #include "kernels/cuda/sharded_sample.h"
 
 #include <cuda_runtime.h>
@@ -56,6 +56,46 @@ KernelStatus FromCuda(cudaError_t err) {
   return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
 }
 
+// Events of one launch: done[k] on device k (shard k's sampler, or its GEMM
+// of the current chunk, or its stage 1), copied on device 0 (shard 0's
+// stream has read every slice of the current chunk, so the shards may
+// overwrite their logits). Each is created on first record, on the current
+// device, which the caller has set to the stream's. Destroying an event whose
+// record is still pending is allowed: it is released once done.
+class LaunchEvents {
+ public:
+  explicit LaunchEvents(int32_t n) : done_(static_cast<size_t>(n), nullptr) {}
+  ~LaunchEvents() {
+    for (cudaEvent_t e : done_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (copied_ != nullptr) cudaEventDestroy(copied_);
+  }
+  LaunchEvents(const LaunchEvents&) = delete;
+  LaunchEvents& operator=(const LaunchEvents&) = delete;
+
+  cudaError_t RecordDone(int32_t k, cudaStream_t stream) {
+    return Record(&done_[static_cast<size_t>(k)], stream);
+  }
+  cudaError_t RecordCopied(cudaStream_t stream) { return Record(&copied_, stream); }
+  cudaEvent_t done(int32_t k) const { return done_[static_cast<size_t>(k)]; }
+  cudaEvent_t copied() const { return copied_; }
+
+ private:
+  static cudaError_t Record(cudaEvent_t* event, cudaStream_t stream) {
+    if (*event == nullptr) {
+      if (const cudaError_t err = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+          err != cudaSuccess) {
+        return err;
+      }
+    }
+    return cudaEventRecord(*event, stream);
+  }
+
+  std::vector<cudaEvent_t> done_;
+  cudaEvent_t copied_ = nullptr;
+};
+
 }  // namespace
 
 size_t ShardExchangeBytes(int64_t batch, int32_t num_shards) {
@@ -101,15 +141,7 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
   // kPeerWrite: one event per shard k >= 1, made right after its launch, so
   // nothing but the launch itself precedes shard 0's kernel on the host.
   const bool peer_write = args.exchange_mode == ShardExchange::kPeerWrite;
-  std::vector<cudaEvent_t> done(static_cast<size_t>(n), nullptr);
-  struct DestroyEvents {
-    std::vector<cudaEvent_t>* events;
-    ~DestroyEvents() {  // allowed while a record is pending: released once done
-      for (cudaEvent_t e : *events) {
-        if (e != nullptr) cudaEventDestroy(e);
-      }
-    }
-  } destroy_events{&done};
+  LaunchEvents events(n);
 
   // ---- 1. Every shard's sampler; its row summaries go to slot k of its own
   // gathered buffer (the in-place all-gather's send buffer) or, with
@@ -128,9 +160,7 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
                                                           args.devices[k].stream)
                                : LaunchFusedSample(a, args.devices[k].stream);
     if (s != KernelStatus::kOk) return s;
-    if (peer_write && k > 0 &&
-        (cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming) != cudaSuccess ||
-         cudaEventRecord(done[k], args.devices[k].stream) != cudaSuccess)) {
+    if (peer_write && k > 0 && events.RecordDone(k, args.devices[k].stream) != cudaSuccess) {
       return KernelStatus::kDeviceError;
     }
   }
@@ -141,7 +171,7 @@ KernelStatus LaunchShardedSample(const ShardedSampleArgs& args) {
   if (peer_write) {
     if (cudaSetDevice(args.devices[0].device) != cudaSuccess) return KernelStatus::kDeviceError;
     for (int32_t k = 1; k < n; ++k) {
-      if (cudaStreamWaitEvent(args.devices[0].stream, done[k], 0) != cudaSuccess) {
+      if (cudaStreamWaitEvent(args.devices[0].stream, events.done(k), 0) != cudaSuccess) {
         return KernelStatus::kDeviceError;
       }
     }
@@ -176,46 +206,6 @@ size_t AlignUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 int64_t ChunkRows(int64_t batch) {
   return batch < kControlledChunkRows ? batch : kControlledChunkRows;
 }
-
-// Events of one controlled launch: done[k] on device k (shard k's GEMM of the
-// current chunk, or its stage 1), copied on device 0 (shard 0's stream has
-// read every slice of the current chunk, so the shards may overwrite their
-// logits). Destroying an event whose record is still pending is allowed: it
-// is released once done.
-class LaunchEvents {
- public:
-  // with_copied: also the `copied` event (launches in several chunks).
-  LaunchEvents(int32_t n, bool with_copied)
-      : done_(static_cast<size_t>(n), nullptr), with_copied_(with_copied) {}
-  ~LaunchEvents() {
-    for (cudaEvent_t e : done_) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-    if (copied_ != nullptr) cudaEventDestroy(copied_);
-  }
-  LaunchEvents(const LaunchEvents&) = delete;
-  LaunchEvents& operator=(const LaunchEvents&) = delete;
-
-  cudaError_t Create(const ShardDevice* devices) {
-    for (size_t k = 0; k < done_.size(); ++k) {
-      if (const cudaError_t err = cudaSetDevice(devices[k].device); err != cudaSuccess) return err;
-      if (const cudaError_t err = cudaEventCreateWithFlags(&done_[k], cudaEventDisableTiming);
-          err != cudaSuccess) {
-        return err;
-      }
-    }
-    if (!with_copied_) return cudaSuccess;
-    if (const cudaError_t err = cudaSetDevice(devices[0].device); err != cudaSuccess) return err;
-    return cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
-  }
-  cudaEvent_t done(int32_t k) const { return done_[static_cast<size_t>(k)]; }
-  cudaEvent_t copied() const { return copied_; }
-
- private:
-  std::vector<cudaEvent_t> done_;
-  bool with_copied_;
-  cudaEvent_t copied_ = nullptr;
-};
 
 // `rows` rows of `width` bytes from (src, src_pitch) on src_device to (dst,
 // dst_pitch) on dst_device, on `stream` (dst_device's): one strided copy, over
@@ -317,8 +307,7 @@ KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
   }
   if (expected_begin != args.valid_vocab) return KernelStatus::kInvalidArgument;
 
-  LaunchEvents events(n, /*with_copied=*/true);
-  if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
+  LaunchEvents events(n);
   const int64_t chunk = ChunkRows(args.batch);
   const size_t gathered_bytes =
       AlignUp256(static_cast<size_t>(chunk) * static_cast<size_t>(args.valid_vocab) * sizeof(float));
@@ -352,7 +341,7 @@ KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
       if (const KernelStatus st = LaunchLogitsGemm(gemm, d.cublas, d.stream); st != KernelStatus::kOk) {
         return st;
       }
-      if (cudaEventRecord(events.done(k), d.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+      if (events.RecordDone(k, d.stream) != cudaSuccess) return KernelStatus::kDeviceError;
     }
 
     // ---- 2. Shard 0's stream gathers the slices into [rows, valid_vocab]:
@@ -372,7 +361,7 @@ KernelStatus LaunchShardedControlledSample(const ShardedControlledArgs& args) {
         return KernelStatus::kDeviceError;
       }
     }
-    if (cudaEventRecord(events.copied(), d0.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+    if (events.RecordCopied(d0.stream) != cudaSuccess) return KernelStatus::kDeviceError;
 
     // ---- 3. The chunk's controlled sampling on GPU 0, global token ids.
     if (const KernelStatus st = LaunchControlledChunkFromLogits(
@@ -413,8 +402,7 @@ KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs
   }
   if (expected_begin != args.valid_vocab) return KernelStatus::kInvalidArgument;
 
-  LaunchEvents events(n, /*with_copied=*/false);
-  if (events.Create(args.devices) != cudaSuccess) return KernelStatus::kDeviceError;
+  LaunchEvents events(n);
   const int64_t tiles = layout.tiles;
   const size_t summary_bytes = FusedControlledTileSummaryBytes();
   const size_t candidate_bytes = FusedControlledTileCandidateBytes();
@@ -430,7 +418,7 @@ KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs
         st != KernelStatus::kOk) {
       return st;
     }
-    if (cudaEventRecord(events.done(k), d.stream) != cudaSuccess) return KernelStatus::kDeviceError;
+    if (events.RecordDone(k, d.stream) != cudaSuccess) return KernelStatus::kDeviceError;
   }
 
   // ---- 2. Shard 0's stream puts every shard's tiles in tile order: shard k's

@@ -29,9 +29,9 @@
 // valid_vocab counts its own valid rows (>= 1: a shard holding only padding is
 // not allowed, drop it instead).
 //
-// Two ways to exchange the summaries (ShardExchange, shard_exchange.h). kNcclAllGather: the
-// all-gather above, through each shard's communicator. kPeerWrite: only shard
-// 0 needs the summaries, so each shard's sampler stores its row summaries
+// Two ways to exchange the summaries (ShardExchange, shard_exchange.h).
+// kNcclAllGather: the all-gather above, through each shard's communicator.
+// kPeerWrite: only shard 0 needs the summaries, so each shard's sampler stores its row summaries
 // straight into its slot of shard 0's exchange buffer (a store over NVLink /
 // PCIe from the kernel's last stage, 20 bytes a row), records an event, and
 // shard 0's stream waits for every shard's event before the merge: no

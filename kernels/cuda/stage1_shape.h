@@ -50,6 +50,8 @@ namespace flashsampler::kernels {
 
 inline constexpr int kCudaCoreLargeTile = 128;  // the tensor-core path's tile, too
 inline constexpr int kCudaCoreSmallTile = 64;
+// Condition (b): bytes of one W row a 64-token tile needs at least.
+inline constexpr int64_t kCudaCoreSmallTileMinRowBytes = 8 * 1024;
 
 // Tokens per CUDA-core stage-1 tile for a head of valid_vocab tokens of
 // hidden_dim elements of elem_bytes each, on a device where
@@ -58,7 +60,9 @@ inline constexpr int kCudaCoreSmallTile = 64;
 inline int CudaCoreTileTokens(int64_t valid_vocab, int64_t hidden_dim, size_t elem_bytes,
                               int64_t resident_blocks) {
   if (valid_vocab < 1 || resident_blocks <= 0) return kCudaCoreLargeTile;
-  if (static_cast<int64_t>(elem_bytes) * hidden_dim < 8 * 1024) return kCudaCoreLargeTile;
+  if (static_cast<int64_t>(elem_bytes) * hidden_dim < kCudaCoreSmallTileMinRowBytes) {
+    return kCudaCoreLargeTile;
+  }
   const int64_t tiles = (valid_vocab + kCudaCoreLargeTile - 1) / kCudaCoreLargeTile;
   const int64_t last_wave = tiles % resident_blocks;
   return last_wave != 0 && 2 * last_wave <= resident_blocks ? kCudaCoreSmallTile
@@ -70,8 +74,9 @@ inline int CudaCoreTileTokens(int64_t valid_vocab, int64_t hidden_dim, size_t el
 // `tiles` 128-token tiles (times row chunks: 1 at B <= 16) on `sms` SMs whose
 // 3-per-SM last wave is at most a third full, and rows of at least 7168
 // elements. sms <= 0 (unknown): false.
+inline constexpr int64_t kMmaDeepMinHidden = 7168;
 inline bool MmaDeepPipeline(int64_t tiles, int64_t hidden_dim, int64_t sms) {
-  if (tiles < 1 || sms <= 0 || hidden_dim < 7168) return false;
+  if (tiles < 1 || sms <= 0 || hidden_dim < kMmaDeepMinHidden) return false;
   const int64_t wave = 3 * sms;
   const int64_t last_wave = tiles % wave;
   return last_wave != 0 && 3 * last_wave <= wave;

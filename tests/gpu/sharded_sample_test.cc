@@ -23,10 +23,11 @@
 // Shard boundaries at multiples of 128 (what the server plans) give each shard
 // the single-GPU tiles (or 64-token halves of them where the CUDA-core path
 // picks a different tile size for the shard, stage1_shape.h), so every
-// token's score is bit-identical and the tokens must match exactly. Boundaries at other multiples of 4 are allowed by
-// the kernels; there only the tile (and, on the tensor-core path, the block
-// shape) changes, so a mismatch is accepted only at a near-tie of the two best
-// scores (CountTokenMismatches).
+// token's score is bit-identical and the tokens must match exactly.
+// Boundaries at other multiples of 4 are allowed by the kernels; there only
+// the tile (and, on the tensor-core path, the block shape) changes, so a
+// mismatch is accepted only at a near-tie of the two best scores
+// (CountTokenMismatches).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
