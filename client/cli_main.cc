@@ -87,11 +87,11 @@ int RunInfo(SamplerClient& client) {
   absl::StatusOr<v1::ModelInfo> info = client.GetModelInfo();
   if (!info.ok()) return Fail(info.status());
   std::printf("vocab_size: %lld\nvalid_vocab_size: %lld\nhidden_size: %lld\nweight_dtype: %s\n"
-              "backend: %s\nmax_batch_rows: %lld\n",
+              "backend: %s\nmax_request_rows: %lld\n",
               static_cast<long long>(info->vocab_size()),
               static_cast<long long>(info->valid_vocab_size()),
               static_cast<long long>(info->hidden_size()), v1::DType_Name(info->weight_dtype()).c_str(),
-              info->backend().c_str(), static_cast<long long>(info->max_batch_rows()));
+              info->backend().c_str(), static_cast<long long>(info->max_request_rows()));
   return 0;
 }
 

@@ -27,7 +27,7 @@ ModelShape FuzzShape() {
 
 RequestLimits FuzzLimits() {
   RequestLimits limits;
-  limits.max_batch_rows = kFuzzMaxBatchRows;
+  limits.max_request_rows = kFuzzMaxBatchRows;
   return limits;
 }
 

@@ -324,7 +324,7 @@ bool SameParams(const RowParams& a, const RowParams& b) {
 std::unique_ptr<ParsedSampleRequest> ResolveAndCheck(const v1::SampleRequest& request, const Shape& s) {
   const ModelShape shape = ToModelShape(s);
   RequestLimits limits;
-  limits.max_batch_rows = kMaxRows;
+  limits.max_request_rows = kMaxRows;
   uint64_t next_seed = kFirstDrawnSeed;
   int draws = 0;
   absl::StatusOr<ParsedSampleRequest> parsed =

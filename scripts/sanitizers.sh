@@ -9,13 +9,18 @@
 #         gRPC is not instrumented, and its call objects, allocated and handed
 #         between threads inside libgrpc, produce dozens of reports per run that
 #         TSan cannot tell from real ones (they run under ASan+UBSan instead).
-# Usage: scripts/sanitizers.sh [asan|tsan|all] (default all). Extra environment:
+# Usage: scripts/sanitizers.sh [asan|tsan|all] [CTEST_ARG...] (default all); any
+# further arguments go to ctest as they are (e.g. -N to build and list only,
+# --output-junit FILE for scripts/stress-test.sh). Extra environment:
 #   FLASHSAMPLER_SANITIZE_JOBS  build parallelism (default: nproc)
 # Any sanitizer report fails its test (halt_on_error / -fno-sanitize-recover).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which="${1:-all}"
+shift || true
+ctest_args=("$@")
 jobs="${FLASHSAMPLER_SANITIZE_JOBS:-$(nproc)}"
+source scripts/phase-times.sh
 bash scripts/setup.sh
 
 # -O1 keeps the instrumented tests fast enough while compiling quicker than -O2;
@@ -29,7 +34,7 @@ symbolizer="$(command -v llvm-symbolizer || command -v llvm-symbolizer-14 || tru
 
 run_asan() {
   cmake -S . -B build-asan "${common[@]}" -DFLASHSAMPLER_FUZZ=ON -DFLASHSAMPLER_SANITIZE=
-  cmake --build build-asan -j"$jobs"
+  phase asan-build cmake --build build-asan -j"$jobs"
   bash scripts/python_env.sh build/pyenv
   # The server child processes of the e2e tests inherit these. A small
   # quarantine keeps the hostile-client test's memory bound meaningful (freed
@@ -44,21 +49,21 @@ run_asan() {
   ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:quarantine_size_mb=32:detect_stack_use_after_return=0${symbolizer:+:external_symbolizer_path=$symbolizer}" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
   LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0" \
-    ctest --test-dir build-asan --output-on-failure --no-tests=error -L cpu -j"$jobs" \
-      -E '^(python_client_test|deploy_manifests_test|prometheus_queries_test)$'
+    phase asan-tests ctest --test-dir build-asan --output-on-failure --no-tests=error -L cpu -j"$jobs" \
+      -E '^(python_client_test|deploy_manifests_test|prometheus_queries_test)$' "${ctest_args[@]}"
 }
 
 run_tsan() {
   cmake -S . -B build-tsan "${common[@]}" -DFLASHSAMPLER_FUZZ=OFF -DFLASHSAMPLER_SANITIZE=thread
   local tests=(dynamic_batcher_test completion_pool_test worker_pool_test tiled_sampler_test cpu_engine_test)
-  cmake --build build-tsan -j"$jobs" --target "${tests[@]}"
+  phase tsan-build cmake --build build-tsan -j"$jobs" --target "${tests[@]}"
   local pattern
   pattern="^($(IFS='|'; echo "${tests[*]}"))\$"
   # As under ASan, no goodness-of-fit suites (statistics, not threading; the
   # thread-count tests of the tiled sampler stay).
   GTEST_FILTER='-TiledSamplerGoodnessOfFit.*' \
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp${symbolizer:+:external_symbolizer_path=$symbolizer}" \
-    ctest --test-dir build-tsan --output-on-failure --no-tests=error -R "$pattern" -j1
+    phase tsan-tests ctest --test-dir build-tsan --output-on-failure --no-tests=error -R "$pattern" -j1 "${ctest_args[@]}"
 }
 
 case "$which" in

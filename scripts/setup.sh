@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12 packages, whatever FlashSampler needs to build and
 # test that is not already installed (clang, its sanitizer/libFuzzer runtimes
-# and llvm-symbolizer are for scripts/sanitizers.sh and scripts/fuzz.sh). Idempotent: a second run installs nothing.
+# and llvm-symbolizer are for scripts/sanitizers.sh and scripts/fuzz.sh; stress-ng for
+# scripts/stress-test.sh). Idempotent: a second run installs nothing.
 set -euo pipefail
 
 packages=(
@@ -13,6 +14,7 @@ packages=(
   libssl-dev openssl
   prometheus-cpp-dev
   clang libclang-rt-14-dev llvm
+  stress-ng
 )
 
 missing=()

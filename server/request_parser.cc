@@ -133,7 +133,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   ParsedSampleRequest parsed;
   SampleBatch& batch = parsed.batch;
   absl::StatusOr<int64_t> decoded = DecodeHiddenTensor(request.hidden_states(), "hidden_states",
-                                                       shape.hidden_size, limits.max_batch_rows,
+                                                       shape.hidden_size, limits.max_request_rows,
                                                        shape.weight_dtype, &batch.hidden);
   if (!decoded.ok()) return decoded.status();
   const int64_t rows = *decoded;

@@ -30,7 +30,7 @@ namespace flashsampler {
 inline constexpr float kMinTemperature = 1e-6f;
 
 struct RequestLimits {
-  int64_t max_batch_rows = 4096;
+  int64_t max_request_rows = 4096;  // rows of one request (--max_request_rows)
 };
 
 struct ParsedSampleRequest {

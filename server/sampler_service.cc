@@ -306,7 +306,7 @@ grpc::ServerUnaryReactor* SamplerService::GetModelInfo(grpc::CallbackServerConte
   response->set_weight_dtype(ToWireDType(shape.weight_dtype));
   response->set_valid_vocab_size(shape.valid_vocab);
   response->set_backend(batcher_->backend_name());
-  response->set_max_batch_rows(limits_.max_batch_rows);
+  response->set_max_request_rows(limits_.max_request_rows);
   finish(grpc::Status::OK);
   return reactor;
 }

@@ -45,10 +45,10 @@ absl::StatusOr<ParsedVerifyRequest> ParseVerifyRequest(const v1::VerifyRequest& 
   // The row budget first, from the draft counts alone (nothing decoded yet).
   int64_t total_rows = 0;
   for (const v1::VerifySequence& s : request.sequences()) total_rows += s.draft_token_ids_size() + 1;
-  if (total_rows > limits.max_batch_rows) {
+  if (total_rows > limits.max_request_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the sequences hold ", total_rows, " positions in total (sum of gamma + 1), over this "
-        "server's limit of ", limits.max_batch_rows, " rows per request"));
+        "server's limit of ", limits.max_request_rows, " rows per request"));
   }
 
   ParsedVerifyRequest parsed;
@@ -82,7 +82,7 @@ absl::StatusOr<ParsedVerifyRequest> ParseVerifyRequest(const v1::VerifyRequest& 
       return absl::InvalidArgumentError(absl::StrCat(field, ".hidden_states is missing"));
     }
     const absl::StatusOr<int64_t> rows = DecodeHiddenTensor(
-        s.hidden_states(), field + ".hidden_states", shape.hidden_size, limits.max_batch_rows,
+        s.hidden_states(), field + ".hidden_states", shape.hidden_size, limits.max_request_rows,
         shape.weight_dtype, &batch.hidden);
     if (!rows.ok()) return rows.status();
     if (*rows != gamma + 1) {

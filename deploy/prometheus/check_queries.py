@@ -45,27 +45,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(what: str, ready, timeout_s: float = 120.0, poll_s: float = 0.05):
+    """Polls ready() until it returns a true value (returned), or exits after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = ready()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            sys.exit(f"check_queries: {what} did not happen within {timeout_s:g} s")
+        time.sleep(poll_s)  # poll interval, not a synchronisation
+
+
 def promtool(*args) -> None:
     result = subprocess.run(["promtool", *args], capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"promtool {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
 
 
-def start_server(server_bin: str, metrics_port: int):
+def start_server(server_bin: str):
+    """Starts the server on port 0 for both listeners; returns (process, address, metrics address)."""
     proc = subprocess.Popen([server_bin, "--address=127.0.0.1:0", "--backend=cpu", "--threads=2",
-                             "--demo_vocab=4096", "--demo_hidden=128",
-                             f"--metrics_address=127.0.0.1:{metrics_port}"],
+                             "--demo_vocab=4096", "--demo_hidden=128", "--metrics_address=127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        match = re.search(r"listening on (\S+)", line)
+    metrics = None
+    for line in proc.stdout:  # "metrics on H:P/metrics", then "server listening on H:P"
+        match = re.search(r"metrics on (\S+)/metrics", line)
         if match:
-            return proc, match.group(1)
-        if not line:
-            break
+            metrics = match.group(1)
+        match = re.search(r"listening on (\S+)", line)
+        if match and metrics:
+            return proc, match.group(1), metrics
     proc.kill()
     sys.exit(f"server did not start: {proc.stderr.read()}")
+
+
+def start_prometheus(config: pathlib.Path, data: pathlib.Path, log: pathlib.Path):
+    """Prometheus cannot report a port it picked, so a free one is chosen and
+    the start retried on another if Prometheus exits (the port was taken in
+    between). Returns (process, base URL) once /-/ready answers."""
+    for _ in range(5):
+        port = free_port()
+        prom = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=open(log, "a"))
+        base = f"http://127.0.0.1:{port}"
+
+        def ready():
+            if prom.poll() is not None:
+                return "exited"
+            try:
+                with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as reply:
+                    return "ready" if reply.status == 200 else None
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                return None
+
+        if wait_until("Prometheus readiness", ready) == "ready":
+            return prom, base
+    sys.exit(f"check_queries: Prometheus did not start on a free port:\n{log.read_text()[-3000:]}")
 
 
 def send_traffic(address: str, seconds: float) -> None:
@@ -74,8 +111,7 @@ def send_traffic(address: str, seconds: float) -> None:
 
     rng = np.random.default_rng(0)
     with flashsampler.SamplerClient(address) as client:
-        while client.health() != "SERVING":
-            time.sleep(0.05)
+        wait_until("the server's health SERVING", lambda: client.health() == "SERVING")
         hidden = client.model_info().hidden_size
         end = time.monotonic() + seconds
         step = 0
@@ -134,7 +170,7 @@ def main() -> int:
         sys.exit("check_queries: prometheus and promtool are needed (Debian package prometheus)")
 
     promtool("check", "rules", str(RULES))
-    metrics_port, prom_port = free_port(), free_port()
+    server, address, metrics_address = start_server(args.server_bin)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         # The shipped scrape config, pointed at the loopback server.
@@ -143,27 +179,31 @@ def main() -> int:
         config["global"]["evaluation_interval"] = "1s"
         config["rule_files"] = [str(RULES)]
         for job in config["scrape_configs"]:
-            job["static_configs"] = [{"targets": [f"127.0.0.1:{metrics_port}"]}]
+            job["static_configs"] = [{"targets": [metrics_address]}]
             job.pop("dns_sd_configs", None)
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         promtool("check", "config", str(SCRAPE_CONFIG))
         promtool("check", "config", str(tmp / "prometheus.yml"))
 
-        server, address = start_server(args.server_bin, metrics_port)
-        prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                stdout=subprocess.DEVNULL, stderr=open(tmp / "prom.log", "w"))
-        base = f"http://127.0.0.1:{prom_port}"
+        prom, base = start_prometheus(tmp / "prometheus.yml", tmp / "data", tmp / "prom.log")
         failures = 0
         try:
+            def scraped():
+                up = query(base, 'up{job="flashsampler"}')
+                return bool(up["data"]["result"]) and up["data"]["result"][0]["value"][1] == "1"
+            wait_until("Prometheus' first scrape of the server", scraped)
             send_traffic(address, args.traffic_s)
-            time.sleep(3)  # a few more scrapes and rule evaluations after the traffic
-            up = query(base, 'up{job="flashsampler"}')
-            if not up["data"]["result"] or up["data"]["result"][0]["value"][1] != "1":
-                print(f"FAIL Prometheus did not scrape the server: {up}")
-                failures += 1
-            for origin, expr, must_have_data in expressions():
+            found = expressions()
+
+            # Rates and recording rules have data once enough scrapes and rule
+            # evaluations followed the traffic: wait for that state, bounded.
+            def all_have_data():
+                return all(query(base, expr).get("data", {}).get("result")
+                           for _, expr, must_have_data in found if must_have_data)
+            deadline = time.monotonic() + 60
+            while not all_have_data() and time.monotonic() < deadline:
+                time.sleep(0.5)  # poll interval; what is still empty then fails below
+            for origin, expr, must_have_data in found:
                 reply = query(base, expr)
                 if reply.get("status") != "success":
                     failures += 1

@@ -22,6 +22,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -236,7 +237,8 @@ TEST_F(HostileClients, StreamsThatAreNeverReadDoNotBlockOthers) {
     std::thread writer;
   };
   std::vector<std::unique_ptr<Hog>> hogs;
-  std::atomic<int> writes{0};
+  absl::Mutex writes_mu;
+  int writes ABSL_GUARDED_BY(writes_mu) = 0;
   for (int i = 0; i < kStreams; ++i) {
     auto hog = std::make_unique<Hog>();
     hog->stream = stub->SampleStream(&hog->context);
@@ -244,14 +246,25 @@ TEST_F(HostileClients, StreamsThatAreNeverReadDoNotBlockOthers) {
     // and send nothing.
     if (i % 2 == 0) {
       Hog* h = hog.get();
-      hog->writer = std::thread([h, i, &writes] {
+      hog->writer = std::thread([h, i, &writes, &writes_mu] {
         v1::SampleRequest r = Request(16, i);
         r.set_return_logz(true);
         r.set_return_logprobs(true);
-        for (int w = 0; w < kWritesPerStream && h->stream->Write(r); ++w) writes.fetch_add(1);
+        for (int w = 0; w < kWritesPerStream && h->stream->Write(r); ++w) {
+          absl::MutexLock lock(&writes_mu);
+          ++writes;
+        }
       });
     }
     hogs.push_back(std::move(hog));
+  }
+  // The writing hogs are at it before the others are served (their threads
+  // may start late on a busy machine; a first write is on the wire).
+  {
+    absl::MutexLock lock(&writes_mu);
+    auto hogs_writing = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(writes_mu) { return writes >= kStreams / 2; };
+    EXPECT_TRUE(writes_mu.AwaitWithTimeout(absl::Condition(&hogs_writing), absl::Seconds(60)))
+        << "the hogs wrote " << writes << " requests in 60 s";
   }
   // While they hang, other clients are served (each hog has at most one
   // request in the executor at a time).
@@ -261,7 +274,6 @@ TEST_F(HostileClients, StreamsThatAreNeverReadDoNotBlockOthers) {
   }
   auto info = client_->GetModelInfo();
   ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_GT(writes.load(), 0);
   // The clients go away without reading or half-closing.
   for (auto& hog : hogs) hog->context.TryCancel();
   for (auto& hog : hogs) {

@@ -19,6 +19,7 @@
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/metrics_text.h"
 #include "tests/common/scoped_temp_dir.h"
 #include "tests/e2e/server_process.h"
 
@@ -26,6 +27,7 @@ namespace flashsampler {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::SeriesValue;
 using testing::ServerProcess;
 
 constexpr int64_t kVocab = 2000;
@@ -92,7 +94,7 @@ TEST_F(ServerE2E, ModelInfo) {
   EXPECT_EQ(info->hidden_size(), kHidden);
   EXPECT_EQ(info->weight_dtype(), v1::DTYPE_BF16);
   EXPECT_EQ(info->backend(), "cpu");
-  EXPECT_EQ(info->max_batch_rows(), kMaxRows);
+  EXPECT_EQ(info->max_request_rows(), kMaxRows);
 }
 
 TEST_F(ServerE2E, HealthIsServingForServerAndService) {
@@ -565,13 +567,15 @@ TEST_F(ServerE2E, CliSampleInfoHealth) {
 TEST(ServerLifecycle, SigtermDrainsInFlightRequestsAndExitsZero) {
   // Four big batches on the default-size demo head: they run one after the
   // other, so most of them are still queued or computing when SIGTERM arrives.
-  // Every accepted call must still be answered, and the last answer must come
+  // Every admitted call must still be answered, and the last answer must come
   // after the signal (otherwise nothing was drained and the test proves nothing).
   // The CPU backend with two threads keeps each batch busy for a while on any
   // machine (on a GPU the four batches would be done before the signal).
   ServerProcess server({"--backend=cpu", "--demo_vocab=32000", "--demo_hidden=1024",
-                        "--max_request_rows=1024", "--threads=2", "--grace_period_s=120"});
+                        "--max_request_rows=1024", "--threads=2", "--grace_period_s=120",
+                        "--metrics_address=127.0.0.1:0"});
   ASSERT_TRUE(server.Start().ok());
+  ASSERT_FALSE(server.metrics_address().empty());
   SamplerClient client(server.address());
   v1::SampleRequest request;
   *request.mutable_hidden_states() =
@@ -587,10 +591,18 @@ TEST(ServerLifecycle, SigtermDrainsInFlightRequestsAndExitsZero) {
       answered[i] = absl::Now();
     });
   }
-  // The calls are on the wire once the first one has reached the engine;
-  // GetModelInfo answering proves the server has read everything sent before it.
-  absl::SleepFor(absl::Milliseconds(200));
-  ASSERT_TRUE(client.GetModelInfo().ok());
+  // A call is admitted once the server has read it whole and counted it in
+  // flight (or, if it was already answered, in requests_total). HTTP/2
+  // streams are independent, so nothing but the server's own count says that
+  // all four 2 MiB calls have arrived; a call that arrives after the drain
+  // begins is refused with UNAVAILABLE, as documented.
+  auto all_admitted = [&](const std::string& m) {
+    return SeriesValue(m, "flashsampler_inflight_requests") +
+               SeriesValue(m, "flashsampler_requests_total{code=\"OK\",method=\"Sample\"}") >=
+           kCalls;
+  };
+  const absl::Status admitted = testing::WaitForMetrics(server.metrics_address(), all_admitted);
+  ASSERT_TRUE(admitted.ok()) << admitted;
   const absl::Time signalled = absl::Now();
   absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(240));
   for (std::thread& t : callers) t.join();

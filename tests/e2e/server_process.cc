@@ -96,7 +96,7 @@ absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
     if (health.ok() && *health == grpc::health::v1::HealthCheckResponse::SERVING) {
       return absl::OkStatus();
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    absl::SleepFor(absl::Milliseconds(50));  // poll interval of the bounded readiness wait
   }
   return absl::DeadlineExceededError("server did not become SERVING");
 }
@@ -104,7 +104,12 @@ absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
 bool ServerProcess::running() {
   if (pid_ <= 0) return false;
   int status;
-  return waitpid(pid_, &status, WNOHANG) == 0;
+  const pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  // Reaped here: keep its status for WaitForExit (a second waitpid would fail).
+  if (r == pid_) exit_status_ = status;
+  pid_ = -1;
+  return false;
 }
 
 void ServerProcess::SendSignal(int signal_number) {
@@ -118,17 +123,24 @@ absl::StatusOr<int> ServerProcess::Stop(int signal_number, absl::Duration timeou
 }
 
 absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
-  if (pid_ <= 0) return absl::FailedPreconditionError("not started");
+  auto exit_code = [](int status) -> absl::StatusOr<int> {
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return absl::InternalError(absl::StrCat("server died by signal ", WTERMSIG(status)));
+  };
+  if (pid_ <= 0) {
+    if (exit_status_.has_value()) return exit_code(*exit_status_);
+    return absl::FailedPreconditionError("not started");
+  }
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     int status;
     const pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       pid_ = -1;
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      return absl::InternalError(absl::StrCat("server died by signal ", WTERMSIG(status)));
+      exit_status_ = status;
+      return exit_code(status);
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(20));  // poll interval of the bounded wait for exit
   }
   return absl::DeadlineExceededError("server did not exit in time");
 }

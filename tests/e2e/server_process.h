@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ class ServerProcess {
   // HOST:PORT of /metrics; empty when the server was started without it.
   const std::string& metrics_address() const { return metrics_address_; }
   pid_t pid() const { return pid_; }  // -1 when not started or exited
+  // Whether the process is still alive; one that has exited is reaped here and
+  // its status kept for WaitForExit / Stop.
   bool running();
 
   // Sends `signal_number` and waits up to `timeout` for exit. Returns the exit
@@ -47,6 +50,7 @@ class ServerProcess {
   ChannelSecurity security_;
   std::string health_address_;
   pid_t pid_ = -1;
+  std::optional<int> exit_status_;  // waitpid status, once reaped
   std::string address_;
   std::string metrics_address_;
 };

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -28,26 +30,14 @@
 #include "server/safetensors_writer.h"
 #include "tests/common/http_get.h"
 #include "tests/common/scoped_temp_dir.h"
+#include "tests/common/metrics_text.h"
 #include "tests/e2e/server_process.h"
 
 namespace flashsampler {
 namespace {
 
+using testing::SeriesValue;
 using testing::ServerProcess;
-
-// The value of one series ("name{labels}") in a text exposition; 0 when the
-// series is absent (counters that never moved are not exported).
-double SeriesValue(const std::string& exposition, const std::string& series) {
-  const std::string prefix = series + " ";
-  for (size_t at = exposition.find(prefix); at != std::string::npos;
-       at = exposition.find(prefix, at + 1)) {
-    if (at != 0 && exposition[at - 1] != '\n') continue;
-    const size_t end = exposition.find('\n', at);
-    double v = 0;
-    if (absl::SimpleAtod(exposition.substr(at + prefix.size(), end - at - prefix.size()), &v)) return v;
-  }
-  return 0;
-}
 
 std::string Scrape(const ServerProcess& server) {
   absl::StatusOr<std::string> body = testing::HttpGet(server.metrics_address(), "/metrics");
@@ -205,14 +195,16 @@ v1::SampleRequest DemoRequest(int64_t rows, int64_t hidden, uint32_t seed) {
 }
 
 TEST(ServingE2E, BurstBeyondTheQueueIsRefusedWithResourceExhaustedAndTheServerRecovers) {
-  // A slow engine (default demo head, one thread) and a queue of 16 rows: a
-  // burst of 48 calls x 4 rows cannot all be admitted.
+  // A slow engine (default demo head, one thread) and a queue that holds one
+  // 8-row request: of a burst of 48 such calls, the third to arrive while one
+  // launch computes is refused, so refusals need only three calls to overlap
+  // one launch (tens of milliseconds), not a fast client.
   ServerProcess server({"--backend=cpu", "--threads=1", "--max_request_rows=8", "--max_batch_rows=8",
-                        "--max_queue_rows=16", "--max_queue_delay_us=0",
+                        "--max_queue_rows=8", "--max_queue_delay_us=0",
                         "--metrics_address=127.0.0.1:0"});
   ASSERT_TRUE(server.Start().ok());
   auto client = std::make_unique<SamplerClient>(server.address());
-  const v1::SampleRequest request = DemoRequest(4, 1024, 3);
+  const v1::SampleRequest request = DemoRequest(8, 1024, 3);
   constexpr int kBurst = 48;
   std::vector<absl::StatusOr<v1::SampleResponse>> answers(kBurst, absl::UnknownError(""));
   absl::Notification go;
@@ -229,7 +221,7 @@ TEST(ServingE2E, BurstBeyondTheQueueIsRefusedWithResourceExhaustedAndTheServerRe
   for (const auto& a : answers) {
     if (a.ok()) {
       ++ok;
-      EXPECT_EQ(a->token_ids_size(), 4);
+      EXPECT_EQ(a->token_ids_size(), 8);
     } else {
       EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
       refused += a.status().code() == absl::StatusCode::kResourceExhausted;
@@ -246,7 +238,7 @@ TEST(ServingE2E, BurstBeyondTheQueueIsRefusedWithResourceExhaustedAndTheServerRe
   EXPECT_EQ(SeriesValue(metrics, "flashsampler_requests_total{code=\"RESOURCE_EXHAUSTED\",method=\"Sample\"}"),
             refused);
   EXPECT_EQ(SeriesValue(metrics, "flashsampler_requests_total{code=\"OK\",method=\"Sample\"}"), ok + 3);
-  EXPECT_EQ(SeriesValue(metrics, "flashsampler_rows_total{method=\"Sample\"}"), 4 * (ok + 3));
+  EXPECT_EQ(SeriesValue(metrics, "flashsampler_rows_total{method=\"Sample\"}"), 8 * (ok + 3));
   EXPECT_EQ(SeriesValue(metrics, "flashsampler_queue_rows"), 0);
   EXPECT_EQ(SeriesValue(metrics, "flashsampler_inflight_requests"), 0);
   // No launch is larger than --max_batch_rows.
@@ -259,43 +251,81 @@ TEST(ServingE2E, BurstBeyondTheQueueIsRefusedWithResourceExhaustedAndTheServerRe
 }
 
 TEST(ServingE2E, ARequestWhoseDeadlinePassesInTheQueueIsNeverComputed) {
-  // The request (deadline 50 ms) is queued behind >= 256 blocker rows on the
-  // default demo head (65 MFLOP a row), launched 8 at a time on one thread:
-  // far more than 50 ms of compute on any CPU.
-  ServerProcess server({"--backend=cpu", "--threads=1", "--max_request_rows=128", "--max_batch_rows=8",
+  // The request (deadline 1 s) is queued behind two blockers of 512 rows on
+  // the default demo head, launched one row at a time on one thread: every
+  // launch streams the whole fp32 head (128 MiB), so the >= 512 rows ahead of
+  // it take seconds on any CPU. The deadline is generous for the request to
+  // reach the server (it must, to be counted there), and far shorter than
+  // the queue ahead.
+  ServerProcess server({"--backend=cpu", "--threads=1", "--max_request_rows=512", "--max_batch_rows=1",
                         "--max_queue_delay_us=0", "--metrics_address=127.0.0.1:0"});
   ASSERT_TRUE(server.Start().ok());
-  auto client = std::make_unique<SamplerClient>(server.address());
-  const v1::SampleRequest blocker = DemoRequest(128, 1024, 5);
-  constexpr int kBlockers = 3;
-  std::vector<absl::StatusOr<v1::SampleResponse>> blocked(kBlockers, absl::UnknownError(""));
-  std::vector<std::thread> callers;
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Sampler::NewStub(channel);
+  const v1::SampleRequest blocker = DemoRequest(512, 1024, 5);
+  constexpr int kBlockers = 2;
+  struct Blocker {
+    grpc::ClientContext context;
+    v1::SampleResponse response;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  std::vector<std::unique_ptr<Blocker>> blockers;
   for (int i = 0; i < kBlockers; ++i) {
-    callers.emplace_back([&, i] { blocked[i] = client->Sample(blocker, absl::Seconds(120)); });
+    blockers.push_back(std::make_unique<Blocker>());
+    Blocker* b = blockers.back().get();
+    stub->async()->Sample(&b->context, &blocker, &b->response, [b](grpc::Status status) {
+      b->status = std::move(status);
+      b->done.Notify();
+    });
   }
-  // Wait until (nearly) all blocker rows are queued: the queue is then long.
-  while (SeriesValue(Scrape(server), "flashsampler_queue_rows") < (kBlockers - 1) * 128) {
-    absl::SleepFor(absl::Milliseconds(1));
+  // Both blockers admitted: neither is done (the first alone takes 512
+  // launches), so at least 512 rows are queued ahead of what comes next.
+  absl::Status admitted = testing::WaitForMetrics(server.metrics_address(), [&](const std::string& m) {
+    return SeriesValue(m, "flashsampler_inflight_requests") == kBlockers;
+  });
+  EXPECT_TRUE(admitted.ok()) << admitted;
+  if (admitted.ok()) {
+    SamplerClient client(server.address());
+    absl::StatusOr<v1::SampleResponse> late = client.Sample(DemoRequest(1, 1024, 6), absl::Seconds(1));
+    EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+    // The server answers it DEADLINE_EXCEEDED when it sweeps the queue before
+    // a launch: only a request dropped unlaunched is answered so (one that ran
+    // is answered OK, whether or not its caller still waits).
+    const absl::Status expired = testing::WaitForMetrics(server.metrics_address(), [](const std::string& m) {
+      return SeriesValue(m, "flashsampler_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"Sample\"}") == 1;
+    });
+    EXPECT_TRUE(expired.ok()) << expired;
   }
-  absl::StatusOr<v1::SampleResponse> late = client->Sample(DemoRequest(1, 1024, 6), absl::Milliseconds(50));
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
-  for (std::thread& t : callers) t.join();
-  for (const auto& b : blocked) ASSERT_TRUE(b.ok()) << b.status();
-  // Every launched row belongs to a blocker: the expired row was dropped, and
-  // the server answered it DEADLINE_EXCEEDED.
+  // The blockers need not finish: cancelled, their queued rows are dropped too.
+  for (auto& b : blockers) b->context.TryCancel();
+  for (auto& b : blockers) {
+    b->done.WaitForNotification();
+    EXPECT_TRUE(b->status.ok() || b->status.error_code() == grpc::StatusCode::CANCELLED)
+        << b->status.error_message();
+  }
+  const absl::Status idle = testing::WaitForMetrics(server.metrics_address(), [](const std::string& m) {
+    return SeriesValue(m, "flashsampler_inflight_requests") == 0;
+  });
+  ASSERT_TRUE(idle.ok()) << idle;
+  // Every launch was one blocker row, and no request but the late one expired.
   const std::string metrics = Scrape(server);
-  EXPECT_EQ(SeriesValue(metrics, "flashsampler_batch_rows_sum"), kBlockers * 128);
+  EXPECT_EQ(SeriesValue(metrics, "flashsampler_batch_rows_sum"),
+            SeriesValue(metrics, "flashsampler_batch_rows_count"));
+  EXPECT_LE(SeriesValue(metrics, "flashsampler_batch_rows_sum"), kBlockers * 512);
   EXPECT_EQ(SeriesValue(metrics, "flashsampler_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"Sample\"}"), 1);
-  EXPECT_EQ(SeriesValue(metrics, "flashsampler_requests_total{code=\"OK\",method=\"Sample\"}"), kBlockers);
-  client.reset();
   absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(60));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
 }
 
 TEST(ServingE2E, SigtermUnderLoadAnswersEveryCallOrSaysUnavailable) {
+  // A lame-duck pause of 5 s: once the calls in flight are answered, each
+  // caller's next call must still get the clear UNAVAILABLE (not gRPC's own
+  // CANCELLED of a call that lands in Shutdown). 5 s covers a caller that a
+  // busy machine schedules late.
   ServerProcess server({"--backend=cpu", "--threads=2", "--demo_vocab=16000", "--demo_hidden=256",
-                        "--max_batch_rows=32", "--grace_period_s=120"});
+                        "--max_batch_rows=32", "--grace_period_s=120", "--lame_duck_ms=5000"});
   ASSERT_TRUE(server.Start().ok());
   auto client = std::make_unique<SamplerClient>(server.address());
   constexpr int kUnary = 8, kStreams = 4;
@@ -330,8 +360,13 @@ TEST(ServingE2E, SigtermUnderLoadAnswersEveryCallOrSaysUnavailable) {
       }
     });
   }
-  // Under load: every caller has had answers and keeps sending.
-  while (answered.load() < 4 * (kUnary + kStreams)) absl::SleepFor(absl::Milliseconds(5));
+  // Under load: the callers have had answers and keep sending. (A poll of the
+  // callers' own count, bounded: a caller that fails early stops counting.)
+  const absl::Time warm_deadline = absl::Now() + absl::Seconds(120);
+  while (answered.load() < 4 * (kUnary + kStreams) && absl::Now() < warm_deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(answered.load(), 4 * (kUnary + kStreams)) << "the callers got no answers in 120 s";
   signalled = true;
   server.SendSignal(SIGTERM);
   // The callers stop at their first failure, within the drain. Closing their

@@ -126,11 +126,15 @@ TEST_F(LoadDriverTest, OpenLoopConstantRateSendsExactlyWhatWasDue) {
   EXPECT_EQ(r.not_sent, 0);
   EXPECT_EQ(r.requests, 100);
   ExpectConsistent(r);
-  // Every fourth call fails, counting from the first of the whole step: the
-  // window's calls are the server's 21st to 120th, 25 of them multiples of 4.
-  // (If the scheduler ever fell behind, the two calls at the window's start
-  // could reach the server swapped over the two channels: 24 or 26.)
-  EXPECT_NEAR(r.errors.at("RESOURCE_EXHAUSTED"), 25, 1);
+  // Exactly the due calls went out: 20 in the warm-up, 100 in the window.
+  EXPECT_EQ(fake_.unary_calls.load(), 120);
+  // The server fails every fourth call it receives, 30 of the 120. Four
+  // sender threads over two channels may hand it calls out of their due
+  // order, so how many of the 30 fall in the window depends on the scheduler;
+  // every one of them is counted by its code, and no more than were failed.
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_GE(r.errors.at("RESOURCE_EXHAUSTED"), 10);
+  EXPECT_LE(r.errors.at("RESOURCE_EXHAUSTED"), 30);
 }
 
 TEST_F(LoadDriverTest, StreamsThatTheServerEndsAreReopened) {
@@ -138,8 +142,9 @@ TEST_F(LoadDriverTest, StreamsThatTheServerEndsAreReopened) {
   const StepResult closed = driver.RunClosedLoop(2);
   ExpectConsistent(closed);
   // Each stream carries kStreamLimit answers and then fails the next request
-  // with the stream's status; new streams keep the loop going.
-  EXPECT_GT(closed.ok, 4 * FakeSampler::kStreamLimit);
+  // with the stream's status; new streams keep the loop going (more answers
+  // than the two first streams carry, and their UNAVAILABLE counted).
+  EXPECT_GT(closed.ok, 2 * FakeSampler::kStreamLimit);
   ASSERT_THAT(closed.errors, ::testing::ElementsAre(::testing::Pair("UNAVAILABLE", ::testing::Gt(0))));
   EXPECT_LE(closed.errors.at("UNAVAILABLE"), closed.ok / FakeSampler::kStreamLimit + 2);
 
