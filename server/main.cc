@@ -12,6 +12,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/status/statusor.h"
@@ -70,6 +72,21 @@ int main(int argc, char** argv) {
       "Serves exact LM-head sampling over gRPC.\n"
       "  flashsampler-server --address=HOST:PORT [--weights=FILE_OR_DIR] [--backend=auto|cpu|cuda]");
   absl::ParseCommandLine(argc, argv);
+
+  // Request buffers are MiBs (a decode step of 256 rows x D = 4096 is 2 MiB
+  // on the wire and 4 MiB widened), allocated and freed per request on the
+  // gRPC threads. glibc's defaults hand such blocks back to the kernel
+  // (munmap, or trimming a thread arena's heap), so every request faulted its
+  // pages in again, zeroed: ~15% of the server's CPU at 256-row requests.
+  // Fixed thresholds keep them in the heap for reuse; what is held is bounded
+  // by the peak of requests in flight. (This also turns off glibc's dynamic
+  // mmap threshold, which would only ever grow.)
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // absl::Mutex's deadlock detection (on in Debian's Abseil build) walks a
+  // lock graph on every Lock; our lock order is fixed and documented
+  // (server/README-dev.md), and TSan checks it in the sanitizer builds.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   // Before any thread exists, so that every thread inherits the mask.
   sigset_t stop_signals;
@@ -128,6 +145,7 @@ int main(int argc, char** argv) {
   // backend the polling core is one its workers would rather have.
   const bool gpu_backend = config->backend == "cuda" ||
                            (config->backend == "auto" && flashsampler::CudaBackendAvailable());
+  batching.inline_launch_max_rows = config->inline_launch_max_rows;
   batching.idle_spin = absl::Microseconds(
       config->idle_spin_us >= 0 ? config->idle_spin_us : (gpu_backend ? 1000 : 0));
   // SERVING once the engine is loaded, NOT_SERVING for good after a drain

@@ -26,23 +26,41 @@ namespace {
 // Widens the raw little-endian bytes to fp32 (appended to `out`) and rejects
 // non-finite values. `bytes` holds exactly rows * cols elements of `dtype`
 // (checked by the caller).
+//
+// One pass over the payload, and no branch per element: a 2 MiB decode step
+// (256 rows of D = 4096 bf16) is a million elements on the request's path.
+// Finiteness is read off the input's own exponent bits (all ones: inf or
+// NaN, in fp32, bf16 and fp16 alike) and OR-ed into one flag, so the
+// compiler vectorizes the loop; only a rejected payload is walked again, to
+// name its first bad element.
+template <typename Wire, Wire kExponentMask, typename Widen>
+bool WidenAndCheck(const char* src, int64_t n, float* dst, Widen widen) {
+  Wire bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Wire bits;
+    std::memcpy(&bits, src + i * static_cast<int64_t>(sizeof(Wire)), sizeof bits);
+    dst[i] = widen(bits);
+    bad |= static_cast<Wire>((bits & kExponentMask) == kExponentMask);  // 1: inf or NaN
+  }
+  return bad == 0;
+}
+
 absl::Status DecodeHidden(const std::string& bytes, int dtype, int64_t rows, int64_t cols,
-                          const std::string& field, std::vector<float>* out) {
+                          const std::string& field, HiddenStates* out) {
   const int64_t n = rows * cols;
   const size_t base = out->size();
   out->resize(base + static_cast<size_t>(n));
   float* dst = out->data() + base;
   const char* src = bytes.data();
+  bool finite;
   if (dtype == v1::DTYPE_FP32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    finite = WidenAndCheck<uint32_t, 0x7f800000u>(src, n, dst, [](uint32_t b) { return BitsToFloat(b); });
+  } else if (dtype == v1::DTYPE_BF16) {
+    finite = WidenAndCheck<uint16_t, 0x7f80u>(src, n, dst, [](uint16_t b) { return Bf16ToFloat(b); });
   } else {
-    const bool bf16 = dtype == v1::DTYPE_BF16;
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, src + 2 * i, sizeof bits);
-      dst[i] = bf16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
-    }
+    finite = WidenAndCheck<uint16_t, 0x7c00u>(src, n, dst, [](uint16_t b) { return Fp16ToFloat(b); });
   }
+  if (finite) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(dst[i])) {
       return absl::InvalidArgumentError(
@@ -51,7 +69,7 @@ absl::Status DecodeHidden(const std::string& bytes, int dtype, int64_t rows, int
                        "; hidden states must be finite"));
     }
   }
-  return absl::OkStatus();
+  return absl::InternalError("non-finite hidden state flagged but not found");
 }
 
 }  // namespace
@@ -73,7 +91,7 @@ absl::Status CheckTemperature(float t, const std::string& field) {
 
 absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::string& field,
                                            int64_t hidden_size, int64_t max_rows,
-                                           WeightDType weight_dtype, std::vector<float>* out) {
+                                           WeightDType weight_dtype, HiddenStates* out) {
   const int64_t elem = WireDTypeSize(t.dtype());
   if (elem == 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -61,7 +61,7 @@ int64_t WireDTypeSize(int dtype);
 // Returns B.
 absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& tensor, const std::string& field,
                                            int64_t hidden_size, int64_t max_rows,
-                                           WeightDType weight_dtype, std::vector<float>* out);
+                                           WeightDType weight_dtype, HiddenStates* out);
 // 0, or finite and >= kMinTemperature; else InvalidArgument.
 absl::Status CheckTemperature(float temperature, const std::string& field);
 

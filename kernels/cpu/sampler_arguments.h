@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <thread>
@@ -39,11 +40,18 @@ inline int ResolveSamplerThreads(int requested) {
   return hw > 0 ? static_cast<int>(hw) : 1;
 }
 
+// Whether no value is inf or NaN, read off the exponent bits (all ones for
+// both). No early exit, so the loop vectorizes: a 256-row decode step of
+// D = 4096 is a million values, and a scalar compare-and-branch per value
+// cost the CPU backend ~1 ms a launch.
 inline bool AllFinite(const float* x, int64_t n) {
+  uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) return false;
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
-  return true;
+  return bad == 0;
 }
 
 // out[r * n + j] = h_r . w_{token0 + j} for r < rows, j < n: one

@@ -113,7 +113,7 @@ TEST(RequestParser, Bf16AndFp16AreWidenedExactly) {
     t->set_data(bytes);
     absl::StatusOr<ParsedSampleRequest> p = Parse(r);
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_EQ(p->batch.hidden, values) << v1::DType_Name(dtype);
+    EXPECT_THAT(p->batch.hidden, ::testing::ElementsAreArray(values)) << v1::DType_Name(dtype);
   }
 }
 
@@ -189,6 +189,26 @@ TEST(RequestParser, NaNAndInfInHiddenStates) {
   std::memcpy(&bytes[4], &inf, 2);
   r.mutable_hidden_states()->set_data(bytes);
   ExpectInvalid(r, "hidden_states[0][2] is infinite");
+  // The first bad element is named, whatever follows it: a bf16 NaN (0x7fc1)
+  // at [0][1] before that infinity; then fp16 infinity (0x7c00) and NaN
+  // (0xfe00), and the largest finite fp16 (0x7bff) passes.
+  const uint16_t bf16_nan = 0x7fc1;
+  std::memcpy(&bytes[2], &bf16_nan, 2);
+  r.mutable_hidden_states()->set_data(bytes);
+  ExpectInvalid(r, "hidden_states[0][1] is NaN");
+  r.mutable_hidden_states()->set_dtype(v1::DTYPE_FP16);
+  for (const auto& [bits, message] : {std::pair<uint16_t, const char*>{0x7c00, "hidden_states[0][3] is infinite"},
+                                      {0xfe00, "hidden_states[0][3] is NaN"}}) {
+    std::string fp16(8, '\0');
+    std::memcpy(&fp16[6], &bits, 2);
+    r.mutable_hidden_states()->set_data(fp16);
+    ExpectInvalid(r, message);
+  }
+  std::string largest(8, '\0');
+  const uint16_t max_fp16 = 0x7bff;
+  std::memcpy(&largest[6], &max_fp16, 2);
+  r.mutable_hidden_states()->set_data(largest);
+  EXPECT_TRUE(Parse(r).ok());
 }
 
 TEST(RequestParser, BadTemperatures) {
