@@ -46,10 +46,10 @@ class CpuEngine final : public Engine {
         shape_(shape),
         sampler_(widened_.empty() ? static_cast<const float*>(head_.data()) : widened_.data(),
                  shape.vocab_size, shape.valid_vocab, shape.hidden_size,
-                 kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}),
+                 kernels::CpuSamplerConfig{options.num_threads, options.tile_rows, options.batch_invariant}),
         controlled_(widened_.empty() ? static_cast<const float*>(head_.data()) : widened_.data(),
                     shape.vocab_size, shape.valid_vocab, shape.hidden_size,
-                    kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}) {}
+                    kernels::CpuSamplerConfig{options.num_threads, options.tile_rows, options.batch_invariant}) {}
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
     if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size,
@@ -93,14 +93,25 @@ class CpuEngine final : public Engine {
   bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
 
  private:
-  // `hidden` is the batch's H rounded to W's dtype. Plain rows (HasAnyControl
-  // false) and controlled rows are gathered into two sub-batches.
+  // `hidden` is the batch's H rounded to W's dtype. The rows are gathered
+  // into three sub-batches by their own controls alone: plain rows
+  // (HasAnyControl false), rows the fused controlled path serves, and the
+  // rest (materialized path). So the path, and with it every output bit, of a
+  // row never depends on the other rows of its batch (batch invariance; the
+  // paths sum log Z in different groupings).
   absl::StatusOr<SampleResult> SampleWithControls(const SampleBatch& batch, const float* hidden) {
     const int64_t rows = batch.rows;
     const int64_t d = shape_.hidden_size;
-    std::vector<int64_t> plain, controlled;
+    std::vector<int64_t> plain, fused, materialized;
     for (int64_t r = 0; r < rows; ++r) {
-      (HasAnyControl(batch.controls[r]) ? controlled : plain).push_back(r);
+      const RowControls& c = batch.controls[r];
+      if (!HasAnyControl(c)) {
+        plain.push_back(r);
+      } else if (kernels::PlanCpuControlledPath(&c, 1) == kernels::CpuControlledPath::kFused) {
+        fused.push_back(r);
+      } else {
+        materialized.push_back(r);
+      }
     }
     SampleResult result;
     result.path = LaunchPath::kCpu;
@@ -110,7 +121,7 @@ class CpuEngine final : public Engine {
     result.details.resize(rows);
     const bool drafts = !batch.draft_tokens.empty();
     if (drafts) result.draft_logprobs.resize(rows);
-    for (const std::vector<int64_t>* part : {&plain, &controlled}) {
+    for (const std::vector<int64_t>* part : {&plain, &fused, &materialized}) {
       if (part->empty()) continue;
       const int64_t n = static_cast<int64_t>(part->size());
       std::vector<float> part_hidden(static_cast<size_t>(n * d));
@@ -144,7 +155,8 @@ class CpuEngine final : public Engine {
           for (int64_t r : *part) controls.push_back(batch.controls[r]);
           row_controls = controls.data();
         }
-        const kernels::CpuControlledPath path = kernels::PlanCpuControlledPath(row_controls, n);
+        const kernels::CpuControlledPath path =
+            part == &fused ? kernels::CpuControlledPath::kFused : kernels::CpuControlledPath::kMaterialized;
         status = controlled_.Sample(
             part_hidden.data(), n, params.data(), row_controls, drafts ? draft_tokens.data() : nullptr,
             path,

@@ -1,7 +1,7 @@
 // What the CPU samplers (CpuTiledSampler, CpuControlledSampler) share below
 // their algorithms: the argument checks of their contracts, the thread count
-// they resolve, and the one sgemm that computes a tile of logits, so that both
-// samplers produce the same logits from the same call.
+// they resolve, and the one call that computes a tile of logits (TileLogits),
+// so that both samplers produce the same logits from the same call.
 //
 // Thread safety: pure functions (TileLogits writes only `out`).
 #pragma once
@@ -14,6 +14,7 @@
 #include <limits>
 #include <thread>
 
+#include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/tiled_sampler.h"
 
 namespace flashsampler::kernels {
@@ -54,11 +55,17 @@ inline bool AllFinite(const float* x, int64_t n) {
   return bad == 0;
 }
 
-// out[r * n + j] = h_r . w_{token0 + j} for r < rows, j < n: one
-// single-threaded sgemm of the [rows, hidden] block `h` against W's rows
-// [token0, token0 + n).
+// out[r * n + j] = h_r . w_{token0 + j} for r < rows, j < n. With
+// batch_invariant, each dot product in the fixed order of
+// fixed_order_logits.h (a row's logits do not depend on the other rows of the
+// call, the tile or the thread); else one single-threaded cblas_sgemm, whose
+// blocking and so summation order follow (rows, n).
 inline void TileLogits(const float* h, int64_t rows, const float* weight, int64_t token0,
-                       int64_t n, int64_t hidden, float* out) {
+                       int64_t n, int64_t hidden, bool batch_invariant, float* out) {
+  if (batch_invariant) {
+    FixedOrderLogits(h, rows, weight + token0 * hidden, n, hidden, out);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
               static_cast<int>(hidden), 1.0f, h, static_cast<int>(hidden), weight + token0 * hidden,
               static_cast<int>(hidden), 0.0f, out, static_cast<int>(n));

@@ -2,13 +2,16 @@
 //
 // Work split: the vocabulary [0, valid_vocab) is cut into tiles of tile_rows
 // tokens and the batch into blocks of at most kMaxRowsPerGemm rows. A work item
-// is one (tile, row block): one single-threaded cblas_sgemm writes its
+// is one (tile, row block): one TileLogits call (a single-threaded
+// cblas_sgemm, or with batch_invariant FixedOrderLogits) writes its
 // [rows, tile] logits into the worker's own buffer, then every row of the block
 // reduces the tile to a SampleSummary stored at summaries[tile][row]. Workers
 // claim items from an atomic counter; after all items are done each row merges
 // its tile summaries in tile order. The logits are fully determined by the
-// (tile, row block) sgemm call, whichever thread makes it, and the merge order
-// is fixed, so outputs are bit-identical for any thread count.
+// (tile, row block) call, whichever thread makes it, and the merge order is
+// fixed, so outputs are bit-identical for any thread count. With
+// batch_invariant a row's logits depend on its own hidden state alone
+// (fixed_order_logits.h), so its outputs are also the same in every batch.
 //
 // Exact pruning (never changes a result): each worker keeps, per row, the best
 // score it has seen so far in this call (a real score of a real token of that
@@ -181,6 +184,7 @@ struct CpuTiledSampler::Impl {
         valid_vocab(vv),
         hidden(d),
         tile_rows(std::min(config.tile_rows, vv)),
+        batch_invariant(config.batch_invariant),
         config_ok(ValidSamplerShape(w, v, vv, d, config)),
         pool(ResolveSamplerThreads(config.num_threads)) {}
 
@@ -194,6 +198,7 @@ struct CpuTiledSampler::Impl {
   int64_t valid_vocab;
   int64_t hidden;
   int64_t tile_rows;
+  bool batch_invariant;
   bool config_ok;
   WorkerPool pool;
   GumbelBucketBound bound;
@@ -219,7 +224,7 @@ void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidde
   const int64_t n = std::min(tile_rows, valid_vocab - token0);
   float* buf = logits[worker].data();
   // buf[r * n + j] = h_{row0 + r} . w_{token0 + j}
-  TileLogits(hidden_states + row0 * hidden, rows, weight, token0, n, hidden, buf);
+  TileLogits(hidden_states + row0 * hidden, rows, weight, token0, n, hidden, batch_invariant, buf);
   float* best = row_best[worker].data();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = row0 + r;

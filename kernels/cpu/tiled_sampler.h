@@ -46,6 +46,11 @@ struct CpuSamplerConfig {
   int num_threads = 0;       // 0: std::thread::hardware_concurrency()
   // Tokens per tile; multiples of 64 avoid drawing a noise chunk twice at tile edges.
   int64_t tile_rows = 1024;
+  // Logits from FixedOrderLogits (fixed_order_logits.h): every output of a
+  // row is bit-identical in any batch, whatever the rows, threads or tile
+  // (log Z: for a given tile_rows). False: OpenBLAS sgemm, whose summation
+  // order follows the batch's shape (faster at 16 rows and more, slower at 1).
+  bool batch_invariant = false;
 };
 
 struct CpuSampleOutputs {

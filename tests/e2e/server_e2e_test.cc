@@ -654,6 +654,48 @@ TEST(ServerLifecycle, SigtermClosesAnIdleStreamAtOnce) {
   EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
 }
 
+// --batch_invariant (CPU backend): 17 Verify sequences answered alone and
+// then together in one request get the same bits: tokens, acceptance
+// probabilities and log Z. (Without it, OpenBLAS's summation order follows the
+// batch's shape, and the acceptance probabilities of most sequences moved in
+// their last bits: an acceptance decision could flip with the neighbours.)
+TEST(ServerBatchInvariance, VerifySequencesGetTheSameBitsAloneAndTogether) {
+  ServerProcess server({"--backend=cpu", "--demo_vocab=1000", "--demo_hidden=64", "--threads=2",
+                        "--batch_invariant"});
+  ASSERT_TRUE(server.Start().ok());
+  SamplerClient client(server.address());
+  constexpr int kSequences = 17;
+  v1::VerifyRequest together;
+  together.set_return_acceptance_probs(true);
+  together.set_return_logz(true);
+  std::vector<v1::VerifyRequest> alone(kSequences, together);
+  for (int i = 0; i < kSequences; ++i) {
+    const int gamma = 1 + i % 5;
+    std::vector<int32_t> drafts;
+    for (int j = 0; j < gamma; ++j) drafts.push_back((37 * i + 11 * j) % 1000);
+    const std::vector<float> h = RandomValues((gamma + 1) * kHidden, 900 + i);
+    AddVerifySequence(&together, h, drafts, 0.5f + 0.1f * (i % 6), 70 + i, 3);
+    AddVerifySequence(&alone[i], h, drafts, 0.5f + 0.1f * (i % 6), 70 + i, 3);
+  }
+  absl::StatusOr<v1::VerifyResponse> all = client.Verify(together);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->sequences_size(), kSequences);
+  for (int i = 0; i < kSequences; ++i) {
+    absl::StatusOr<v1::VerifyResponse> one = client.Verify(alone[i]);
+    ASSERT_TRUE(one.ok()) << one.status();
+    const v1::VerifyResult& a = one->sequences(0);
+    const v1::VerifyResult& b = all->sequences(i);
+    EXPECT_EQ(a.num_accepted(), b.num_accepted()) << "sequence " << i;
+    EXPECT_THAT(a.token_ids(), ::testing::ElementsAreArray(b.token_ids())) << "sequence " << i;
+    // EXPECT_THAT compares floats with ==: bit equality for finite values.
+    EXPECT_THAT(a.acceptance_probs(), ::testing::ElementsAreArray(b.acceptance_probs())) << "sequence " << i;
+    EXPECT_THAT(a.logz(), ::testing::ElementsAreArray(b.logz())) << "sequence " << i;
+  }
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(60));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
 // --address=unix:PATH serves on a Unix domain socket (a client on the same
 // host): the same service, and the same tokens as over TCP for the same
 // request (the demo head and the RNG contract fix them).
