@@ -128,48 +128,13 @@ void DynamicBatcher::Submit(const SampleBatch* batch, Done done, absl::Time dead
       job->deadline = deadline;
       job->cancelled = std::move(cancelled);
       job->enqueued = absl::Now();
-      // Idle and no batching delay asked for: nothing could join this
-      // request's launch, so this thread runs it (the worker stays asleep).
-      const bool run_inline = !launching_ && queue_.empty() &&
-                              options_.max_queue_delay <= absl::ZeroDuration() &&
-                              batch->rows <= options_.inline_launch_max_rows &&
-                              batch->rows <= options_.max_batch_rows;
-      if (!run_inline) {
-        queue_.push_back(std::move(job));
-        queued_rows_ += batch->rows;
-        PublishQueueRows();
-        return;
-      }
-      launching_ = true;
-      Engine* engine = engine_.get();
-      mu_.Unlock();
-      RunInline(engine, std::move(job));
-      mu_.Lock();
-      // Unlocking re-evaluates the worker's wait: it takes what queued meanwhile.
-      launching_ = false;
+      queue_.push_back(std::move(job));
+      queued_rows_ += batch->rows;
+      PublishQueueRows();
       return;
     }
   }
   done(refusal);
-}
-
-void DynamicBatcher::RunInline(Engine* engine, std::shared_ptr<Job> job) {
-  // The worker's pre-launch sweep, for this one request.
-  const absl::Time now = absl::Now();
-  if (job->deadline <= now) {
-    job->done(absl::DeadlineExceededError("the deadline passed before the request ran"));
-    return;
-  }
-  if (job->cancelled && job->cancelled()) {
-    job->done(absl::CancelledError("the call was cancelled before its batch ran"));
-    return;
-  }
-  Launch launch;
-  launch.slices.push_back(RowSlice{job->batch, 0, job->batch->rows});
-  launch.jobs.push_back(std::move(job));
-  // The job was never queued: the worker cannot see it, and launching_ keeps
-  // every other launch out until this one has answered its request.
-  RunLaunch(engine, launch, /*inline_launch=*/true);
 }
 
 void DynamicBatcher::Stop() {
@@ -179,13 +144,6 @@ void DynamicBatcher::Stop() {
     stop_requested_.store(true, std::memory_order_release);
   }
   if (worker_.joinable()) worker_.join();
-  {
-    // An inline launch that started before stopping_ was set ends (and has
-    // answered its request) before Stop returns.
-    absl::MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !launching_; };
-    mu_.Await(absl::Condition(&idle));
-  }
   completions_.Drain();
 }
 
@@ -193,9 +151,8 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
                                 std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused) {
   SpinWhileIdle();
   absl::MutexLock lock(&mu_);
-  // Work is something queued while no (inline) launch runs; or stopping.
   auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return (stopping_ && queue_.empty()) || (!launching_ && (!queue_.empty() || stopping_));
+    return !queue_.empty() || stopping_;
   };
   mu_.Await(absl::Condition(&has_work));
   if (queue_.empty()) return false;  // stopping and drained
@@ -261,14 +218,11 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
     queued_rows_ -= slice.rows;
     if (job->next_row == job->batch->rows) queue_.pop_front();
   }
-  // Held from here until WorkerLoop has run the launch (also when every
-  // queued request was refused and the launch is empty).
-  launching_ = true;
   PublishQueueRows();
   return true;
 }
 
-void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch, bool inline_launch) {
+void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
   const absl::Time start = absl::Now();
   for (size_t i = 0; i < launch.jobs.size(); ++i) {
     Job& job = *launch.jobs[i];
@@ -294,11 +248,8 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch, bool inline_launc
   // hand-off less, ~35 us measured at 1 request in flight). Larger launches
   // go to the pool even then: answering ~25 requests here (~10 us each)
   // would delay the launch their successors are about to join.
-  // An inline launch always answers on its own thread: the worker, not this
-  // thread, forms the next launch.
   const bool inline_completion =
-      inline_launch ||
-      (launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0);
+      launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0;
   int64_t launch_row = 0;
   for (size_t i = 0; i < launch.jobs.size(); ++i) {
     CompleteSlice(*launch.jobs[i], launch.slices[i], *result, launch_row, inline_completion);
@@ -403,16 +354,13 @@ void DynamicBatcher::WorkerLoop() {
     const bool more = NextLaunch(&launch, &refused);
     for (auto& [job, status] : refused) job->done(std::move(status));
     if (!more) return;
-    if (!launch.jobs.empty()) {  // else everything queued was refused
-      Engine* engine;
-      {
-        absl::MutexLock lock(&mu_);
-        engine = engine_.get();  // jobs are only queued once an engine is set
-      }
-      RunLaunch(engine, launch, /*inline_launch=*/false);
+    if (launch.jobs.empty()) continue;  // everything queued was refused
+    Engine* engine;
+    {
+      absl::MutexLock lock(&mu_);
+      engine = engine_.get();  // jobs are only queued once an engine is set
     }
-    absl::MutexLock lock(&mu_);
-    launching_ = false;
+    RunLaunch(engine, launch);
   }
 }
 

@@ -31,22 +31,12 @@
 // Idle: with idle_spin > 0 the worker polls the queue (without the lock) for
 // up to that long after a launch before it blocks on the mutex.
 //
-// Inline launch (inline_launch_max_rows > 0): a request of at most that many
-// rows (and at most max_batch_rows) that finds the batcher idle (nothing
-// queued, no launch running, no queue delay configured) is launched by the
-// thread that submits it, which also answers it: no hand-off to the worker
-// and back, which is what a lone decode step pays most for at one request in
-// flight. There is still one launch at a time: while an inline launch runs,
-// other requests queue, and the worker takes them once it ends. So at most
-// one submitting thread is ever busy computing, for a bounded number of rows.
-//
 // Thread safety: every public method may be called from any thread, but
 // `done` must not block (it may hold up the next launch) nor call Stop() (it
 // may run on the worker, which Stop() joins). `done` runs on a completion
 // thread, on the worker thread (requests answered without compute, failed
 // launches, and a lone request's launch with nothing queued behind it), or
-// inline in Submit when the request is refused or launched inline (then
-// Submit returns after `done`, and `on_engine_failure` may run there too).
+// inline in Submit when the request is refused.
 // Outcomes delivered to `done`, exactly once per Submit: the request's result
 // (only the outputs it asked for); Unavailable when no engine is loaded yet,
 // the engine is unhealthy or the batcher is stopping; ResourceExhausted when
@@ -91,9 +81,6 @@ struct BatcherOptions {
   // thread wake-up (measured ~60 us on the GPU machine, a VM). Costs one
   // core while it polls; zero blocks at once.
   absl::Duration idle_spin = absl::ZeroDuration();
-  // Requests of at most this many rows that find the batcher idle run on the
-  // submitting thread (above); 0: every launch runs on the worker.
-  int64_t inline_launch_max_rows = 0;
 };
 
 class DynamicBatcher {
@@ -139,9 +126,7 @@ class DynamicBatcher {
   // Waits for work and forms the next launch; false when stopping and drained.
   // Requests answered without compute are moved to `refused`.
   bool NextLaunch(Launch* launch, std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused);
-  // `inline_launch`: on the submitting thread (Submit's inline path), which
-  // then answers the request itself.
-  void RunLaunch(Engine* engine, Launch& launch, bool inline_launch);
+  void RunLaunch(Engine* engine, Launch& launch);
   // One engine launch of `slices` (a lone whole request without a copy),
   // checked for the draft log-probabilities the scatter needs, and recorded
   // in the launch metrics.
@@ -160,8 +145,6 @@ class DynamicBatcher {
   void CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
                      int64_t launch_row, bool inline_completion);
   void PublishQueueRows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Submit's inline path: runs `job` alone on this thread (launching_ is set).
-  void RunInline(Engine* engine, std::shared_ptr<Job> job);
   // Polls queued_jobs_ for up to options_.idle_spin while it is 0.
   void SpinWhileIdle() const;
 
@@ -173,9 +156,6 @@ class DynamicBatcher {
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // A launch is running (on the worker, or inline on a submitting thread):
-  // the engine is busy, and no other launch may start.
-  bool launching_ ABSL_GUARDED_BY(mu_) = false;
   // queue_.size() and stopping_, mirrored (written under mu_) for the lock-free
   // idle poll and the inline-completion decision.
   std::atomic<int64_t> queued_jobs_{0};

@@ -145,7 +145,6 @@ int main(int argc, char** argv) {
   // backend the polling core is one its workers would rather have.
   const bool gpu_backend = config->backend == "cuda" ||
                            (config->backend == "auto" && flashsampler::CudaBackendAvailable());
-  batching.inline_launch_max_rows = config->inline_launch_max_rows;
   batching.idle_spin = absl::Microseconds(
       config->idle_spin_us >= 0 ? config->idle_spin_us : (gpu_backend ? 1000 : 0));
   // SERVING once the engine is loaded, NOT_SERVING for good after a drain

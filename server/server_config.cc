@@ -49,11 +49,6 @@ ABSL_FLAG(int64_t, idle_spin_us, -1,
           "this many microseconds (one busy core) before it sleeps, so a request arriving "
           "meanwhile starts without a thread wake-up. -1: 1000 on the CUDA backend, 0 on the "
           "CPU backend (whose workers need the cores)");
-ABSL_FLAG(int64_t, inline_launch_max_rows, 64,
-          "A request of at most this many rows that finds the batcher idle (nothing queued, no "
-          "launch running, --max_queue_delay_us=0) is launched and answered by the gRPC thread "
-          "that received it, sparing two thread hand-offs; 0: every launch runs on the batcher's "
-          "worker. One launch at a time either way");
 ABSL_FLAG(std::string, metrics_address, "",
           "HOST:PORT serving Prometheus metrics at /metrics (port 0: a free port); empty: off");
 ABSL_FLAG(int32_t, cuda_device, -1,
@@ -111,7 +106,6 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.max_queue_rows = absl::GetFlag(FLAGS_max_queue_rows);
   c.completion_threads = absl::GetFlag(FLAGS_completion_threads);
   c.idle_spin_us = absl::GetFlag(FLAGS_idle_spin_us);
-  c.inline_launch_max_rows = absl::GetFlag(FLAGS_inline_launch_max_rows);
   c.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
   c.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
@@ -158,9 +152,6 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   }
   if (c.max_queue_delay_us < 0 || c.max_queue_delay_us > 1000000) {
     return absl::InvalidArgumentError("--max_queue_delay_us must be in [0, 1000000]");
-  }
-  if (c.inline_launch_max_rows < 0) {
-    return absl::InvalidArgumentError("--inline_launch_max_rows must be >= 0");
   }
   if (c.idle_spin_us < -1 || c.idle_spin_us > 1000000) {
     return absl::InvalidArgumentError("--idle_spin_us must be -1 (auto) or in [0, 1000000]");

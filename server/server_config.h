@@ -29,7 +29,6 @@ struct ServerConfig {
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
   int completion_threads = 4;       // threads answering finished requests
   int64_t idle_spin_us = -1;        // batcher worker's idle poll; -1: by backend
-  int64_t inline_launch_max_rows = 64;  // idle-batcher launches on the gRPC thread; 0: off
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off
   int cuda_device = -1;            // CUDA backend: one device ordinal; -1: use `devices`
   // CUDA backend: the GPUs W is sharded over by vocabulary (--devices);

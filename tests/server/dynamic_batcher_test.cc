@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -40,9 +39,6 @@ class FakeEngine final : public Engine {
     shape_.hidden_size = 2;
   }
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
-    // The batcher promises one launch at a time, whichever thread runs it.
-    if (active_.fetch_add(1) != 0) overlapped_ = true;
-    absl::Cleanup leave = [this] { active_.fetch_sub(1); };
     bool hold;
     {
       absl::MutexLock lock(&mu_);
@@ -91,8 +87,6 @@ class FakeEngine final : public Engine {
   std::string backend_name() const override { return "fake"; }
   bool healthy() const override { return healthy_; }
 
-  // Whether two Sample calls ever ran at the same time.
-  bool overlapped() const { return overlapped_; }
   void WaitForFirstLaunch() { first_started_.WaitForNotification(); }
   void Release() { release_.Notify(); }
   std::vector<int64_t> launches() const {
@@ -112,8 +106,6 @@ class FakeEngine final : public Engine {
   std::atomic<bool> serves_drafts_{false};
   std::atomic<bool> ignores_drafts_{false};
   std::atomic<int64_t> poison_seed_{-1};
-  std::atomic<int> active_{0};
-  std::atomic<bool> overlapped_{false};
   ModelShape shape_;
   absl::Notification first_started_, release_;
   mutable absl::Mutex mu_;
@@ -239,117 +231,6 @@ TEST(DynamicBatcher, AnswersOnTheWorkerOnlyALoneRequestWithNothingQueued) {
   batcher.Submit(&lone, lone_outcome.Callback());
   ASSERT_EQ(lone_outcome.code(), absl::StatusCode::kOk);
   EXPECT_EQ(lone_outcome.state->thread, engine->sample_thread()) << "a lone request: the worker answers";
-}
-
-BatcherOptions InlineOptions(int64_t inline_rows) {
-  BatcherOptions options = Options(64, absl::ZeroDuration());
-  options.inline_launch_max_rows = inline_rows;
-  return options;
-}
-
-// An idle batcher runs a small request on the submitting thread, which has
-// answered it when Submit returns; the worker never sees it.
-TEST(DynamicBatcher, InlineLaunchRunsALoneSmallRequestOnTheSubmittingThread) {
-  DynamicBatcher batcher(InlineOptions(4));
-  auto owned = std::make_unique<FakeEngine>();
-  FakeEngine* engine = owned.get();
-  batcher.SetEngine(std::move(owned));
-  for (uint64_t i = 0; i < 3; ++i) {
-    SampleBatch b = Batch(4, 10 * i, /*want_logz=*/true);
-    Outcome o;
-    batcher.Submit(&b, o.Callback());
-    ASSERT_TRUE(o.done.HasBeenNotified()) << "Submit returned before answering an inline launch";
-    ASSERT_EQ(o.code(), absl::StatusCode::kOk);
-    EXPECT_THAT(o.result->token_ids, ElementsAre(10 * i, 10 * i + 1, 10 * i + 2, 10 * i + 3));
-    EXPECT_EQ(o.state->thread, std::this_thread::get_id());
-    EXPECT_EQ(engine->sample_thread(), std::this_thread::get_id());
-  }
-  // Over the inline limit: the worker launches it.
-  SampleBatch big = Batch(5, 50);
-  Outcome big_outcome;
-  batcher.Submit(&big, big_outcome.Callback());
-  ASSERT_EQ(big_outcome.code(), absl::StatusCode::kOk);
-  EXPECT_NE(engine->sample_thread(), std::this_thread::get_id());
-  EXPECT_THAT(engine->launches(), ElementsAre(4, 4, 4, 5));
-  EXPECT_FALSE(engine->overlapped());
-}
-
-// Requests that arrive while an inline launch computes queue up (the engine
-// is busy), and the worker coalesces them once it ends: still one launch at
-// a time, in arrival order.
-TEST(DynamicBatcher, RequestsArrivingDuringAnInlineLaunchQueueForTheWorker) {
-  DynamicBatcher batcher(InlineOptions(8));
-  auto owned = std::make_unique<FakeEngine>(/*hold_first=*/true);
-  FakeEngine* engine = owned.get();
-  batcher.SetEngine(std::move(owned));
-  SampleBatch first = Batch(1, 7);
-  Outcome first_outcome;
-  std::thread::id first_caller;
-  std::thread caller([&] {
-    first_caller = std::this_thread::get_id();
-    batcher.Submit(&first, first_outcome.Callback());  // inline: held in the engine
-  });
-  engine->WaitForFirstLaunch();
-  std::vector<SampleBatch> later = {Batch(1, 100), Batch(2, 200), Batch(3, 300)};
-  std::vector<Outcome> later_outcomes(later.size());
-  for (size_t i = 0; i < later.size(); ++i) batcher.Submit(&later[i], later_outcomes[i].Callback());
-  EXPECT_EQ(batcher.queued_rows(), 6) << "a request started while the engine was busy";
-  engine->Release();
-  caller.join();
-  ASSERT_TRUE(first_outcome.done.HasBeenNotified());
-  EXPECT_EQ(first_outcome.state->thread, first_caller);
-  for (size_t i = 0; i < later.size(); ++i) {
-    ASSERT_EQ(later_outcomes[i].code(), absl::StatusCode::kOk) << i;
-    EXPECT_EQ(later_outcomes[i].result->token_ids.front(), 100 * (i + 1));
-  }
-  EXPECT_THAT(engine->launches(), ElementsAre(1, 6));
-  EXPECT_NE(engine->sample_thread(), first_caller);
-  EXPECT_FALSE(engine->overlapped());
-}
-
-// Stop() returns only after an inline launch in progress has answered.
-TEST(DynamicBatcher, StopWaitsForAnInlineLaunchInProgress) {
-  DynamicBatcher batcher(InlineOptions(8));
-  auto owned = std::make_unique<FakeEngine>(/*hold_first=*/true);
-  FakeEngine* engine = owned.get();
-  batcher.SetEngine(std::move(owned));
-  SampleBatch first = Batch(2, 3);
-  std::atomic<bool> stop_returned{false};
-  std::atomic<bool> answered_before_stop_returned{false};
-  std::thread caller([&] {
-    batcher.Submit(&first, [&](absl::StatusOr<SampleResult> r) {
-      answered_before_stop_returned = r.ok() && !stop_returned.load();
-    });
-  });
-  engine->WaitForFirstLaunch();
-  std::thread stopper([&] {
-    batcher.Stop();
-    stop_returned = true;
-  });
-  engine->Release();
-  stopper.join();
-  caller.join();
-  EXPECT_TRUE(answered_before_stop_returned.load());
-  SampleBatch late = Batch(1);
-  Outcome refused;
-  batcher.Submit(&late, refused.Callback());
-  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
-}
-
-// An expired or cancelled request that finds the batcher idle is answered
-// without compute, as the worker's sweep would.
-TEST(DynamicBatcher, InlineLaunchSweepsExpiredAndCancelledRequests) {
-  DynamicBatcher batcher(InlineOptions(8));
-  auto owned = std::make_unique<FakeEngine>();
-  FakeEngine* engine = owned.get();
-  batcher.SetEngine(std::move(owned));
-  SampleBatch b = Batch(1);
-  Outcome expired, cancelled;
-  batcher.Submit(&b, expired.Callback(), absl::Now() - absl::Seconds(1));
-  batcher.Submit(&b, cancelled.Callback(), absl::InfiniteFuture(), [] { return true; });
-  EXPECT_EQ(expired.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
-  EXPECT_TRUE(engine->launches().empty());
 }
 
 // With an idle poll far longer than the test, requests submitted while the
