@@ -64,6 +64,13 @@ void SetHealth(grpc::Server* server, flashsampler::HealthOnlyServer* health_port
   health->SetServingStatus("", serving);
 }
 
+// The thread that takes SIGINT/SIGTERM with sigwait, and the handler that
+// sends it a signal that reached another thread (see main).
+pthread_t g_main_thread;
+extern "C" void ForwardStopSignalToMain(int signal_number) {
+  pthread_kill(g_main_thread, signal_number);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,12 +95,25 @@ int main(int argc, char** argv) {
   // (server/README-dev.md), and TSan checks it in the sanitizer builds.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
-  // Before any thread exists, so that every thread inherits the mask.
+  // Before any thread of ours exists, so that every one inherits the mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Threads that libraries start before main (OpenBLAS's pool, at load) do
+  // not block them. With the default action, a SIGTERM the kernel hands to
+  // such a thread (it may, when main is not the first willing taker) killed
+  // the process without a drain: seen once in a CI run under stress-ng. A
+  // handler makes the signal harmless wherever it lands: it passes it on to
+  // main, which takes it with sigwait (pthread_kill is async-signal-safe).
+  g_main_thread = pthread_self();
+  struct sigaction forward = {};
+  forward.sa_handler = ForwardStopSignalToMain;
+  sigemptyset(&forward.sa_mask);
+  forward.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &forward, nullptr);
+  sigaction(SIGTERM, &forward, nullptr);
 
   absl::StatusOr<flashsampler::ServerConfig> config = flashsampler::ServerConfigFromFlags();
   if (!config.ok()) {
