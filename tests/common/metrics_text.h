@@ -5,9 +5,8 @@
 // what the server reports.
 //
 // Thread safety: reentrant. WaitForMetrics returns OK once `ready` holds for a
-// scrape, DeadlineExceeded (with the last exposition's relevant lines left to
-// the caller) when `timeout` passes first, or the scrape's error if /metrics
-// cannot be read.
+// scrape, DeadlineExceeded when `timeout` passes first, or the scrape's error
+// if /metrics cannot be read.
 #pragma once
 
 #include <functional>
