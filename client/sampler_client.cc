@@ -79,6 +79,53 @@ absl::StatusOr<std::vector<v1::SampleResponse>> SamplerClient::SampleStream(
   return responses;
 }
 
+absl::Status SamplerClient::RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                                       uint64_t byte_size, uint64_t offset,
+                                                       absl::Duration timeout) {
+  v1::RegisterRegionRequest request;
+  request.set_name(name);
+  request.set_byte_size(byte_size);
+  request.mutable_system()->set_key(key);
+  request.mutable_system()->set_offset(offset);
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::RegisterRegionResponse response;
+  return FromGrpcStatus(sampler_->RegisterRegion(&context, request, &response));
+}
+
+absl::Status SamplerClient::RegisterCudaIpc(const std::string& name, const std::string& ipc_handle,
+                                            int device_id, uint64_t byte_size, uint64_t offset,
+                                            absl::Duration timeout) {
+  v1::RegisterRegionRequest request;
+  request.set_name(name);
+  request.set_byte_size(byte_size);
+  request.mutable_cuda_ipc()->set_ipc_handle(ipc_handle);
+  request.mutable_cuda_ipc()->set_device_id(device_id);
+  request.mutable_cuda_ipc()->set_offset(offset);
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::RegisterRegionResponse response;
+  return FromGrpcStatus(sampler_->RegisterRegion(&context, request, &response));
+}
+
+absl::Status SamplerClient::UnregisterRegion(const std::string& name, absl::Duration timeout) {
+  v1::UnregisterRegionRequest request;
+  request.set_name(name);
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::UnregisterRegionResponse response;
+  return FromGrpcStatus(sampler_->UnregisterRegion(&context, request, &response));
+}
+
+absl::StatusOr<v1::ListRegionsResponse> SamplerClient::ListRegions(absl::Duration timeout) {
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::ListRegionsResponse response;
+  grpc::Status status = sampler_->ListRegions(&context, v1::ListRegionsRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::StatusOr<v1::ModelInfo> SamplerClient::GetModelInfo(absl::Duration timeout) {
   grpc::ClientContext context;
   Prepare(&context, timeout);

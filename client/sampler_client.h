@@ -45,6 +45,19 @@ class SamplerClient {
 
   absl::StatusOr<v1::ModelInfo> GetModelInfo(absl::Duration timeout = absl::Seconds(10));
 
+  // Memory regions (sampler.proto's RegisterRegion): a POSIX shared-memory
+  // object `key` (e.g. a SharedMemoryBuffer's), or a CUDA IPC handle (the 64
+  // bytes of a cudaIpcMemHandle_t) of a buffer on `device_id`. A request then
+  // names a slice of the region in hidden_states_region / output_region.
+  absl::Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                          uint64_t byte_size, uint64_t offset = 0,
+                                          absl::Duration timeout = absl::Seconds(10));
+  absl::Status RegisterCudaIpc(const std::string& name, const std::string& ipc_handle,
+                               int device_id, uint64_t byte_size, uint64_t offset = 0,
+                               absl::Duration timeout = absl::Seconds(10));
+  absl::Status UnregisterRegion(const std::string& name, absl::Duration timeout = absl::Seconds(10));
+  absl::StatusOr<v1::ListRegionsResponse> ListRegions(absl::Duration timeout = absl::Seconds(10));
+
   // grpc.health.v1 Check for `service` ("" = the whole server).
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> CheckHealth(
       const std::string& service = "", absl::Duration timeout = absl::Seconds(10));

@@ -79,7 +79,7 @@ void ValidateAndCheck(const v1::SampleRequest& request) {
   if (batch.want_logz) result.logz.assign(static_cast<size_t>(batch.rows), 0.0f);
   if (batch.want_logprobs) result.logprobs.assign(static_cast<size_t>(batch.rows), 0.0f);
   v1::SampleResponse response;
-  FillSampleResponse(*parsed, result, &response);
+  FUZZ_CHECK(FillSampleResponse(*parsed, result, &response).ok(), "filling a response failed");
   FUZZ_CHECK(response.token_ids_size() == batch.rows, "response token count differs from B");
   FUZZ_CHECK(response.seeds_size() == batch.rows, "response seed count differs from B");
   FUZZ_CHECK(response.request_id() == request.request_id(), "request id not echoed");

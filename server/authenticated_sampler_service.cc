@@ -57,4 +57,25 @@ grpc::ServerUnaryReactor* AuthenticatedSamplerService::Verify(grpc::CallbackServ
   return inner_->Verify(context, request, response);
 }
 
+grpc::ServerUnaryReactor* AuthenticatedSamplerService::RegisterRegion(
+    grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
+    v1::RegisterRegionResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnary(context)) return refused;
+  return inner_->RegisterRegion(context, request, response);
+}
+
+grpc::ServerUnaryReactor* AuthenticatedSamplerService::UnregisterRegion(
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
+    v1::UnregisterRegionResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnary(context)) return refused;
+  return inner_->UnregisterRegion(context, request, response);
+}
+
+grpc::ServerUnaryReactor* AuthenticatedSamplerService::ListRegions(
+    grpc::CallbackServerContext* context, const v1::ListRegionsRequest* request,
+    v1::ListRegionsResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnary(context)) return refused;
+  return inner_->ListRegions(context, request, response);
+}
+
 }  // namespace flashsampler

@@ -31,6 +31,15 @@ class AuthenticatedSamplerService final : public v1::Sampler::CallbackService {
   grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
                                    const v1::VerifyRequest* request,
                                    v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
 
  private:
   // nullptr when the call may proceed, else a reactor already finished with

@@ -180,7 +180,8 @@ int main(int argc, char** argv) {
   // Scrapes may come until `metrics` goes: unhook the batcher before it is destroyed.
   absl::Cleanup unhook_batcher = [&metrics] { metrics.SetDeviceMemorySource(nullptr); };
   flashsampler::RequestLimits limits{config->max_request_rows};  // per request; launches are split
-  flashsampler::SamplerService service(&batcher, limits, &metrics);
+  flashsampler::MemoryRegions regions(flashsampler::MemoryRegionsOptions{config->max_regions});
+  flashsampler::SamplerService service(&batcher, limits, &metrics, &regions);
   std::unique_ptr<flashsampler::BearerTokenAuth> token_auth;
   std::unique_ptr<flashsampler::AuthenticatedSamplerService> authenticated_service;
   if (security->auth_token.has_value()) {
@@ -302,6 +303,7 @@ int main(int argc, char** argv) {
     // shards: the GPUs holding W (1 for the CPU backend).
     const int shards = std::max<int>(1, static_cast<int>((*engine)->DeviceMemory().size()));
     metrics.SetModelInfo((*engine)->shape(), backend, shards);
+    if (backend == "cuda") regions.SetCudaDevices(options.cuda.devices);
     batcher.SetEngine(*std::move(engine));
     health_gate.EngineReady();
     std::string where;

@@ -45,22 +45,19 @@ bool WidenAndCheck(const char* src, int64_t n, float* dst, Widen widen) {
   return bad == 0;
 }
 
-absl::Status DecodeHidden(const std::string& bytes, int dtype, int64_t rows, int64_t cols,
-                          const std::string& field, HiddenStates* out) {
-  const int64_t n = rows * cols;
-  const size_t base = out->size();
-  out->resize(base + static_cast<size_t>(n));
-  float* dst = out->data() + base;
-  const char* src = bytes.data();
-  bool finite;
+// Widens n elements of `dtype` from `src` into `dst`; false when any is inf or NaN.
+bool WidenHidden(const char* src, int dtype, int64_t n, float* dst) {
   if (dtype == v1::DTYPE_FP32) {
-    finite = WidenAndCheck<uint32_t, 0x7f800000u>(src, n, dst, [](uint32_t b) { return BitsToFloat(b); });
-  } else if (dtype == v1::DTYPE_BF16) {
-    finite = WidenAndCheck<uint16_t, 0x7f80u>(src, n, dst, [](uint16_t b) { return Bf16ToFloat(b); });
-  } else {
-    finite = WidenAndCheck<uint16_t, 0x7c00u>(src, n, dst, [](uint16_t b) { return Fp16ToFloat(b); });
+    return WidenAndCheck<uint32_t, 0x7f800000u>(src, n, dst, [](uint32_t b) { return BitsToFloat(b); });
   }
-  if (finite) return absl::OkStatus();
+  if (dtype == v1::DTYPE_BF16) {
+    return WidenAndCheck<uint16_t, 0x7f80u>(src, n, dst, [](uint16_t b) { return Bf16ToFloat(b); });
+  }
+  return WidenAndCheck<uint16_t, 0x7c00u>(src, n, dst, [](uint16_t b) { return Fp16ToFloat(b); });
+}
+
+// The error for widened values `dst` [n] of which WidenHidden flagged one.
+absl::Status FirstNonFinite(const float* dst, int64_t n, int64_t cols, const std::string& field) {
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(dst[i])) {
       return absl::InvalidArgumentError(
@@ -72,26 +69,43 @@ absl::Status DecodeHidden(const std::string& bytes, int dtype, int64_t rows, int
   return absl::InternalError("non-finite hidden state flagged but not found");
 }
 
-}  // namespace
-
-absl::Status CheckTemperature(float t, const std::string& field) {
-  if (std::isnan(t) || std::isinf(t) || t < 0.0f) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".temperature must be finite and >= 0 (0 = greedy), got ", t));
+// Reads a [rows, cols] tensor of `dtype` from `slice` (exactly its bytes)
+// and widens it into `dst`, a piece at a time: each piece is read into a
+// buffer that stays in cache and widened from there, so a region's payload
+// is touched once more than a gRPC one, not staged whole.
+absl::Status ReadHiddenFromRegion(const RegionSlice& slice, int dtype, int64_t rows, int64_t cols,
+                                  const std::string& field, float* dst) {
+  const int64_t elem = WireDTypeSize(dtype);
+  const int64_t n = rows * cols;
+  const uint64_t chunk_elems =
+      std::max<uint64_t>(1, std::min<uint64_t>(slice.byte_size, slice.region->read_chunk_bytes()) / elem);
+  std::vector<char> buffer(chunk_elems * elem);
+  bool finite = true;
+  for (int64_t done = 0; done < n;) {
+    const int64_t take = std::min<int64_t>(static_cast<int64_t>(chunk_elems), n - done);
+    if (absl::Status s = slice.region->Read(slice.offset + done * elem, take * elem, buffer.data()); !s.ok()) {
+      return s;
+    }
+    finite = WidenHidden(buffer.data(), dtype, take, dst + done) && finite;
+    done += take;
   }
-  // Backends multiply logits by the fp32 reciprocal 1/T; below kMinTemperature
-  // it would overflow (or scale any logit to +-inf). Use 0 for greedy instead.
-  if (t > 0.0f && t < kMinTemperature) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".temperature ", t, " is below the smallest supported ",
-        kMinTemperature, "; use 0 for greedy sampling"));
-  }
-  return absl::OkStatus();
+  return finite ? absl::OkStatus() : FirstNonFinite(dst, n, cols, field);
 }
 
-absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::string& field,
-                                           int64_t hidden_size, int64_t max_rows,
-                                           WeightDType weight_dtype, HiddenStates* out) {
+// Rounds the decoded values to the weights' dtype, here on the gRPC thread
+// rather than on the batcher's one worker thread. Values sent in the
+// weights' own dtype (or any values, for fp32 weights) are already exact.
+absl::Status RoundToWeights(int wire_dtype, WeightDType weight_dtype, float* values, int64_t n) {
+  const bool same_dtype = (wire_dtype == v1::DTYPE_BF16 && weight_dtype == WeightDType::kBFloat16) ||
+                          (wire_dtype == v1::DTYPE_FP16 && weight_dtype == WeightDType::kFloat16);
+  if (same_dtype) return absl::OkStatus();
+  return RoundHiddenToWeightDType(weight_dtype, values, n);
+}
+
+// Checks a hidden-state tensor's dtype and shape ([B, D], D = hidden_size,
+// 1 <= B <= max_rows) and returns B.
+absl::StatusOr<int64_t> CheckHiddenShape(const v1::Tensor& t, const std::string& field,
+                                         int64_t hidden_size, int64_t max_rows) {
   const int64_t elem = WireDTypeSize(t.dtype());
   if (elem == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -117,44 +131,128 @@ absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::strin
                                                    ", over this server's limit of ",
                                                    max_rows, " rows per request"));
   }
-  // rows <= max_rows and cols is the model's D, so this cannot overflow.
-  const int64_t want_bytes = rows * cols * elem;
-  if (static_cast<int64_t>(t.data().size()) != want_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".data has ", t.data().size(), " bytes, but shape [", rows, ", ", cols,
-        "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
-  }
-  const size_t base = out->size();
-  if (absl::Status s = DecodeHidden(t.data(), t.dtype(), rows, cols, field, out); !s.ok()) return s;
-  // Round H to the weights' dtype here, on the gRPC thread, rather than on the
-  // batcher's one worker thread. Values sent in the weights' own dtype (or
-  // any values, for fp32 weights) are already exact after widening.
-  const bool same_dtype = (t.dtype() == v1::DTYPE_BF16 && weight_dtype == WeightDType::kBFloat16) ||
-                          (t.dtype() == v1::DTYPE_FP16 && weight_dtype == WeightDType::kFloat16);
-  if (!same_dtype) {
-    if (absl::Status s = RoundHiddenToWeightDType(weight_dtype, out->data() + base,
-                                                  static_cast<int64_t>(out->size() - base));
-        !s.ok()) {
-      return s;
-    }
-  }
   return rows;
 }
+
+}  // namespace
+
+absl::Status CheckTemperature(float t, const std::string& field) {
+  if (std::isnan(t) || std::isinf(t) || t < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".temperature must be finite and >= 0 (0 = greedy), got ", t));
+  }
+  // Backends multiply logits by the fp32 reciprocal 1/T; below kMinTemperature
+  // it would overflow (or scale any logit to +-inf). Use 0 for greedy instead.
+  if (t > 0.0f && t < kMinTemperature) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".temperature ", t, " is below the smallest supported ",
+        kMinTemperature, "; use 0 for greedy sampling"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::string& field,
+                                           int64_t hidden_size, int64_t max_rows,
+                                           WeightDType weight_dtype, HiddenStates* out) {
+  absl::StatusOr<int64_t> rows = CheckHiddenShape(t, field, hidden_size, max_rows);
+  if (!rows.ok()) return rows.status();
+  const int64_t cols = hidden_size;
+  // rows <= max_rows and cols is the model's D, so this cannot overflow.
+  const int64_t want_bytes = *rows * cols * WireDTypeSize(t.dtype());
+  if (static_cast<int64_t>(t.data().size()) != want_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".data has ", t.data().size(), " bytes, but shape [", *rows, ", ", cols,
+        "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
+  }
+  const int64_t n = *rows * cols;
+  const size_t base = out->size();
+  out->resize(base + static_cast<size_t>(n));
+  float* dst = out->data() + base;
+  if (!WidenHidden(t.data().data(), t.dtype(), n, dst)) return FirstNonFinite(dst, n, cols, field);
+  if (absl::Status s = RoundToWeights(t.dtype(), weight_dtype, dst, n); !s.ok()) return s;
+  return *rows;
+}
+
+namespace {
+
+// The hidden states of a request that names a region: the tensor gives dtype
+// and shape, the slice the bytes.
+absl::StatusOr<int64_t> DecodeHiddenFromRegion(const v1::SampleRequest& request, const ModelShape& shape,
+                                               const RequestLimits& limits, const MemoryRegions& regions,
+                                               HiddenStates* out) {
+  const v1::Tensor& t = request.hidden_states();
+  absl::StatusOr<int64_t> rows = CheckHiddenShape(t, "hidden_states", shape.hidden_size,
+                                                  limits.max_request_rows);
+  if (!rows.ok()) return rows.status();
+  if (!t.data().empty()) {
+    return absl::InvalidArgumentError(
+        "hidden_states.data must be empty when hidden_states_region is set (the bytes are read "
+        "from the region)");
+  }
+  const int64_t cols = shape.hidden_size;
+  const uint64_t want_bytes = static_cast<uint64_t>(*rows * cols * WireDTypeSize(t.dtype()));
+  const v1::RegionSlice& ref = request.hidden_states_region();
+  if (ref.byte_size() != want_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hidden_states_region.byte_size is ", ref.byte_size(), ", but shape [", *rows, ", ", cols,
+        "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
+  }
+  absl::StatusOr<RegionSlice> slice =
+      regions.Resolve(ref.region(), ref.offset(), ref.byte_size(), "hidden_states_region");
+  if (!slice.ok()) return slice.status();
+  const int64_t n = *rows * cols;
+  out->resize(static_cast<size_t>(n));
+  if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, "hidden_states", out->data());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = RoundToWeights(t.dtype(), shape.weight_dtype, out->data(), n); !s.ok()) return s;
+  return *rows;
+}
+
+// The bytes SampleRequest.output_region receives for `rows` rows.
+uint64_t OutputBytes(int64_t rows, bool logz, bool logprobs) {
+  return static_cast<uint64_t>(rows) * (sizeof(int32_t) + (logz ? sizeof(float) : 0) +
+                                        (logprobs ? sizeof(float) : 0));
+}
+
+}  // namespace
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
                                                        const ModelShape& shape,
                                                        const RequestLimits& limits,
-                                                       const std::function<uint64_t()>& draw_seed) {
+                                                       const std::function<uint64_t()>& draw_seed,
+                                                       const MemoryRegions* regions) {
   if (!request.has_hidden_states()) {
     return absl::InvalidArgumentError("hidden_states is missing");
   }
+  const bool uses_regions = request.has_hidden_states_region() || request.has_output_region();
+  if (uses_regions && regions == nullptr) {
+    return absl::FailedPreconditionError("this server does not serve memory regions");
+  }
   ParsedSampleRequest parsed;
   SampleBatch& batch = parsed.batch;
-  absl::StatusOr<int64_t> decoded = DecodeHiddenTensor(request.hidden_states(), "hidden_states",
-                                                       shape.hidden_size, limits.max_request_rows,
-                                                       shape.weight_dtype, &batch.hidden);
+  absl::StatusOr<int64_t> decoded =
+      request.has_hidden_states_region()
+          ? DecodeHiddenFromRegion(request, shape, limits, *regions, &batch.hidden)
+          : DecodeHiddenTensor(request.hidden_states(), "hidden_states", shape.hidden_size,
+                               limits.max_request_rows, shape.weight_dtype, &batch.hidden);
   if (!decoded.ok()) return decoded.status();
   const int64_t rows = *decoded;
+  if (request.has_output_region()) {
+    const v1::RegionSlice& ref = request.output_region();
+    const uint64_t need = OutputBytes(rows, request.return_logz(), request.return_logprobs());
+    if (ref.byte_size() < need) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output_region.byte_size is ", ref.byte_size(), ", but ", rows, " rows of results (token ids",
+          request.return_logz() ? ", logz" : "", request.return_logprobs() ? ", logprobs" : "",
+          ") need ", need));
+    }
+    absl::StatusOr<RegionSlice> slice =
+        regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), "output_region");
+    if (!slice.ok()) return slice.status();
+    parsed.output = *std::move(slice);
+  }
   const int num_params = request.params_size();
   if (num_params != 1 && num_params != rows) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -216,19 +314,32 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   return parsed;
 }
 
-void FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
-                        v1::SampleResponse* response) {
+absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
+                                v1::SampleResponse* response) {
   response->Clear();
-  response->mutable_token_ids()->Add(result.token_ids.begin(), result.token_ids.end());
-  response->mutable_logz()->Add(result.logz.begin(), result.logz.end());
-  response->mutable_logprobs()->Add(result.logprobs.begin(), result.logprobs.end());
+  if (parsed.output.has_value()) {
+    // token_ids, logz, logprobs: packed, in that order (sampler.proto).
+    const size_t rows = result.token_ids.size();
+    std::vector<char> packed(rows * sizeof(int32_t) + (result.logz.size() + result.logprobs.size()) * sizeof(float));
+    char* at = packed.data();
+    std::memcpy(at, result.token_ids.data(), rows * sizeof(int32_t));
+    at += rows * sizeof(int32_t);
+    std::memcpy(at, result.logz.data(), result.logz.size() * sizeof(float));
+    at += result.logz.size() * sizeof(float);
+    std::memcpy(at, result.logprobs.data(), result.logprobs.size() * sizeof(float));
+    if (absl::Status s = parsed.output->Write(packed.data(), packed.size()); !s.ok()) return s;
+  } else {
+    response->mutable_token_ids()->Add(result.token_ids.begin(), result.token_ids.end());
+    response->mutable_logz()->Add(result.logz.begin(), result.logz.end());
+    response->mutable_logprobs()->Add(result.logprobs.begin(), result.logprobs.end());
+  }
   response->mutable_seeds()->Add(parsed.seeds.begin(), parsed.seeds.end());
   response->set_request_id(parsed.request_id);
   const std::vector<RowControls>& controls = parsed.batch.controls;
   const bool want_rows = std::any_of(controls.begin(), controls.end(), [](const RowControls& c) {
     return c.top_logprobs > 0 || c.num_samples > 1;
   });
-  if (!want_rows || result.details.size() != controls.size()) return;
+  if (!want_rows || result.details.size() != controls.size()) return absl::OkStatus();
   for (const RowSampleDetail& d : result.details) {
     v1::RowOutput* row = response->add_rows();
     row->mutable_sample_token_ids()->Add(d.token_ids.begin(), d.token_ids.end());
@@ -240,6 +351,7 @@ void FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& r
       out->set_logprob(t.logprob);
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace flashsampler

@@ -11,6 +11,12 @@
 // own entry get stream 0. Absent seeds are drawn from `draw_seed` (one per
 // params entry) and reported per row.
 //
+// A request may name memory regions (server/memory_regions.h) instead of
+// carrying its hidden states (hidden_states_region: read here, once) or
+// receiving its results (output_region: resolved and bounds-checked here,
+// written by FillSampleResponse). Unknown regions are NOT_FOUND, slices that
+// do not fit INVALID_ARGUMENT.
+//
 // Thread safety: ParseSampleRequest is reentrant as long as `draw_seed` is.
 #pragma once
 
@@ -21,7 +27,10 @@
 
 #include "absl/status/statusor.h"
 #include "flashsampler/v1/sampler.pb.h"
+#include <optional>
+
 #include "server/engine.h"
+#include "server/memory_regions.h"
 
 namespace flashsampler {
 
@@ -37,16 +46,21 @@ struct ParsedSampleRequest {
   SampleBatch batch;
   std::vector<uint64_t> seeds;  // [rows], the seed each row used
   std::string request_id;       // echoed in the response
+  // Set when the request named output_region: where the results go.
+  std::optional<RegionSlice> output;
 };
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
                                                        const ModelShape& shape,
                                                        const RequestLimits& limits,
-                                                       const std::function<uint64_t()>& draw_seed);
+                                                       const std::function<uint64_t()>& draw_seed,
+                                                       const MemoryRegions* regions = nullptr);
 
-// The response for a parsed request and its engine result.
-void FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
-                        v1::SampleResponse* response);
+// The response for a parsed request and its engine result; with
+// parsed.output, token ids, logz and logprobs are written to that slice
+// instead (an error when the region cannot be written).
+absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
+                                v1::SampleResponse* response);
 
 // Bytes per element of a wire dtype; 0 for DTYPE_UNSPECIFIED or unknown values.
 int64_t WireDTypeSize(int dtype);

@@ -164,8 +164,8 @@ bool SamplerService::WaitUntilIdle(absl::Time deadline) {
 }
 
 SamplerService::SamplerService(DynamicBatcher* batcher, RequestLimits limits,
-                               ServerMetrics* metrics)
-    : batcher_(batcher), limits_(limits), metrics_(metrics) {}
+                               ServerMetrics* metrics, MemoryRegions* regions)
+    : batcher_(batcher), limits_(limits), metrics_(metrics), regions_(regions) {}
 
 uint64_t SamplerService::DrawSeed() {
   absl::MutexLock lock(&seed_mu_);
@@ -222,7 +222,7 @@ void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* 
                                  std::function<void(grpc::Status)> done) {
   if (!Admit(method, &parsed->batch, &done)) return;
   absl::StatusOr<ParsedSampleRequest> p =
-      ParseSampleRequest(request, batcher_->shape(), limits_, [this] { return DrawSeed(); });
+      ParseSampleRequest(request, batcher_->shape(), limits_, [this] { return DrawSeed(); }, regions_);
   if (!p.ok()) {
     done(ToGrpcStatus(p.status()));
     return;
@@ -234,8 +234,7 @@ void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* 
                   done(ToGrpcStatus(result.status()));
                   return;
                 }
-                FillSampleResponse(*parsed, *result, response);
-                done(grpc::Status::OK);
+                done(ToGrpcStatus(FillSampleResponse(*parsed, *result, response)));
               });
 }
 
@@ -308,6 +307,70 @@ grpc::ServerUnaryReactor* SamplerService::GetModelInfo(grpc::CallbackServerConte
   response->set_backend(batcher_->backend_name());
   response->set_max_request_rows(limits_.max_request_rows);
   finish(grpc::Status::OK);
+  return reactor;
+}
+
+namespace {
+
+void DescribeRegion(const RegionDescription& d, v1::RegionInfo* out) {
+  out->set_name(d.name);
+  out->set_byte_size(d.byte_size);
+  if (d.kind == RegionDescription::Kind::kSystemSharedMemory) {
+    out->mutable_system()->set_key(d.key);
+    out->mutable_system()->set_offset(d.offset);
+  } else {
+    out->mutable_cuda_ipc()->set_device_id(d.device_id);
+    out->mutable_cuda_ipc()->set_offset(d.offset);
+  }
+}
+
+absl::Status RegionsOff() {
+  return absl::FailedPreconditionError("this server does not serve memory regions");
+}
+
+}  // namespace
+
+// The region RPCs run on the gRPC thread: registering opens the memory
+// (shm_open, or cudaIpcOpenMemHandle), a few system calls.
+grpc::ServerUnaryReactor* SamplerService::RegisterRegion(grpc::CallbackServerContext* context,
+                                                         const v1::RegisterRegionRequest* request,
+                                                         v1::RegisterRegionResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status;
+  if (regions_ == nullptr) {
+    status = RegionsOff();
+  } else if (request->has_system()) {
+    status = regions_->RegisterSystemSharedMemory(request->name(), request->system().key(),
+                                                  request->system().offset(), request->byte_size());
+  } else if (request->has_cuda_ipc()) {
+    status = regions_->RegisterCudaIpc(request->name(), request->cuda_ipc().ipc_handle(),
+                                       request->cuda_ipc().device_id(), request->cuda_ipc().offset(),
+                                       request->byte_size());
+  } else {
+    status = absl::InvalidArgumentError("RegisterRegionRequest needs system or cuda_ipc memory");
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SamplerService::UnregisterRegion(grpc::CallbackServerContext* context,
+                                                           const v1::UnregisterRegionRequest* request,
+                                                           v1::UnregisterRegionResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(regions_ == nullptr ? RegionsOff() : regions_->Unregister(request->name())));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SamplerService::ListRegions(grpc::CallbackServerContext* context,
+                                                      const v1::ListRegionsRequest* /*request*/,
+                                                      v1::ListRegionsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (regions_ == nullptr) {
+    reactor->Finish(ToGrpcStatus(RegionsOff()));
+    return reactor;
+  }
+  for (const RegionDescription& d : regions_->List()) DescribeRegion(d, response->add_regions());
+  reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 

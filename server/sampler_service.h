@@ -29,6 +29,7 @@
 #include "server/request_parser.h"
 #include "server/verify_request.h"
 #include "server/dynamic_batcher.h"
+#include "server/memory_regions.h"
 #include "server/metrics.h"
 
 namespace flashsampler {
@@ -37,8 +38,10 @@ class SampleStreamReactor;
 
 class SamplerService final : public v1::Sampler::CallbackService {
  public:
-  // `metrics` may be null (nothing is recorded).
-  SamplerService(DynamicBatcher* batcher, RequestLimits limits, ServerMetrics* metrics);
+  // `metrics` may be null (nothing is recorded). `regions` may be null: the
+  // region RPCs then answer FAILED_PRECONDITION, as do requests naming one.
+  SamplerService(DynamicBatcher* batcher, RequestLimits limits, ServerMetrics* metrics,
+                 MemoryRegions* regions = nullptr);
 
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
@@ -51,6 +54,15 @@ class SamplerService final : public v1::Sampler::CallbackService {
   grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
                                    const v1::VerifyRequest* request,
                                    v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
 
   // Shutdown, first step: new Sample / Verify requests (unary or stream messages) are
   // refused with UNAVAILABLE, idle streams are finished now with UNAVAILABLE,
@@ -89,6 +101,7 @@ class SamplerService final : public v1::Sampler::CallbackService {
   DynamicBatcher* const batcher_;
   const RequestLimits limits_;
   ServerMetrics* const metrics_;
+  MemoryRegions* const regions_;
   absl::Mutex seed_mu_;
   absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
   absl::Mutex inflight_mu_;

@@ -32,6 +32,11 @@ ABSL_FLAG(bool, batch_invariant, false,
 ABSL_FLAG(int64_t, max_request_rows, 1024,
           "Largest B one request may carry; the gRPC message size limit follows from it");
 // The dynamic batcher.
+ABSL_FLAG(int32_t, max_regions, 64,
+          "Memory regions (POSIX shared memory, CUDA IPC) callers may register at once for "
+          "requests that do not carry their tensors through gRPC; 0 turns RegisterRegion off. "
+          "Any caller that may call the server may register any shared-memory object the "
+          "server's user can open");
 ABSL_FLAG(int64_t, max_batch_rows, 256,
           "Rows per engine launch: concurrent requests are coalesced up to this many rows; "
           "a larger request is split over several launches");
@@ -102,6 +107,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   c.max_request_rows = absl::GetFlag(FLAGS_max_request_rows);
   c.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
+  c.max_regions = absl::GetFlag(FLAGS_max_regions);
   c.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   c.max_queue_rows = absl::GetFlag(FLAGS_max_queue_rows);
   c.completion_threads = absl::GetFlag(FLAGS_completion_threads);
@@ -146,6 +152,9 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   if (c.tile_rows < 1) return absl::InvalidArgumentError("--tile_rows must be >= 1");
   if (c.max_request_rows < 1 || c.max_request_rows > (1 << 20)) {
     return absl::InvalidArgumentError("--max_request_rows must be in [1, 1048576]");
+  }
+  if (c.max_regions < 0 || c.max_regions > 4096) {
+    return absl::InvalidArgumentError("--max_regions must be in [0, 4096]");
   }
   if (c.max_batch_rows < 1 || c.max_batch_rows > (1 << 20)) {
     return absl::InvalidArgumentError("--max_batch_rows must be in [1, 1048576]");

@@ -27,6 +27,7 @@ struct ServerConfig {
   int64_t max_batch_rows = 256;     // rows per engine launch
   int64_t max_queue_delay_us = 0;
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
+  int max_regions = 64;             // registered memory regions (0: the feature is off)
   int completion_threads = 4;       // threads answering finished requests
   int64_t idle_spin_us = -1;        // batcher worker's idle poll; -1: by backend
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off

@@ -1,5 +1,7 @@
 #include "server/request_parser.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +10,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "client/shared_memory_buffer.h"
 #include "kernels/common/half_precision.h"
 
 namespace flashsampler {
@@ -235,7 +239,7 @@ TEST(RequestParser, ResponseCarriesEverything) {
   ASSERT_TRUE(p.ok());
   SampleResult result{{3, 9}, {1.5f, 2.5f}, {-0.1f, -0.2f}, {}, {}};
   v1::SampleResponse response;
-  FillSampleResponse(*p, result, &response);
+  ASSERT_TRUE(FillSampleResponse(*p, result, &response).ok());
   EXPECT_THAT(response.token_ids(), ::testing::ElementsAre(3, 9));
   EXPECT_THAT(response.logz(), ::testing::ElementsAre(1.5f, 2.5f));
   EXPECT_THAT(response.logprobs(), ::testing::ElementsAre(-0.1f, -0.2f));
@@ -308,7 +312,7 @@ TEST(RequestParser, ResponseRowsCarrySamplesAndTopLogprobs) {
   result.details[0] = RowSampleDetail{{4}, {-0.5f}, {2}, {{8, -0.25f}, {4, -0.5f}}};
   result.details[1] = RowSampleDetail{{8}, {-0.25f}, {1}, {{8, -0.25f}, {4, -0.5f}}};
   v1::SampleResponse response;
-  FillSampleResponse(*p, result, &response);
+  ASSERT_TRUE(FillSampleResponse(*p, result, &response).ok());
   ASSERT_EQ(response.rows_size(), 2);
   EXPECT_THAT(response.rows(0).sample_token_ids(), ::testing::ElementsAre(4));
   EXPECT_THAT(response.rows(0).sample_logprobs(), ::testing::ElementsAre(-0.5f));
@@ -321,7 +325,7 @@ TEST(RequestParser, ResponseRowsCarrySamplesAndTopLogprobs) {
   r.mutable_params(0)->set_top_k(3);
   p = Parse(r);
   ASSERT_TRUE(p.ok());
-  FillSampleResponse(*p, result, &response);
+  ASSERT_TRUE(FillSampleResponse(*p, result, &response).ok());
   EXPECT_EQ(response.rows_size(), 0);
 }
 
@@ -365,6 +369,137 @@ TEST(RequestParser, HiddenOutsideTheFp16RangeOfTheWeightsIsInvalid) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("fp16 range"));
+}
+
+// ---- Memory regions: hidden states read from, results written to, a region ----
+
+v1::Tensor MakeBf16(const std::vector<float>& values, int64_t rows) {
+  v1::Tensor t;
+  t.set_dtype(v1::DTYPE_BF16);
+  t.add_shape(rows);
+  t.add_shape(kHidden);
+  std::string* data = t.mutable_data();
+  data->resize(values.size() * 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t bits = FloatToBf16(values[i]);
+    std::memcpy(data->data() + 2 * i, &bits, 2);
+  }
+  return t;
+}
+
+class RequestParserRegions : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> b = SharedMemoryBuffer::Create(
+        absl::StrCat("/fs-parser-test-", getpid(), "-", ::testing::UnitTest::GetInstance()->current_test_info()->name()),
+        1 << 20);
+    ASSERT_TRUE(b.ok()) << b.status();
+    buffer_ = *std::move(b);
+    ASSERT_TRUE(regions_.RegisterSystemSharedMemory("mem", buffer_->key(), 0, buffer_->byte_size()).ok());
+  }
+
+  // `request` with its hidden bytes moved to the region at `offset`.
+  v1::SampleRequest MoveToRegion(v1::SampleRequest request, uint64_t offset) {
+    const std::string& data = request.hidden_states().data();
+    std::memcpy(buffer_->data() + offset, data.data(), data.size());
+    v1::RegionSlice* slice = request.mutable_hidden_states_region();
+    slice->set_region("mem");
+    slice->set_offset(offset);
+    slice->set_byte_size(data.size());
+    request.mutable_hidden_states()->clear_data();
+    return request;
+  }
+
+  absl::StatusOr<ParsedSampleRequest> Parse(const v1::SampleRequest& r) {
+    uint64_t next_seed = 1000;
+    return ParseSampleRequest(r, Shape(), RequestLimits{1 << 16}, [&] { return next_seed++; }, &regions_);
+  }
+
+  std::unique_ptr<SharedMemoryBuffer> buffer_;
+  MemoryRegions regions_{MemoryRegionsOptions{}};
+};
+
+TEST_F(RequestParserRegions, HiddenFromARegionDecodesExactlyAsFromBytes) {
+  // 40000 rows of bf16 (320 KB): several of the parser's read chunks.
+  const int64_t rows = 40000;
+  std::vector<float> values(rows * kHidden);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.001f * static_cast<float>(i)) * 8.0f;
+  v1::SampleRequest bytes_request;
+  *bytes_request.mutable_hidden_states() = MakeBf16(values, rows);
+  bytes_request.add_params()->set_seed(7);
+  absl::StatusOr<ParsedSampleRequest> from_bytes = Parse(bytes_request);
+  ASSERT_TRUE(from_bytes.ok()) << from_bytes.status();
+  absl::StatusOr<ParsedSampleRequest> from_region = Parse(MoveToRegion(bytes_request, 4096 + 2));
+  ASSERT_TRUE(from_region.ok()) << from_region.status();
+  ASSERT_EQ(from_region->batch.rows, rows);
+  ASSERT_EQ(from_region->batch.hidden.size(), from_bytes->batch.hidden.size());
+  EXPECT_EQ(std::memcmp(from_region->batch.hidden.data(), from_bytes->batch.hidden.data(),
+                        from_bytes->batch.hidden.size() * sizeof(float)), 0);
+  EXPECT_EQ(from_region->seeds, from_bytes->seeds);
+}
+
+TEST_F(RequestParserRegions, RegionInputErrorsAreClear) {
+  const v1::SampleRequest good = MoveToRegion(ValidRequest(3), 0);
+  ASSERT_TRUE(Parse(good).ok());
+
+  v1::SampleRequest with_data = good;
+  with_data.mutable_hidden_states()->set_data(std::string(48, '\0'));
+  EXPECT_THAT(std::string(Parse(with_data).status().message()), HasSubstr("data must be empty"));
+
+  v1::SampleRequest wrong_size = good;
+  wrong_size.mutable_hidden_states_region()->set_byte_size(47);
+  EXPECT_EQ(Parse(wrong_size).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(Parse(wrong_size).status().message()), HasSubstr("needs 48"));
+
+  v1::SampleRequest unknown = good;
+  unknown.mutable_hidden_states_region()->set_region("other");
+  EXPECT_EQ(Parse(unknown).status().code(), absl::StatusCode::kNotFound);
+
+  v1::SampleRequest outside = good;
+  outside.mutable_hidden_states_region()->set_offset(buffer_->byte_size() - 40);
+  EXPECT_EQ(Parse(outside).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(Parse(outside).status().message()), HasSubstr("not inside"));
+
+  // NaN in the region is found like NaN in the bytes, with its row and column.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(buffer_->data() + (2 * kHidden + 1) * sizeof(float), &nan, sizeof nan);
+  EXPECT_THAT(std::string(Parse(good).status().message()), HasSubstr("hidden_states[2][1] is NaN"));
+
+  // Without a registry, a request naming a region is refused.
+  uint64_t seed = 1;
+  EXPECT_EQ(ParseSampleRequest(good, Shape(), RequestLimits{8}, [&] { return seed++; }).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(RequestParserRegions, ResultsAreWrittenPackedToTheOutputRegion) {
+  v1::SampleRequest r = ValidRequest(3);
+  r.set_return_logz(true);
+  r.set_return_logprobs(true);
+  r.mutable_output_region()->set_region("mem");
+  r.mutable_output_region()->set_offset(1000);
+  r.mutable_output_region()->set_byte_size(3 * 12 - 1);
+  EXPECT_THAT(std::string(Parse(r).status().message()), HasSubstr("need 36"));
+  r.mutable_output_region()->set_byte_size(3 * 12);
+  absl::StatusOr<ParsedSampleRequest> p = Parse(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  SampleResult result;
+  result.token_ids = {5, 6, 7};
+  result.logz = {1.5f, 2.5f, 3.5f};
+  result.logprobs = {-0.5f, -1.5f, -2.5f};
+  v1::SampleResponse response;
+  ASSERT_TRUE(FillSampleResponse(*p, result, &response).ok());
+  EXPECT_EQ(response.token_ids_size(), 0);
+  EXPECT_EQ(response.logz_size(), 0);
+  EXPECT_EQ(response.logprobs_size(), 0);
+  EXPECT_EQ(response.seeds_size(), 3);
+  int32_t tokens[3];
+  float logz[3], logprobs[3];
+  std::memcpy(tokens, buffer_->data() + 1000, sizeof tokens);
+  std::memcpy(logz, buffer_->data() + 1012, sizeof logz);
+  std::memcpy(logprobs, buffer_->data() + 1024, sizeof logprobs);
+  EXPECT_EQ(std::vector<int32_t>(tokens, tokens + 3), result.token_ids);
+  EXPECT_EQ(std::vector<float>(logz, logz + 3), result.logz);
+  EXPECT_EQ(std::vector<float>(logprobs, logprobs + 3), result.logprobs);
 }
 
 }  // namespace

@@ -1,0 +1,117 @@
+// The CUDA IPC kind of MemoryRegion (server/memory_regions.h): a GPU buffer of
+// another process on this host, opened once with cudaIpcOpenMemHandle.
+//
+// Bounds: the driver reports the whole allocation the handle names
+// (cuMemGetAddressRange on the opened pointer), and the region must lie
+// inside it, so no copy ever touches memory the caller did not export.
+//
+// Copies run on the calling thread's per-thread default stream and are
+// waited for there: that stream does not serialise with the engine's streams,
+// so reading a request's hidden states never waits behind a running launch.
+// The caller must have finished writing the buffer (e.g. synchronised its
+// stream) before it sends the request, as for any CUDA IPC consumer.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/memory_regions.h"
+
+namespace flashsampler {
+namespace {
+
+absl::Status CudaError(cudaError_t err, const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+class CudaIpcRegion final : public MemoryRegion {
+ public:
+  CudaIpcRegion(int device, void* base, uint64_t start, uint64_t byte_size)
+      : device_(device), base_(static_cast<char*>(base)), start_(start), byte_size_(byte_size) {}
+  ~CudaIpcRegion() override {
+    cudaSetDevice(device_);
+    cudaIpcCloseMemHandle(base_);
+  }
+
+  uint64_t byte_size() const override { return byte_size_; }
+  uint64_t read_chunk_bytes() const override { return byte_size_; }
+
+  absl::Status Read(uint64_t offset, uint64_t size, void* dst) const override {
+    return Copy(dst, base_ + start_ + offset, size, cudaMemcpyDeviceToHost, "reading");
+  }
+  absl::Status Write(uint64_t offset, const void* src, uint64_t size) const override {
+    return Copy(base_ + start_ + offset, src, size, cudaMemcpyHostToDevice, "writing");
+  }
+
+ private:
+  absl::Status Copy(void* dst, const void* src, uint64_t size, cudaMemcpyKind kind,
+                    const char* what) const {
+    if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess) {
+      return CudaError(err, absl::StrCat(what, " a CUDA IPC region: cudaSetDevice(", device_, ")"));
+    }
+    cudaError_t err = cudaMemcpyAsync(dst, src, size, kind, cudaStreamPerThread);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+    if (err != cudaSuccess) return CudaError(err, absl::StrCat(what, " a CUDA IPC region"));
+    return absl::OkStatus();
+  }
+
+  const int device_;
+  char* const base_;
+  const uint64_t start_;
+  const uint64_t byte_size_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> OpenCudaIpcRegion(const std::string& ipc_handle,
+                                                                int device_id, uint64_t offset,
+                                                                uint64_t byte_size) {
+  cudaIpcMemHandle_t handle;
+  if (ipc_handle.size() != sizeof(handle)) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc.ipc_handle must be the ", sizeof(handle),
+                                                   " bytes of a cudaIpcMemHandle_t, got ",
+                                                   ipc_handle.size()));
+  }
+  std::memcpy(&handle, ipc_handle.data(), sizeof(handle));
+  if (cudaError_t err = cudaSetDevice(device_id); err != cudaSuccess) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_ipc.device_id ", device_id, ": ", cudaGetErrorString(err)));
+  }
+  void* base = nullptr;
+  if (cudaError_t err = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
+      err != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it so later calls on this thread are unaffected
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cudaIpcOpenMemHandle refused the handle on device ", device_id, ": ", cudaGetErrorString(err),
+        " (a stale handle, one of another device, or one exported by this very process)"));
+  }
+  // The allocation the handle names: the region must lie inside it. The
+  // driver function is looked up through the runtime, so that the server
+  // does not link libcuda (absent on machines without a GPU driver).
+  using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  CUdeviceptr alloc_base = 0;
+  size_t alloc_size = 0;
+  CUresult r = CUDA_ERROR_NOT_FOUND;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) ==
+          cudaSuccess &&
+      found == cudaDriverEntryPointSuccess) {
+    r = reinterpret_cast<AddressRangeFn>(fn)(&alloc_base, &alloc_size, reinterpret_cast<CUdeviceptr>(base));
+  }
+  if (r != CUDA_SUCCESS) {
+    cudaIpcCloseMemHandle(base);
+    return absl::InternalError(absl::StrCat("cuMemGetAddressRange on a CUDA IPC buffer failed (", r, ")"));
+  }
+  const uint64_t usable = alloc_size - (reinterpret_cast<CUdeviceptr>(base) - alloc_base);
+  if (offset > usable || byte_size > usable - offset) {
+    cudaIpcCloseMemHandle(base);
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC region [", offset, ", ", offset, " + ",
+                                                   byte_size, ") does not fit in the shared allocation of ",
+                                                   usable, " bytes"));
+  }
+  return std::unique_ptr<MemoryRegion>(new CudaIpcRegion(device_id, base, offset, byte_size));
+}
+
+}  // namespace flashsampler

@@ -1,0 +1,273 @@
+#include "server/memory_regions.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace flashsampler {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+// shm_open's limit: NAME_MAX (255) including the leading "/".
+constexpr size_t kMaxKeyLength = 255;
+// Host reads go through a buffer of this size that the request parser widens
+// in place, so the bytes are touched in L2 and never staged whole.
+constexpr uint64_t kHostReadChunkBytes = 64 << 10;
+
+absl::Status CheckName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region name must have 1 to ", kMaxNameLength, " characters, got ", name.size()));
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region name may only hold [A-Za-z0-9_.-], got \"", name, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKey(const std::string& key) {
+  if (key.size() < 2 || key.size() > kMaxKeyLength || key[0] != '/' ||
+      key.find('/', 1) != std::string::npos || key.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "system shared-memory key must be \"/\" followed by 1 to ", kMaxKeyLength - 1,
+        " characters other than \"/\" (as shm_open takes it), got \"", key, "\""));
+  }
+  return absl::OkStatus();
+}
+
+// [offset, offset + size) lies inside [0, limit), without overflow.
+bool InsideRange(uint64_t offset, uint64_t size, uint64_t limit) {
+  return offset <= limit && size <= limit - offset;
+}
+
+// A POSIX shared-memory object, read and written through its descriptor.
+class SystemSharedMemoryRegion final : public MemoryRegion {
+ public:
+  SystemSharedMemoryRegion(int fd, std::string key, uint64_t start, uint64_t byte_size)
+      : fd_(fd), key_(std::move(key)), start_(start), byte_size_(byte_size) {}
+  ~SystemSharedMemoryRegion() override { close(fd_); }
+
+  uint64_t byte_size() const override { return byte_size_; }
+  uint64_t read_chunk_bytes() const override { return kHostReadChunkBytes; }
+
+  absl::Status Read(uint64_t offset, uint64_t size, void* dst) const override {
+    char* out = static_cast<char*>(dst);
+    uint64_t done = 0;
+    while (done < size) {
+      const ssize_t n = pread(fd_, out + done, size - done, static_cast<off_t>(start_ + offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::InternalError(absl::StrCat("reading shared memory ", key_, ": ", std::strerror(errno)));
+      }
+      if (n == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shared-memory object ", key_, " ends before byte ", start_ + offset + size,
+            " of its registered region: it was truncated after registration"));
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Write(uint64_t offset, const void* src, uint64_t size) const override {
+    const char* in = static_cast<const char*>(src);
+    uint64_t done = 0;
+    while (done < size) {
+      const ssize_t n = pwrite(fd_, in + done, size - done, static_cast<off_t>(start_ + offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return absl::InternalError(absl::StrCat("writing shared memory ", key_, ": ",
+                                                n < 0 ? std::strerror(errno) : "nothing written"));
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int fd_;
+  const std::string key_;
+  const uint64_t start_;
+  const uint64_t byte_size_;
+};
+
+absl::Status OpenError(const std::string& key, int err) {
+  const std::string what = absl::StrCat("shm_open(\"", key, "\"): ", std::strerror(err));
+  switch (err) {
+    case ENOENT: return absl::NotFoundError(absl::StrCat(what, "; create it before registering it"));
+    case EACCES: return absl::PermissionDeniedError(absl::StrCat(what, "; the server needs read and write access"));
+    case ENAMETOOLONG:
+    case EINVAL: return absl::InvalidArgumentError(what);
+    case EMFILE:
+    case ENFILE: return absl::ResourceExhaustedError(what);
+    default: return absl::InternalError(what);
+  }
+}
+
+}  // namespace
+
+MemoryRegions::MemoryRegions(MemoryRegionsOptions options) : options_(std::move(options)) {}
+
+void MemoryRegions::SetCudaDevices(std::vector<int> devices) {
+  absl::MutexLock lock(&mu_);
+  cuda_devices_ = std::move(devices);
+}
+
+absl::Status MemoryRegions::CheckNewRegion(const std::string& name, uint64_t byte_size) const {
+  if (options_.max_regions <= 0) {
+    return absl::FailedPreconditionError(
+        "memory regions are turned off on this server (--max_regions=0)");
+  }
+  if (absl::Status s = CheckName(name); !s.ok()) return s;
+  if (byte_size == 0) return absl::InvalidArgumentError("region byte_size must be >= 1");
+  if (regions_.contains(name)) {
+    return absl::AlreadyExistsError(absl::StrCat("a region named \"", name,
+                                                 "\" is already registered; unregister it first"));
+  }
+  if (static_cast<int64_t>(regions_.size()) >= options_.max_regions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this server holds its limit of ", options_.max_regions,
+        " regions (--max_regions); unregister one first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MemoryRegions::Add(Entry entry) {
+  absl::MutexLock lock(&mu_);
+  // Checked again: another caller may have taken the name or the last slot
+  // while the memory was being opened.
+  if (absl::Status s = CheckNewRegion(entry.description.name, entry.description.byte_size); !s.ok()) {
+    return s;
+  }
+  const std::string name = entry.description.name;
+  regions_.emplace(name, std::move(entry));
+  return absl::OkStatus();
+}
+
+absl::Status MemoryRegions::RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                                       uint64_t offset, uint64_t byte_size) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (absl::Status s = CheckNewRegion(name, byte_size); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  const int fd = shm_open(key.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return OpenError(key, errno);
+  auto region = std::make_shared<SystemSharedMemoryRegion>(fd, key, offset, byte_size);  // owns fd
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    return absl::InternalError(absl::StrCat("fstat on shared memory ", key, ": ", std::strerror(errno)));
+  }
+  const uint64_t object_size = static_cast<uint64_t>(st.st_size);
+  if (!InsideRange(offset, byte_size, object_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region [", offset, ", ", offset, " + ", byte_size, ") does not fit in shared-memory object ",
+        key, " of ", object_size, " bytes"));
+  }
+  Entry entry;
+  entry.description.name = name;
+  entry.description.byte_size = byte_size;
+  entry.description.kind = RegionDescription::Kind::kSystemSharedMemory;
+  entry.description.key = key;
+  entry.description.offset = offset;
+  entry.region = std::move(region);
+  return Add(std::move(entry));
+}
+
+absl::Status MemoryRegions::RegisterCudaIpc(const std::string& name, const std::string& ipc_handle,
+                                            int device_id, uint64_t offset, uint64_t byte_size) {
+  std::vector<int> devices;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (absl::Status s = CheckNewRegion(name, byte_size); !s.ok()) return s;
+    devices = cuda_devices_;
+  }
+  if (devices.empty()) {
+    return absl::InvalidArgumentError(
+        "CUDA IPC regions need the cuda backend; this server's engine is not on a GPU (or not "
+        "loaded yet); use a system shared-memory region");
+  }
+  bool served = false;
+  for (int d : devices) served = served || d == device_id;
+  if (!served) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC region on device ", device_id,
+                                                   ", but this server's engine runs on device(s) ",
+                                                   absl::StrJoin(devices, ",")));
+  }
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> region =
+      OpenCudaIpcRegion(ipc_handle, device_id, offset, byte_size);
+  if (!region.ok()) return region.status();
+  Entry entry;
+  entry.description.name = name;
+  entry.description.byte_size = byte_size;
+  entry.description.kind = RegionDescription::Kind::kCudaIpc;
+  entry.description.offset = offset;
+  entry.description.device_id = device_id;
+  entry.region = std::shared_ptr<const MemoryRegion>(std::move(*region));
+  return Add(std::move(entry));
+}
+
+absl::Status MemoryRegions::Unregister(const std::string& name) {
+  std::shared_ptr<const MemoryRegion> last;  // closed outside the lock
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no region named \"", name, "\" is registered"));
+  }
+  last = std::move(it->second.region);
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<RegionDescription> MemoryRegions::List() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<RegionDescription> out;
+  out.reserve(regions_.size());
+  for (const auto& [name, entry] : regions_) out.push_back(entry.description);
+  return out;
+}
+
+absl::StatusOr<RegionSlice> MemoryRegions::Resolve(const std::string& name, uint64_t offset,
+                                                   uint64_t byte_size, const std::string& field) const {
+  RegionSlice slice;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = regions_.find(name);
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat(field, ".region \"", name,
+                                              "\" is not registered (RegisterRegion first)"));
+    }
+    slice.region = it->second.region;
+  }
+  const uint64_t size = slice.region->byte_size();
+  if (byte_size == 0 || !InsideRange(offset, byte_size, size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " [", offset, ", ", offset, " + ", byte_size, ") is ",
+        byte_size == 0 ? "empty" : "not inside", " region \"", name, "\" of ", size, " bytes"));
+  }
+  slice.offset = offset;
+  slice.byte_size = byte_size;
+  return slice;
+}
+
+#ifndef FLASHSAMPLER_HAVE_CUDA
+absl::StatusOr<std::unique_ptr<MemoryRegion>> OpenCudaIpcRegion(const std::string&, int, uint64_t,
+                                                                uint64_t) {
+  return absl::FailedPreconditionError("this build of the server has no CUDA support");
+}
+#endif
+
+}  // namespace flashsampler

@@ -1,0 +1,137 @@
+// MemoryRegions: the memory regions callers registered (the RegisterRegion
+// RPC), by name, and the one place that reads and writes them.
+//
+// A region is memory of another process on this host, through which a
+// request's hidden states and results travel instead of through gRPC:
+// - a POSIX shared-memory object, opened once at registration and afterwards
+//   read with pread and written with pwrite on that descriptor. It is never
+//   mapped: a caller that shrinks the object after registering it then gets
+//   a short read, which is an error, where a mapping would take SIGBUS and
+//   kill the server;
+// - a GPU buffer shared by CUDA IPC (server/cuda_ipc_region.h), opened once
+//   with cudaIpcOpenMemHandle and copied with cudaMemcpy.
+//
+// Every bound is checked here: a name that is not registered is NotFound, a
+// slice outside its region InvalidArgument, so no request reads or writes
+// outside the memory the caller registered.
+//
+// Thread safety: every method may be called concurrently. A slice returned by
+// Resolve holds its region open: Unregister forgets the name at once, and the
+// memory is closed when the last request using it drops its slice.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace flashsampler {
+
+// Registered memory of one kind. Offsets are relative to the region's start;
+// callers (MemoryRegions::Resolve) keep offset + size <= byte_size().
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  virtual uint64_t byte_size() const = 0;
+  // Copies [offset, offset + size) to host memory `dst`.
+  virtual absl::Status Read(uint64_t offset, uint64_t size, void* dst) const = 0;
+  // Copies `size` bytes of host memory `src` to [offset, offset + size).
+  virtual absl::Status Write(uint64_t offset, const void* src, uint64_t size) const = 0;
+  // The largest piece a reader should ask for at once: small for host memory,
+  // so that a reader that converts what it reads works in cache; everything
+  // for device memory, where each copy has a fixed cost.
+  virtual uint64_t read_chunk_bytes() const = 0;
+};
+
+// What ListRegions reports about a region.
+struct RegionDescription {
+  enum class Kind { kSystemSharedMemory, kCudaIpc };
+  std::string name;
+  uint64_t byte_size = 0;
+  Kind kind = Kind::kSystemSharedMemory;
+  std::string key;     // kSystemSharedMemory: the shm_open name
+  uint64_t offset = 0;  // where the region starts in the object / allocation
+  int device_id = -1;   // kCudaIpc: the CUDA ordinal
+};
+
+// A bounds-checked piece of a registered region, holding the region open.
+struct RegionSlice {
+  std::shared_ptr<const MemoryRegion> region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+
+  absl::Status Read(void* dst) const { return region->Read(offset, byte_size, dst); }
+  // Writes `size` <= byte_size bytes at the slice's start.
+  absl::Status Write(const void* src, uint64_t size) const {
+    return region->Write(offset, src, size);
+  }
+};
+
+struct MemoryRegionsOptions {
+  // Registrations beyond this many are ResourceExhausted; 0 turns the
+  // feature off (every Register is FailedPrecondition).
+  int max_regions = 64;
+};
+
+class MemoryRegions {
+ public:
+  explicit MemoryRegions(MemoryRegionsOptions options);
+
+  // The CUDA devices the engine runs on (set once it is loaded); a CUDA IPC
+  // region must be on one of them. Until set, or when empty (the CPU
+  // backend), CUDA IPC regions are refused.
+  void SetCudaDevices(std::vector<int> devices);
+
+  // Opens the POSIX shared-memory object `key` (shm_open, read and write) and
+  // registers [offset, offset + byte_size) of it as `name`. InvalidArgument
+  // for a bad name, key or size, or a range past the object's end;
+  // AlreadyExists for a name in use; NotFound when no object has that key;
+  // PermissionDenied when the server may not open it; ResourceExhausted past
+  // max_regions; FailedPrecondition when regions are off.
+  absl::Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                          uint64_t offset, uint64_t byte_size);
+  // Opens the CUDA IPC handle (64 bytes) on `device_id` and registers
+  // [offset, offset + byte_size) of its allocation as `name`. As above, plus
+  // InvalidArgument for a device the engine does not use, a handle the driver
+  // refuses (stale, or of this very process), or a range past the allocation.
+  absl::Status RegisterCudaIpc(const std::string& name, const std::string& ipc_handle,
+                               int device_id, uint64_t offset, uint64_t byte_size);
+  // NotFound when no region has this name.
+  absl::Status Unregister(const std::string& name);
+  // Sorted by name.
+  std::vector<RegionDescription> List() const;
+
+  // The slice [offset, offset + byte_size) of region `name`. NotFound for an
+  // unknown name; InvalidArgument when the slice is empty or not inside the
+  // region. `field` names the request field in messages.
+  absl::StatusOr<RegionSlice> Resolve(const std::string& name, uint64_t offset,
+                                      uint64_t byte_size, const std::string& field) const;
+
+ private:
+  struct Entry {
+    RegionDescription description;
+    std::shared_ptr<const MemoryRegion> region;
+  };
+  absl::Status CheckNewRegion(const std::string& name, uint64_t byte_size) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status Add(Entry entry);
+
+  const MemoryRegionsOptions options_;
+  mutable absl::Mutex mu_;
+  std::vector<int> cuda_devices_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
+};
+
+// Opens a CUDA IPC handle (server/cuda_ipc_region.cc in CUDA builds; in
+// others, FailedPrecondition). Exposed for MemoryRegions and tests.
+absl::StatusOr<std::unique_ptr<MemoryRegion>> OpenCudaIpcRegion(const std::string& ipc_handle,
+                                                                int device_id, uint64_t offset,
+                                                                uint64_t byte_size);
+
+}  // namespace flashsampler
