@@ -185,6 +185,46 @@ bool WriteSafetensorsSeeds(const std::string& root, const std::string& scratch) 
   return ok;
 }
 
+// Programs for region_descriptor (fuzz/region_descriptor_fuzz_driver.cc):
+// max_regions, then ops: 0 register (name pick, key kind 0 = the object,
+// offset, size), 1 CUDA IPC (name, handle bytes, device, offset, size),
+// 2 unregister (name), 3 resolve (name, offset, size), 4 request (name, rows
+// - 1, bf16 flag, offset, odd = exact size), 5 list. Names: 0 "a", 1 "b",
+// 2 "region-1", 3 "x.y_z", 4 "", >= 200 bytes follow. Extents: 0 and one
+// byte, 1 and a u32, 2 and the object size minus (byte % 4), 3 and a u64.
+std::string Small(int v) { return Program({0, v}); }
+std::string U32(uint32_t v) { return std::string(1, '\x01') + LittleEndian(v, 4); }
+std::string U64(uint64_t v) { return std::string(1, '\x03') + LittleEndian(v, 8); }
+std::string NearEnd(int below) { return Program({2, below}); }
+
+bool WriteRegionDescriptorSeeds(const std::string& root) {
+  const std::string dir = root + "/region_descriptor";
+  bool ok = true;
+  const std::string reg_a = Program({0, 0, 0}) + U32(100) + U32(1000);
+  ok &= WriteSeed(dir, "register_resolve_list", Program({3}) + reg_a + Program({3, 0}) + Small(5) + Small(16) +
+                                                    Program({3, 0}) + U32(990) + U32(11) + Program({5}));
+  ok &= WriteSeed(dir, "request_fp32_and_bf16", Program({3, 0, 0, 0}) + Small(0) + NearEnd(0) +
+                                                    Program({4, 0, 1, 0}) + Small(64) + Program({1}) +
+                                                    Program({4, 0, 3, 1}) + Small(8) + Program({1}) +
+                                                    Program({4, 1, 0, 0}) + Small(0) + Program({1}));
+  ok &= WriteSeed(dir, "limit_duplicates_unregister",
+                  Program({1}) + reg_a + reg_a + Program({0, 1, 0}) + Small(0) + Small(8) + Program({2, 0}) +
+                      Program({0, 1, 0}) + Small(0) + Small(8) + Program({2, 0, 5}));
+  ok &= WriteSeed(dir, "bad_names_and_keys",
+                  Program({3, 0, 4, 0}) + Small(0) + Small(8) + Program({0, 0, 2}) + Small(0) + Small(8) +
+                      Program({0, 0, 1}) + Small(0) + Small(8) + Program({0, 250}) + LittleEndian(5, 4) +
+                      "a/b c" + Program({0}) + Small(0) + Small(8) + Program({0, 0, 3}) + LittleEndian(6, 4) +
+                      "/x/y\x00z" + Small(0) + Small(8) + Program({0, 0, 0}) + Small(0) + Small(0) + Program({5}));
+  ok &= WriteSeed(dir, "overflowing_extents",
+                  Program({2, 0, 0, 0}) + U64(~uint64_t{0}) + Small(2) + Program({0, 0, 0}) + NearEnd(3) + Small(4) +
+                      Program({3, 0}) + U64(~uint64_t{0} - 1) + Small(3) + Program({3, 0}) + Small(1) +
+                      U64(~uint64_t{0}) + Program({4, 0, 0, 1}) + U64(~uint64_t{0} - 8) + Program({1}));
+  ok &= WriteSeed(dir, "cuda_ipc_refused", Program({2, 1, 0}) + LittleEndian(64, 4) + std::string(64, '\0') +
+                                               Program({0}) + Small(0) + Small(16) + Program({5}));
+  ok &= WriteSeed(dir, "regions_off", Program({0}) + reg_a + Program({5}));
+  return ok;
+}
+
 }  // namespace
 }  // namespace flashsampler::fuzz
 
@@ -197,6 +237,7 @@ int main(int argc, char** argv) {
   ::mkdir(root.c_str(), 0755);
   const bool ok = flashsampler::fuzz::WriteRequestSeeds(root) &&
                   flashsampler::fuzz::WriteSamplingParamsSeeds(root) &&
+                  flashsampler::fuzz::WriteRegionDescriptorSeeds(root) &&
                   flashsampler::fuzz::WriteSafetensorsSeeds(root, root + "/.scratch.safetensors");
   if (!ok) std::fprintf(stderr, "failed to write some seeds under %s\n", root.c_str());
   return ok ? 0 : 1;

@@ -4,7 +4,10 @@ Runs, in one process on one machine, interleaved so that all see the same
 machine:
   floor   the smallest correct gRPC server of our proto (../shared/peers/grpc-floor),
           answering token 0 with no compute: what moving the bytes through gRPC costs;
-  ours    flashsampler-server (default: CUDA backend, demo head D=4096 V=151936 bf16);
+  ours    flashsampler-server (default: CUDA backend, demo head D=4096 V=151936 bf16),
+          once per transport (--transports): grpc (the bytes in the messages), shm
+          (a registered POSIX shared-memory region), cuda_ipc (a registered GPU
+          buffer of the load generator, shared by CUDA IPC);
   kernel  flashsampler-kernel-bench on the same shape: the served kernel path
           alone (fused up to --cuda_fused_max_rows = 128 rows, materialized above).
 Per rows-per-request R: closed loop, one SampleStream, one request in flight
@@ -12,8 +15,9 @@ Per rows-per-request R: closed loop, one SampleStream, one request in flight
 throughput: STREAMS streams of THROUGHPUT_ROWS rows each, rows/s, against the
 kernel's rows/s at the batch the batcher forms (min(STREAMS x rows, 256)).
 
-Prints a table (ours - floor - kernel is what the server itself adds; issue
-target <= 0.10 ms) and writes boundary.json; loadtest/plot_boundary.py draws it.
+Prints a table (over gRPC, ours - floor - kernel is what the server itself
+adds, issue target <= 0.10 ms; over shm / CUDA IPC, ours - kernel, target
+<= 0.08 ms) and writes boundary.json; loadtest/plot_boundary.py draws it.
 
     python3 loadtest/boundary_bench.py --floor_bin=... --server_bin=... \
         --load_bin=... --kernel_bench_bin=... --out=DIR [--rows=16,64,256]
@@ -54,9 +58,10 @@ def start(name, cmd, out, ready=None):
     return p, address
 
 
-def load(args, address, rows, concurrency, tag):
+def load(args, address, rows, concurrency, tag, transport="grpc"):
     path = os.path.join(args.out, f"{tag}.json")
     cmd = [args.load_bin, f"--address={address}", "--mode=stream", f"--concurrency={concurrency}",
+           f"--transport={transport}",
            f"--rows={rows}", "--dtype=bf16", f"--channels={min(concurrency, 8)}",
            f"--warmup_s={args.warmup_s}", f"--duration_s={args.duration_s}", "--timeout_s=30",
            f"--json_out={path}"]
@@ -78,6 +83,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--server_args", default="--backend=cuda",
                     help="extra flashsampler-server flags (space-separated)")
+    ap.add_argument("--transports", default="grpc,shm,cuda_ipc")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--duration_s", type=float, default=3)
     ap.add_argument("--warmup_s", type=float, default=1)
@@ -86,6 +92,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows_list = [int(r) for r in args.rows.split(",")]
+    transports = args.transports.split(",")
     batch_formed = min(args.streams * args.throughput_rows, 256)
 
     kernel_json = os.path.join(args.out, "kernel.json")
@@ -112,28 +119,36 @@ def main():
                         "reps": args.reps, "duration_s": args.duration_s},
                "kernel_ms": kernel, "latency": [], "throughput": {}}
     try:
+        who_list = ["floor"] + [f"ours_{t}" for t in transports]
         for rows in rows_list:
-            per = {"floor": [], "ours": []}
+            per = {who: [] for who in who_list}
             for rep in range(args.reps):
-                order = ["floor", "ours"] if rep % 2 == 0 else ["ours", "floor"]
+                order = who_list if rep % 2 == 0 else who_list[::-1]
                 for who in order:
-                    per[who].append(load(args, servers[who][1], rows, 1, f"{who}-r{rows}-{rep}"))
+                    transport = who[len("ours_"):] if who.startswith("ours_") else "grpc"
+                    server = servers["floor" if who == "floor" else "ours"][1]
+                    per[who].append(load(args, server, rows, 1, f"{who}-r{rows}-{rep}", transport))
             row = {"rows": rows, "kernel_ms": kernel[rows]}
-            for who in ("floor", "ours"):
+            for who in who_list:
                 row[f"{who}_p50_ms"] = statistics.median(x["p50_ms"] for x in per[who])
                 row[f"{who}_p99_ms"] = statistics.median(x["p99_ms"] for x in per[who])
                 row[f"{who}_errors"] = [x["errors"] for x in per[who] if x["errors"]]
-            row["added_ms"] = row["ours_p50_ms"] - row["floor_p50_ms"] - row["kernel_ms"]
+            if "grpc" in transports:
+                row["added_ms"] = row["ours_grpc_p50_ms"] - row["floor_p50_ms"] - row["kernel_ms"]
+            for t in transports:
+                if t != "grpc":
+                    row[f"{t}_added_ms"] = row[f"ours_{t}_p50_ms"] - row["kernel_ms"]
             results["latency"].append(row)
             print(json.dumps(row), flush=True)
-        tput = [load(args, servers["ours"][1], args.throughput_rows, args.streams, f"ours-tput-{rep}")
-                for rep in range(args.reps)]
-        rows_per_s = statistics.median(t["rps"] for t in tput) * args.throughput_rows
         kernel_rows_per_s = batch_formed / (kernel[batch_formed] / 1e3)
-        results["throughput"] = {"streams": args.streams, "rows": args.throughput_rows,
-                                 "rows_per_s": rows_per_s, "kernel_batch": batch_formed,
-                                 "kernel_rows_per_s": kernel_rows_per_s,
-                                 "ratio": rows_per_s / kernel_rows_per_s}
+        for t in transports:
+            tput = [load(args, servers["ours"][1], args.throughput_rows, args.streams, f"ours-{t}-tput-{rep}", t)
+                    for rep in range(args.reps)]
+            rows_per_s = statistics.median(x["rps"] for x in tput) * args.throughput_rows
+            results["throughput"][t] = {"streams": args.streams, "rows": args.throughput_rows,
+                                        "rows_per_s": rows_per_s, "kernel_batch": batch_formed,
+                                        "kernel_rows_per_s": kernel_rows_per_s,
+                                        "ratio": rows_per_s / kernel_rows_per_s}
     finally:
         for p, _ in servers.values():
             p.terminate()
@@ -143,14 +158,20 @@ def main():
                 p.kill()
     json.dump(results, open(os.path.join(args.out, "boundary.json"), "w"), indent=1)
     print(f"\n{results['info']}")
-    print("| rows | floor p50 ms | ours p50 ms | kernel ms | ours - floor - kernel ms | floor p99 | ours p99 |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    head = "| rows | kernel ms | floor p50 ms |" + "".join(f" {t} p50 ms |" for t in transports)
+    head += " grpc - floor - kernel ms |" if "grpc" in transports else ""
+    head += "".join(f" {t} - kernel ms |" for t in transports if t != "grpc")
+    print(head)
+    print("|" + "---:|" * (head.count("|") - 1))
     for r in results["latency"]:
-        print(f"| {r['rows']} | {r['floor_p50_ms']:.3f} | {r['ours_p50_ms']:.3f} | {r['kernel_ms']:.3f} | "
-              f"{r['added_ms']:+.3f} | {r['floor_p99_ms']:.3f} | {r['ours_p99_ms']:.3f} |")
-    t = results["throughput"]
-    print(f"\nthroughput: {t['streams']} streams x {t['rows']} rows: {t['rows_per_s']:,.0f} rows/s; "
-          f"kernel at B={t['kernel_batch']}: {t['kernel_rows_per_s']:,.0f} rows/s; ratio {t['ratio']:.2f}")
+        line = f"| {r['rows']} | {r['kernel_ms']:.3f} | {r['floor_p50_ms']:.3f} |"
+        line += "".join(f" {r[f'ours_{t}_p50_ms']:.3f} |" for t in transports)
+        line += f" {r['added_ms']:+.3f} |" if "grpc" in transports else ""
+        line += "".join(f" {r[f'{t}_added_ms']:+.3f} |" for t in transports if t != "grpc")
+        print(line)
+    for t, x in results["throughput"].items():
+        print(f"throughput {t}: {x['streams']} streams x {x['rows']} rows: {x['rows_per_s']:,.0f} rows/s; "
+              f"kernel at B={x['kernel_batch']}: {x['kernel_rows_per_s']:,.0f} rows/s; ratio {x['ratio']:.2f}")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,14 @@
 #include "client/sampler_client.h"
 #include "loadtest/load_driver.h"
 #include "loadtest/load_report.h"
+#include "loadtest/region_transport.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server address HOST:PORT");
+ABSL_FLAG(std::string, transport, "grpc",
+          "how hidden states and results travel: grpc (in the messages), shm (a registered POSIX "
+          "shared-memory region; the server must be on this host) or cuda_ipc (a registered GPU "
+          "buffer on --cuda_device; CUDA builds, server on this host)");
+ABSL_FLAG(int32_t, cuda_device, 0, "--transport=cuda_ipc: the GPU holding the payloads");
 ABSL_FLAG(int32_t, channels, 4, "gRPC channels (separate connections); requests go round-robin");
 ABSL_FLAG(std::string, mode, "unary", "unary: one Sample call per request; stream: SampleStream");
 ABSL_FLAG(std::string, concurrency, "1,4,16,64",
@@ -113,6 +119,10 @@ int main(int argc, char** argv) {
   else if (dtype_name == "fp16") dtype = v1::DTYPE_FP16;
   else if (dtype_name == "fp32") dtype = v1::DTYPE_FP32;
   else return Usage("--dtype must be bf16, fp16 or fp32");
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "grpc" && transport != "shm" && transport != "cuda_ipc") {
+    return Usage("--transport must be grpc, shm or cuda_ipc");
+  }
   const bool open_loop = !absl::GetFlag(FLAGS_rate).empty();
   std::vector<int> concurrency;
   std::vector<double> rates;
@@ -177,13 +187,26 @@ int main(int argc, char** argv) {
   options.arrival = *arrival;
   options.arrival_seed = absl::GetFlag(FLAGS_arrival_seed);
   options.rows_per_request = absl::GetFlag(FLAGS_rows);
-  load::LoadDriver driver(std::move(stubs), *security, MakeRequests(info->hidden_size(), dtype), options);
+  std::vector<v1::SampleRequest> requests = MakeRequests(info->hidden_size(), dtype);
+  std::unique_ptr<load::RegionTransport> region;  // unregisters when main returns
+  if (transport != "grpc") {
+    absl::StatusOr<std::unique_ptr<load::RegionTransport>> made =
+        load::RegionTransport::Create(transport, &probe, absl::GetFlag(FLAGS_cuda_device), &requests);
+    if (!made.ok()) {
+      std::fprintf(stderr, "flashsampler-load: --transport=%s: %s\n", transport.c_str(),
+                   made.status().ToString().c_str());
+      return 1;
+    }
+    region = *std::move(made);
+  }
+  load::LoadDriver driver(std::move(stubs), *security, std::move(requests), options);
 
   load::RunDescription run;
   run.date_utc = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   run.address = address;
   run.loop = open_loop ? "open" : "closed";
   run.mode = mode;
+  run.transport = transport;
   run.arrival = open_loop ? absl::GetFlag(FLAGS_arrival) : "";
   run.channels = channels;
   run.rows_per_request = options.rows_per_request;

@@ -17,6 +17,7 @@ std::string ReportJson(const RunDescription& run, const std::vector<StepResult>&
   j["address"] = run.address;
   j["loop"] = run.loop;
   j["mode"] = run.mode;
+  j["transport"] = run.transport;
   j["arrival"] = run.arrival;
   j["channels"] = run.channels;
   j["rows_per_request"] = run.rows_per_request;
@@ -65,8 +66,8 @@ std::string HistogramCsv(const std::vector<StepResult>& steps) {
 
 std::string ReportTable(const RunDescription& run, const std::vector<StepResult>& steps) {
   std::string t = absl::StrFormat(
-      "%s loop, %s, %d rows/request, %d channel(s), %.1f s per step after %.1f s warm-up\n",
-      run.loop, run.mode, run.rows_per_request, run.channels, run.duration_s, run.warmup_s);
+      "%s loop, %s, %s transport, %d rows/request, %d channel(s), %.1f s per step after %.1f s warm-up\n",
+      run.loop, run.mode, run.transport, run.rows_per_request, run.channels, run.duration_s, run.warmup_s);
   absl::StrAppendFormat(&t, "%-12s %10s %10s %9s %9s %9s %9s %9s %9s  %s\n",
                         run.loop == "open" ? "target_rps" : "concurrency", "achieved", "ok",
                         "p50_ms", "p90_ms", "p99_ms", "p99.9_ms", "max_ms", "not_sent", "errors");

@@ -4,7 +4,7 @@
 //
 // JSON schema (one file per run):
 //   {"tool": "flashsampler-load", "date_utc", "address", "loop": "closed"|"open",
-//    "mode": "unary"|"stream", "arrival", "channels", "rows_per_request",
+//    "mode": "unary"|"stream", "transport": "grpc"|"shm"|"cuda_ipc", "arrival", "channels", "rows_per_request",
 //    "temperature", "warmup_s", "duration_s", "tls", "auth_token",
 //    "model": {"vocab_size", "hidden_size", "backend"},
 //    "steps": [{"concurrency", "target_rps", "duration_s", "requests", "ok",
@@ -28,6 +28,7 @@ struct RunDescription {
   std::string address;
   std::string loop;  // closed | open
   std::string mode;  // unary | stream
+  std::string transport = "grpc";  // grpc | shm | cuda_ipc (loadtest/region_transport.h)
   std::string arrival;
   int channels = 1;
   int64_t rows_per_request = 1;

@@ -106,6 +106,22 @@ void DynamicBatcher::SpinWhileIdle() const {
   }
 }
 
+absl::Status ClassifyQueuedCall(absl::Time enqueued, absl::Time deadline, absl::Time now, bool cancelled) {
+  if (deadline <= now) return absl::DeadlineExceededError("the deadline passed while the request was queued");
+  if (!cancelled) return absl::OkStatus();
+  // Also covers gRPC's own deadline cancellation, timed on its clock, which
+  // the converted deadline can trail by microseconds. An infinite deadline
+  // has no last stretch.
+  const absl::Duration stretch =
+      deadline == absl::InfiniteFuture()
+          ? absl::ZeroDuration()
+          : std::clamp((deadline - enqueued) / 20, absl::Milliseconds(2), absl::Milliseconds(50));
+  if (deadline - now <= stretch) {
+    return absl::DeadlineExceededError("the deadline passed while the request was queued");
+  }
+  return absl::CancelledError("the call was cancelled before its batch ran");
+}
+
 void DynamicBatcher::Submit(const SampleBatch* batch, Done done, absl::Time deadline,
                             std::function<bool()> cancelled) {
   absl::Status refusal;
@@ -172,21 +188,12 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
   // Requests that must not run: answered without compute, rows released. No
   // job has rows in flight here (one worker, one launch at a time), so even a
   // partly launched request can be dropped.
-  // gRPC cancels a call when its deadline passes, timed on its own clock; the
-  // deadline a job holds was converted from it, so that cancellation can be
-  // seen just before `now` reaches the deadline. A call cancelled within
-  // kDeadlineClockSlack of its deadline is answered as the deadline it is.
-  constexpr absl::Duration kDeadlineClockSlack = absl::Milliseconds(2);
   const absl::Time now = absl::Now();
   for (auto it = queue_.begin(); it != queue_.end();) {
     Job& job = **it;
-    absl::Status status;
     const bool cancelled = job.deadline > now && job.cancelled && job.cancelled();
-    if (job.deadline <= now || (cancelled && job.deadline <= now + kDeadlineClockSlack)) {
-      status = absl::DeadlineExceededError("the deadline passed while the request was queued");
-    } else if (cancelled) {
-      status = absl::CancelledError("the call was cancelled before its batch ran");
-    } else {
+    absl::Status status = ClassifyQueuedCall(job.enqueued, job.deadline, now, cancelled);
+    if (status.ok()) {
       ++it;
       continue;
     }

@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -70,6 +71,16 @@
 namespace flashsampler {
 
 class ServerMetrics;
+
+// Why a queued call must not run, or OK when it may. A call whose deadline
+// has passed is DEADLINE_EXCEEDED. A call the client cancelled is CANCELLED,
+// except when the cancellation comes in the last stretch before the deadline:
+// a client cancels at its own deadline, which passes before the server's by
+// the time the call's headers took to arrive (more than milliseconds for a
+// call queued behind megabytes on a busy connection), so such a cancellation
+// is that deadline and counted as one. The stretch is 5% of the call's time
+// budget (deadline - enqueued), at least 2 ms and at most 50 ms.
+absl::Status ClassifyQueuedCall(absl::Time enqueued, absl::Time deadline, absl::Time now, bool cancelled);
 
 struct BatcherOptions {
   int64_t max_batch_rows = 256;   // rows per Engine::Sample launch

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/common/scoped_temp_dir.h"
+#include "client/sampler_client.h"
 #include "tests/e2e/server_process.h"
 
 namespace flashsampler {
@@ -101,6 +102,20 @@ TEST_F(LoadE2E, OpenLoopPoissonUnary) {
 
 TEST_F(LoadE2E, OpenLoopConstantStreams) {
   ExpectAnsweredWithoutErrors(RunLoad("--rate=100 --mode=stream --open_loop_streams=3"), 1);
+}
+
+TEST_F(LoadE2E, ThroughASharedMemoryRegion) {
+  const nlohmann::json report = RunLoad("--concurrency=1,4 --mode=stream --rows=4 --transport=shm");
+  ExpectAnsweredWithoutErrors(report, 2);
+  EXPECT_EQ(report["transport"], "shm");
+  // The load generator registered its region through the token-checked
+  // service, and removed it when it finished.
+  ChannelSecurity security;
+  security.authorization = "Bearer load-test-token";
+  SamplerClient client(server_->address(), security);
+  absl::StatusOr<v1::ListRegionsResponse> regions = client.ListRegions();
+  ASSERT_TRUE(regions.ok()) << regions.status();
+  EXPECT_EQ(regions->regions_size(), 0);
 }
 
 }  // namespace

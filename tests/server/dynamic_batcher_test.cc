@@ -476,6 +476,35 @@ TEST(DynamicBatcher, CancelledRequestsAreDroppedFromTheQueue) {
   EXPECT_EQ(batcher.queued_rows(), 0) << "a dropped request must free its queue rows";
 }
 
+TEST(ClassifyQueuedCall, ACancellationInTheLastStretchBeforeTheDeadlineIsTheDeadline) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const absl::Time deadline = t0 + absl::Seconds(1);  // a 1 s budget: the stretch is 50 ms
+  EXPECT_TRUE(ClassifyQueuedCall(t0, deadline, t0 + absl::Milliseconds(10), false).ok());
+  EXPECT_EQ(ClassifyQueuedCall(t0, deadline, deadline, false).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ClassifyQueuedCall(t0, deadline, deadline + absl::Seconds(1), true).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // The client's deadline passed before the server's: its cancel is that deadline.
+  EXPECT_EQ(ClassifyQueuedCall(t0, deadline, deadline - absl::Milliseconds(30), true).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ClassifyQueuedCall(t0, deadline, deadline - absl::Milliseconds(50), true).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ClassifyQueuedCall(t0, deadline, deadline - absl::Milliseconds(51), true).code(),
+            absl::StatusCode::kCancelled);
+  // Short budgets keep a 2 ms stretch; long ones at most 50 ms.
+  const absl::Time soon = t0 + absl::Milliseconds(10);
+  EXPECT_EQ(ClassifyQueuedCall(t0, soon, soon - absl::Microseconds(1900), true).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ClassifyQueuedCall(t0, soon, soon - absl::Microseconds(2100), true).code(),
+            absl::StatusCode::kCancelled);
+  const absl::Time late = t0 + absl::Seconds(60);
+  EXPECT_EQ(ClassifyQueuedCall(t0, late, late - absl::Milliseconds(49), true).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ClassifyQueuedCall(t0, late, late - absl::Milliseconds(51), true).code(),
+            absl::StatusCode::kCancelled);
+  // No deadline: a cancellation is a cancellation.
+  EXPECT_EQ(ClassifyQueuedCall(t0, absl::InfiniteFuture(), t0, true).code(), absl::StatusCode::kCancelled);
+}
+
 TEST(DynamicBatcher, EngineFailureAnswersTheWholeLaunchAndStopsServing) {
   absl::Notification failure_seen;
   DynamicBatcher batcher(Options(3, absl::ZeroDuration()), nullptr, [&] { failure_seen.Notify(); });

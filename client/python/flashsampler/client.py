@@ -178,7 +178,40 @@ class SamplerClient(_ClientBase):
                return_logprobs=False, request_id="", timeout: float | None = 60.0) -> SampleResult:
         request = make_request(hidden, params, dtype=dtype, return_logz=return_logz,
                                return_logprobs=return_logprobs, request_id=request_id)
-        return to_result(self._stub.Sample(request, timeout=timeout, metadata=self._metadata))
+        return to_result(self.call_sample(request, timeout=timeout))
+
+    def call_sample(self, request: sampler_pb2.SampleRequest,
+                    timeout: float | None = 60.0) -> sampler_pb2.SampleResponse:
+        """One Sample call with a request built by the caller (make_request, or
+        one naming memory regions: flashsampler.regions)."""
+        return self._stub.Sample(request, timeout=timeout, metadata=self._metadata)
+
+    def register_system_shared_memory(self, name: str, key: str, byte_size: int, offset: int = 0,
+                                      timeout: float | None = 10.0) -> None:
+        """Registers [offset, offset + byte_size) of POSIX shared-memory object
+        `key` ("/name", as shm_open takes it) as region `name`."""
+        self._stub.RegisterRegion(sampler_pb2.RegisterRegionRequest(
+            name=name, byte_size=byte_size,
+            system=sampler_pb2.SystemSharedMemory(key=key, offset=offset)),
+            timeout=timeout, metadata=self._metadata)
+
+    def register_cuda_ipc(self, name: str, ipc_handle: bytes, device_id: int, byte_size: int,
+                          offset: int = 0, timeout: float | None = 10.0) -> None:
+        """Registers [offset, offset + byte_size) of the GPU allocation a
+        cudaIpcMemHandle_t (64 bytes) names, on the server's device `device_id`."""
+        self._stub.RegisterRegion(sampler_pb2.RegisterRegionRequest(
+            name=name, byte_size=byte_size,
+            cuda_ipc=sampler_pb2.CudaIpcMemory(ipc_handle=ipc_handle, device_id=device_id,
+                                               offset=offset)),
+            timeout=timeout, metadata=self._metadata)
+
+    def unregister_region(self, name: str, timeout: float | None = 10.0) -> None:
+        self._stub.UnregisterRegion(sampler_pb2.UnregisterRegionRequest(name=name),
+                                    timeout=timeout, metadata=self._metadata)
+
+    def list_regions(self, timeout: float | None = 10.0) -> list[sampler_pb2.RegionInfo]:
+        return list(self._stub.ListRegions(sampler_pb2.ListRegionsRequest(), timeout=timeout,
+                                           metadata=self._metadata).regions)
 
     def verify(self, sequences, *, dtype=None, return_acceptance_probs=False, return_logz=False,
                request_id="", timeout: float | None = 60.0) -> list[VerifyResult]:

@@ -143,6 +143,59 @@ def test_torch_tensors_bit_exact(server):
     np.testing.assert_array_equal(from_numpy.token_ids, from_torch.token_ids)
 
 
+def test_shared_memory_transport_matches_grpc(server):
+    hidden = random_hidden(33, seed=8)
+    params = {"temperature": 0.7, "seed": 11, "offset": 2}
+    with flashsampler.SamplerClient(server["address"]) as client:
+        want = client.sample(hidden, params, dtype="bf16", return_logz=True, return_logprobs=True)
+        with flashsampler.SharedMemoryTransport(client, 1 << 16) as shm:
+            (region,) = client.list_regions()
+            assert region.name == shm.name and region.byte_size == 1 << 16
+            got = shm.sample(hidden, params, dtype="bf16", return_logz=True, return_logprobs=True)
+            # Twice: the region's slices are reused by the next request.
+            again = shm.sample(hidden[:5], params, dtype="bf16")
+        assert client.list_regions() == []
+    np.testing.assert_array_equal(got.token_ids, want.token_ids)
+    np.testing.assert_array_equal(got.logz, want.logz)
+    np.testing.assert_array_equal(got.logprobs, want.logprobs)
+    np.testing.assert_array_equal(got.seeds, want.seeds)
+    assert len(got.response.token_ids) == 0  # the tokens came through the region
+    np.testing.assert_array_equal(again.token_ids, want.token_ids[:5])
+    assert again.logz is None
+
+
+def test_region_errors_are_raised_with_their_codes(server):
+    with flashsampler.SamplerClient(server["address"]) as client:
+        with pytest.raises(grpc.RpcError) as error:
+            client.register_system_shared_memory("x", "/flashsampler-no-such-object", 64)
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as error:
+            client.unregister_region("x")
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        request = flashsampler.make_request(random_hidden(2, seed=1))
+        request.hidden_states.data = b""
+        request.hidden_states_region.region = "x"
+        request.hidden_states_region.byte_size = 2 * HIDDEN * 4
+        with pytest.raises(grpc.RpcError) as error:
+            client.call_sample(request)
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        with flashsampler.SharedMemoryTransport(client, 1024) as shm:
+            with pytest.raises(ValueError, match="needs"):
+                shm.sample(random_hidden(8, seed=1))  # 2 KiB of fp32 does not fit
+
+
+def test_cuda_ipc_transport_matches_grpc(server):
+    torch = pytest.importorskip("torch")  # optional extra; not installed in CI
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    # The suite's server runs the CPU backend, which refuses CUDA IPC regions
+    # (tests/gpu/cuda_ipc_e2e_gpu_test.cc covers the transport on a GPU server).
+    with flashsampler.SamplerClient(server["address"]) as client:
+        with pytest.raises(grpc.RpcError) as error:
+            flashsampler.CudaIpcTransport(client, 1 << 16)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_mtls_and_token(secure_server):
     pki = secure_server["pki"]
     hidden = random_hidden(2, seed=6)

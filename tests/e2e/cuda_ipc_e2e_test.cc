@@ -1,0 +1,151 @@
+// End to end on a GPU (label gpu): requests whose hidden states and results
+// live in a GPU buffer of this (client) process, shared with the real server
+// on the CUDA backend by CUDA IPC. Tokens, logz and logprobs must equal the
+// gRPC path's; every bad descriptor gets its error and the server stays up.
+// (A process cannot open its own IPC handle, hence a separate server.)
+#include <signal.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "client/sampler_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/server_process.h"
+
+namespace flashsampler {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using testing::ServerProcess;
+
+constexpr int64_t kHidden = 256;
+constexpr size_t kBufferBytes = 4 << 20;
+
+v1::SampleRequest BytesRequest(int64_t rows, uint64_t seed) {
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal;
+  std::vector<float> values(rows * kHidden);
+  for (float& x : values) x = normal(gen);
+  v1::SampleRequest r;
+  *r.mutable_hidden_states() = MakeHiddenStates(values, rows, kHidden, v1::DTYPE_BF16);
+  v1::SamplingParams* p = r.add_params();
+  p->set_temperature(0.9f);
+  p->set_seed(77 + seed);
+  r.set_return_logz(true);
+  r.set_return_logprobs(true);
+  return r;
+}
+
+class CudaIpcE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int devices = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+    ASSERT_GE(devices, 1) << "gpu-labelled test started without a CUDA device";
+    server_ = std::make_unique<ServerProcess>(std::vector<std::string>{
+        "--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
+        "--max_request_rows=256"});
+    const absl::Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+    client_ = std::make_unique<SamplerClient>(server_->address());
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&buffer_, kBufferBytes), cudaSuccess);
+    cudaIpcMemHandle_t handle;
+    ASSERT_EQ(cudaIpcGetMemHandle(&handle, buffer_), cudaSuccess);
+    handle_.assign(reinterpret_cast<const char*>(&handle), sizeof handle);
+  }
+  void TearDown() override {
+    if (server_ != nullptr && server_->running()) {
+      absl::StatusOr<int> exit_code = server_->Stop(SIGTERM, absl::Seconds(30));
+      EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
+    }
+    if (buffer_ != nullptr) cudaFree(buffer_);  // after the server closed its mapping
+  }
+
+  // `request` with its hidden bytes copied into the GPU buffer at offset 0 and
+  // its results directed to `out_offset`.
+  v1::SampleRequest ThroughGpu(v1::SampleRequest request, uint64_t out_offset) {
+    const std::string& data = request.hidden_states().data();
+    EXPECT_EQ(cudaMemcpy(buffer_, data.data(), data.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    v1::RegionSlice* in = request.mutable_hidden_states_region();
+    in->set_region("gpu");
+    in->set_byte_size(data.size());
+    request.mutable_hidden_states()->clear_data();
+    const int64_t rows = request.hidden_states().shape(0);
+    v1::RegionSlice* out = request.mutable_output_region();
+    out->set_region("gpu");
+    out->set_offset(out_offset);
+    out->set_byte_size(rows * 12);
+    return request;
+  }
+
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<SamplerClient> client_;
+  void* buffer_ = nullptr;
+  std::string handle_;
+};
+
+TEST_F(CudaIpcE2E, TokensLogzAndLogprobsAreThoseOfTheGrpcPath) {
+  ASSERT_TRUE(client_->RegisterCudaIpc("gpu", handle_, 0, kBufferBytes).ok());
+  absl::StatusOr<v1::ListRegionsResponse> list = client_->ListRegions();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->regions_size(), 1);
+  EXPECT_EQ(list->regions(0).cuda_ipc().device_id(), 0);
+  EXPECT_TRUE(list->regions(0).cuda_ipc().ipc_handle().empty());
+  for (int64_t rows : {1, 64, 256}) {
+    const v1::SampleRequest bytes = BytesRequest(rows, rows);
+    absl::StatusOr<v1::SampleResponse> want = client_->Sample(bytes);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const uint64_t out_offset = 3 << 20;
+    absl::StatusOr<v1::SampleResponse> got = client_->Sample(ThroughGpu(bytes, out_offset));
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<char> raw(rows * 12);
+    ASSERT_EQ(cudaMemcpy(raw.data(), static_cast<char*>(buffer_) + out_offset, raw.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    std::vector<int32_t> tokens(rows);
+    std::vector<float> logz(rows), logprobs(rows);
+    std::memcpy(tokens.data(), raw.data(), 4 * rows);
+    std::memcpy(logz.data(), raw.data() + 4 * rows, 4 * rows);
+    std::memcpy(logprobs.data(), raw.data() + 8 * rows, 4 * rows);
+    EXPECT_THAT(tokens, ElementsAreArray(want->token_ids())) << rows;
+    EXPECT_THAT(logz, ElementsAreArray(want->logz()));
+    EXPECT_THAT(logprobs, ElementsAreArray(want->logprobs()));
+  }
+  EXPECT_TRUE(client_->UnregisterRegion("gpu").ok());
+}
+
+TEST_F(CudaIpcE2E, BadDescriptorsGetTheirErrorsAndTheServerStaysUp) {
+  // Past the allocation, on a device the engine does not use, a handle of the
+  // wrong size, a garbage handle.
+  absl::Status s = client_->RegisterCudaIpc("gpu", handle_, 0, kBufferBytes, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("does not fit"));
+  s = client_->RegisterCudaIpc("gpu", handle_, 7, 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("runs on device(s) 0"));
+  s = client_->RegisterCudaIpc("gpu", handle_.substr(1), 0, 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  std::string garbage = handle_;
+  for (char& c : garbage) c = static_cast<char>(~c);
+  s = client_->RegisterCudaIpc("gpu", garbage, 0, 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+
+  ASSERT_TRUE(client_->RegisterCudaIpc("gpu", handle_, 0, 1 << 20, 1 << 20).ok());
+  v1::SampleRequest r = ThroughGpu(BytesRequest(4, 1), 0);  // input copied at 0: outside the region
+  EXPECT_TRUE(client_->Sample(r).ok());  // the region's slice 0 is the buffer's 1 MiB mark
+  r.mutable_hidden_states_region()->set_offset((1 << 20) - 100);
+  EXPECT_EQ(client_->Sample(r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(client_->GetModelInfo().ok());
+  EXPECT_TRUE(client_->UnregisterRegion("gpu").ok());
+  EXPECT_TRUE(server_->running());
+}
+
+}  // namespace
+}  // namespace flashsampler
