@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -18,9 +20,10 @@ namespace {
 constexpr size_t kMaxNameLength = 128;
 // shm_open's limit: NAME_MAX (255) including the leading "/".
 constexpr size_t kMaxKeyLength = 255;
-// Host reads go through a buffer of this size that the request parser widens
-// in place, so the bytes are touched in L2 and never staged whole.
-constexpr uint64_t kHostReadChunkBytes = 64 << 10;
+// Host reads go through a staging buffer of this size per thread that the
+// request parser widens from, so the bytes are touched in L2 and never staged
+// whole.
+constexpr uint64_t kHostReadPieceBytes = 64 << 10;
 
 absl::Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > kMaxNameLength) {
@@ -61,23 +64,16 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
   ~SystemSharedMemoryRegion() override { close(fd_); }
 
   uint64_t byte_size() const override { return byte_size_; }
-  uint64_t read_chunk_bytes() const override { return kHostReadChunkBytes; }
 
-  absl::Status Read(uint64_t offset, uint64_t size, void* dst) const override {
-    char* out = static_cast<char*>(dst);
-    uint64_t done = 0;
-    while (done < size) {
-      const ssize_t n = pread(fd_, out + done, size - done, static_cast<off_t>(start_ + offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        return absl::InternalError(absl::StrCat("reading shared memory ", key_, ": ", std::strerror(errno)));
-      }
-      if (n == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "shared-memory object ", key_, " ends before byte ", start_ + offset + size,
-            " of its registered region: it was truncated after registration"));
-      }
-      done += static_cast<uint64_t>(n);
+  absl::Status ReadPieces(uint64_t offset, uint64_t size, uint64_t granule,
+                          const PieceConsumer& consume) const override {
+    thread_local std::vector<char> staging(kHostReadPieceBytes);
+    const uint64_t piece = kHostReadPieceBytes / granule * granule;
+    for (uint64_t done = 0; done < size;) {
+      const uint64_t take = std::min(piece, size - done);
+      if (absl::Status s = ReadExactly(start_ + offset + done, take, staging.data()); !s.ok()) return s;
+      consume(staging.data(), take);
+      done += take;
     }
     return absl::OkStatus();
   }
@@ -98,6 +94,25 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
   }
 
  private:
+  // pread until `size` bytes of the object at `at` are in `dst`.
+  absl::Status ReadExactly(uint64_t at, uint64_t size, char* dst) const {
+    uint64_t done = 0;
+    while (done < size) {
+      const ssize_t n = pread(fd_, dst + done, size - done, static_cast<off_t>(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::InternalError(absl::StrCat("reading shared memory ", key_, ": ", std::strerror(errno)));
+      }
+      if (n == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shared-memory object ", key_, " ends at byte ", at + done, ", inside its registered "
+            "region: it was truncated after registration"));
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
   const int fd_;
   const std::string key_;
   const uint64_t start_;
@@ -118,6 +133,14 @@ absl::Status OpenError(const std::string& key, int err) {
 }
 
 }  // namespace
+
+absl::Status MemoryRegion::Read(uint64_t offset, uint64_t size, void* dst) const {
+  char* out = static_cast<char*>(dst);
+  return ReadPieces(offset, size, 1, [&out](const char* piece, uint64_t bytes) {
+    std::memcpy(out, piece, bytes);
+    out += bytes;
+  });
+}
 
 MemoryRegions::MemoryRegions(MemoryRegionsOptions options) : options_(std::move(options)) {}
 

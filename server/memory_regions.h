@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,16 +38,25 @@ namespace flashsampler {
 // callers (MemoryRegions::Resolve) keep offset + size <= byte_size().
 class MemoryRegion {
  public:
+  // Called with each piece of a read, in order; the piece lives in the
+  // region's staging memory until the call returns.
+  using PieceConsumer = std::function<void(const char* piece, uint64_t bytes)>;
+
   virtual ~MemoryRegion() = default;
   virtual uint64_t byte_size() const = 0;
-  // Copies [offset, offset + size) to host memory `dst`.
-  virtual absl::Status Read(uint64_t offset, uint64_t size, void* dst) const = 0;
+  // Reads [offset, offset + size) a piece at a time into staging memory of
+  // the calling thread (host memory: 64 KiB, so a reader that converts each
+  // piece works in cache; CUDA IPC: 1 MiB of pinned memory, which the
+  // device-to-host copy needs to run at bus speed) and hands each piece to
+  // `consume`. Every piece but the last is a multiple of `granule` bytes
+  // (1 <= granule <= 4096), so a reader of elements never sees one split.
+  virtual absl::Status ReadPieces(uint64_t offset, uint64_t size, uint64_t granule,
+                                  const PieceConsumer& consume) const = 0;
   // Copies `size` bytes of host memory `src` to [offset, offset + size).
   virtual absl::Status Write(uint64_t offset, const void* src, uint64_t size) const = 0;
-  // The largest piece a reader should ask for at once: small for host memory,
-  // so that a reader that converts what it reads works in cache; everything
-  // for device memory, where each copy has a fixed cost.
-  virtual uint64_t read_chunk_bytes() const = 0;
+
+  // Copies [offset, offset + size) to host memory `dst`.
+  absl::Status Read(uint64_t offset, uint64_t size, void* dst) const;
 };
 
 // What ListRegions reports about a region.

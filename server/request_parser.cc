@@ -70,26 +70,22 @@ absl::Status FirstNonFinite(const float* dst, int64_t n, int64_t cols, const std
 }
 
 // Reads a [rows, cols] tensor of `dtype` from `slice` (exactly its bytes)
-// and widens it into `dst`, a piece at a time: each piece is read into a
-// buffer that stays in cache and widened from there, so a region's payload
-// is touched once more than a gRPC one, not staged whole.
+// and widens it into `dst` a piece at a time, from the region's staging
+// memory (server/memory_regions.h), so the payload is touched once in cache
+// and never staged whole.
 absl::Status ReadHiddenFromRegion(const RegionSlice& slice, int dtype, int64_t rows, int64_t cols,
                                   const std::string& field, float* dst) {
   const int64_t elem = WireDTypeSize(dtype);
-  const int64_t n = rows * cols;
-  const uint64_t chunk_elems =
-      std::max<uint64_t>(1, std::min<uint64_t>(slice.byte_size, slice.region->read_chunk_bytes()) / elem);
-  std::vector<char> buffer(chunk_elems * elem);
   bool finite = true;
-  for (int64_t done = 0; done < n;) {
-    const int64_t take = std::min<int64_t>(static_cast<int64_t>(chunk_elems), n - done);
-    if (absl::Status s = slice.region->Read(slice.offset + done * elem, take * elem, buffer.data()); !s.ok()) {
-      return s;
-    }
-    finite = WidenHidden(buffer.data(), dtype, take, dst + done) && finite;
-    done += take;
-  }
-  return finite ? absl::OkStatus() : FirstNonFinite(dst, n, cols, field);
+  float* at = dst;
+  const absl::Status read = slice.region->ReadPieces(
+      slice.offset, slice.byte_size, static_cast<uint64_t>(elem), [&](const char* piece, uint64_t bytes) {
+        const int64_t n = static_cast<int64_t>(bytes) / elem;
+        finite = WidenHidden(piece, dtype, n, at) && finite;
+        at += n;
+      });
+  if (!read.ok()) return read;
+  return finite ? absl::OkStatus() : FirstNonFinite(dst, rows * cols, cols, field);
 }
 
 // Rounds the decoded values to the weights' dtype, here on the gRPC thread
