@@ -26,6 +26,7 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         sys.exit("plot_boundary.py needs matplotlib (apt-get install python3-matplotlib)")
 
@@ -45,6 +46,8 @@ def main():
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(rows, [str(r) for r in rows])
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("rows per request (one request in flight)")
     ax.set_ylabel("p50 latency per step (ms)")
     info = data["info"]

@@ -62,7 +62,9 @@ class MemoryRegionsE2E : public ::testing::Test {
     // After every refused descriptor, the server still drains and exits 0.
     absl::StatusOr<int> exit_code = server_->Stop(SIGTERM, absl::Seconds(30));
     EXPECT_TRUE(exit_code.ok()) << exit_code.status();
-    if (exit_code.ok()) EXPECT_EQ(*exit_code, 0);
+    if (exit_code.ok()) {
+      EXPECT_EQ(*exit_code, 0);
+    }
     delete server_;
   }
 
