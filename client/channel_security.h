@@ -37,8 +37,15 @@ struct ChannelSecurity {
 
 absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ChannelSecurityOptions& options);
 
+// The service config every client channel gets: round_robin over all the
+// addresses the target resolves to (a "dns:///" name of a Kubernetes headless
+// service, or "ipv4:HOST:PORT,HOST:PORT"), so calls spread over the servers
+// behind one name instead of all riding gRPC's default pick_first connection.
+// With one address it is one connection, as before.
+inline constexpr char kClientServiceConfig[] = R"({"loadBalancingConfig": [{"round_robin": {}}]})";
+
 // A channel to `address` with `security` and `args` (the server-name override
-// is added to `args`).
+// and, unless `args` already sets one, kClientServiceConfig are added).
 std::shared_ptr<grpc::Channel> MakeSecureChannel(const std::string& address,
                                                  const ChannelSecurity& security,
                                                  grpc::ChannelArguments args);

@@ -23,6 +23,7 @@
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/http_get.h"
 #include "tests/common/metrics_text.h"
 #include "tests/common/scoped_temp_dir.h"
 #include "tests/e2e/server_process.h"
@@ -796,6 +797,45 @@ TEST(ServerLifecycle, BadFlagsExitTwoAndMissingWeightsExitOne) {
   code = missing.WaitForExit(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 1);
+}
+
+// Client-side load balancing: a client of a name that resolves to two
+// servers (here "ipv4:A,B", as a headless Kubernetes service's DNS name does)
+// reaches both. gRPC's default, pick_first, would send every call to A; the
+// clients' service config (client/channel_security.h) asks for round_robin.
+TEST(ClientLoadBalancing, CallsToANameOfTwoServersReachBoth) {
+  std::vector<std::unique_ptr<ServerProcess>> servers;
+  for (int i = 0; i < 2; ++i) {
+    servers.push_back(std::make_unique<ServerProcess>(std::vector<std::string>{
+        "--backend=cpu", "--demo_vocab=2000", "--demo_hidden=64", "--threads=1",
+        "--metrics_address=127.0.0.1:0"}));
+    ASSERT_TRUE(servers.back()->Start().ok());
+  }
+  auto client = std::make_unique<SamplerClient>(
+      absl::StrCat("ipv4:", servers[0]->address(), ",", servers[1]->address()));
+  v1::SampleRequest request = Request(2, 3);
+  auto answered = [](ServerProcess& server) {
+    absl::StatusOr<std::string> m = testing::HttpGet(server.metrics_address(), "/metrics");
+    return m.ok() ? SeriesValue(*m, "flashsampler_requests_total{code=\"OK\",method=\"Sample\"}") : 0.0;
+  };
+  // round_robin spreads calls once both connections are up; until then the
+  // first one up takes them. Bounded by calls, not time.
+  double a = 0, b = 0;
+  int calls = 0;
+  for (int round = 0; round < 100 && (a == 0 || b == 0); ++round) {
+    for (int i = 0; i < 10; ++i, ++calls) ASSERT_TRUE(client->Sample(request).ok());
+    a = answered(*servers[0]);
+    b = answered(*servers[1]);
+  }
+  EXPECT_GT(a, 0) << "after " << calls << " calls";
+  EXPECT_GT(b, 0) << "after " << calls << " calls";
+  EXPECT_EQ(a + b, calls);
+  client.reset();  // an idle C++ client still connected holds a server's stop ~5 s (gRPC 1.51)
+  for (auto& server : servers) {
+    absl::StatusOr<int> exit_code = server->Stop(SIGTERM, absl::Seconds(30));
+    ASSERT_TRUE(exit_code.ok());
+    EXPECT_EQ(*exit_code, 0);
+  }
 }
 
 }  // namespace

@@ -54,10 +54,18 @@ def _read(value) -> bytes | None:
     return pathlib.Path(value).read_bytes()
 
 
+# round_robin over every address the target resolves to (a "dns:///" name of
+# a Kubernetes headless service, or "ipv4:HOST:PORT,HOST:PORT"), so calls
+# spread over the servers behind one name; gRPC's default, pick_first, would
+# send every call down one connection. With one address: one connection.
+SERVICE_CONFIG = '{"loadBalancingConfig": [{"round_robin": {}}]}'
+
+
 def _channel_args():
     return [
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.service_config", SERVICE_CONFIG),
     ]
 
 

@@ -196,6 +196,32 @@ def test_cuda_ipc_transport_matches_grpc(server):
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_calls_to_a_name_of_two_servers_reach_both():
+    """round_robin (flashsampler.client.SERVICE_CONFIG): a target that resolves
+    to two servers gets calls to both. The servers hold different demo heads,
+    so the greedy token of one request tells which one answered."""
+    from conftest import start_server, stop_server
+    procs = [start_server([f"--demo_seed={seed}", f"--demo_hidden={HIDDEN}"]) for seed in (1, 2)]
+    try:
+        hidden = random_hidden(1, seed=4)
+        direct = []
+        for _, address, _ in procs:
+            with flashsampler.SamplerClient(address) as client:
+                direct.append(int(client.sample(hidden).token_ids[0]))
+        assert direct[0] != direct[1], "the two demo heads must answer differently"
+        target = "ipv4:" + ",".join(address for _, address, _ in procs)
+        seen = set()
+        with flashsampler.SamplerClient(target) as client:
+            for _ in range(1000):  # round_robin alternates once both connections are up
+                seen.add(int(client.sample(hidden).token_ids[0]))
+                if len(seen) == 2:
+                    break
+        assert seen == set(direct)
+    finally:
+        for proc, _, _ in procs:
+            stop_server(proc)
+
+
 def test_mtls_and_token(secure_server):
     pki = secure_server["pki"]
     hidden = random_hidden(2, seed=6)
