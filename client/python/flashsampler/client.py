@@ -108,8 +108,15 @@ def make_request(hidden, params=None, *, dtype: str | None = None, return_logz=F
     )
 
 
-def to_result(response: sampler_pb2.SampleResponse) -> SampleResult:
-    return SampleResult(
+def _is_torch(value) -> bool:
+    return type(value).__module__.startswith("torch")
+
+
+def to_result(response: sampler_pb2.SampleResponse, like=None) -> SampleResult:
+    """The response as arrays: numpy, or, when `like` is a torch tensor (the
+    hidden states the caller passed), torch tensors on its device (token ids
+    int32, logz / logprobs float32). Seeds stay a numpy uint64 array."""
+    result = SampleResult(
         token_ids=np.asarray(response.token_ids, dtype=np.int32),
         seeds=np.asarray(response.seeds, dtype=np.uint64),
         logz=np.asarray(response.logz, dtype=np.float32) if len(response.logz) else None,
@@ -117,6 +124,16 @@ def to_result(response: sampler_pb2.SampleResponse) -> SampleResult:
         request_id=response.request_id,
         response=response,
     )
+    if like is not None and _is_torch(like):
+        import torch  # the caller passed a torch tensor, so torch is there
+
+        def to_torch(array):
+            return None if array is None else torch.from_numpy(array).to(like.device)
+
+        result.token_ids = to_torch(result.token_ids)
+        result.logz = to_torch(result.logz)
+        result.logprobs = to_torch(result.logprobs)
+    return result
 
 
 def make_verify_request(sequences, *, dtype: str | None = None, return_acceptance_probs=False,
@@ -186,7 +203,7 @@ class SamplerClient(_ClientBase):
                return_logprobs=False, request_id="", timeout: float | None = 60.0) -> SampleResult:
         request = make_request(hidden, params, dtype=dtype, return_logz=return_logz,
                                return_logprobs=return_logprobs, request_id=request_id)
-        return to_result(self.call_sample(request, timeout=timeout))
+        return to_result(self.call_sample(request, timeout=timeout), like=hidden)
 
     def call_sample(self, request: sampler_pb2.SampleRequest,
                     timeout: float | None = 60.0) -> sampler_pb2.SampleResponse:
@@ -279,7 +296,7 @@ class AsyncSamplerClient(_ClientBase):
         request = make_request(hidden, params, dtype=dtype, return_logz=return_logz,
                                return_logprobs=return_logprobs, request_id=request_id)
         return to_result(await self._stub.Sample(request, timeout=timeout,
-                                                 metadata=self._metadata))
+                                                 metadata=self._metadata), like=hidden)
 
     async def verify(self, sequences, *, dtype=None, return_acceptance_probs=False,
                      return_logz=False, request_id="",

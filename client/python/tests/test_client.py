@@ -136,11 +136,26 @@ def test_bad_request_raises_invalid_argument(server):
 def test_torch_tensors_bit_exact(server):
     torch = pytest.importorskip("torch")  # optional extra; not installed in CI
     hidden = random_hidden(4, seed=5)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     with flashsampler.SamplerClient(server["address"]) as client:
-        from_numpy = client.sample(hidden, {"temperature": 1.0, "seed": 3}, dtype="bf16")
-        from_torch = client.sample(torch.from_numpy(hidden).to(torch.bfloat16),
-                                   {"temperature": 1.0, "seed": 3})
-    np.testing.assert_array_equal(from_numpy.token_ids, from_torch.token_ids)
+        from_numpy = client.sample(hidden, {"temperature": 1.0, "seed": 3}, dtype="bf16",
+                                   return_logz=True)
+        for device in devices:
+            h = torch.from_numpy(hidden).to(torch.bfloat16).to(device)
+            from_torch = client.sample(h, {"temperature": 1.0, "seed": 3}, return_logz=True)
+            # Given torch, the results are torch tensors on the input's device.
+            assert isinstance(from_torch.token_ids, torch.Tensor)
+            assert from_torch.token_ids.device.type == device
+            assert from_torch.token_ids.dtype == torch.int32
+            np.testing.assert_array_equal(from_numpy.token_ids, from_torch.token_ids.cpu().numpy())
+            np.testing.assert_array_equal(from_numpy.logz, from_torch.logz.cpu().numpy())
+    async def run_async():
+        async with flashsampler.AsyncSamplerClient(server["address"]) as client:
+            return await client.sample(torch.from_numpy(hidden).to(torch.bfloat16),
+                                       {"temperature": 1.0, "seed": 3})
+    from_async = asyncio.run(run_async())
+    assert isinstance(from_async.token_ids, torch.Tensor)
+    np.testing.assert_array_equal(from_numpy.token_ids, from_async.token_ids.numpy())
 
 
 def test_shared_memory_transport_matches_grpc(server):
