@@ -9,6 +9,7 @@ phase setup bash scripts/setup.sh
 phase configure cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHSAMPLER_BUILD_TESTS=ON
 phase build cmake --build build -j"$(nproc)"
 phase python-env bash scripts/python_env.sh build/pyenv
+phase hf-env bash scripts/hf_env.sh build/hfenv
 exclude=()
 if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }; then
   echo "test.sh: no GPU on this machine: excluding tests labelled gpu"

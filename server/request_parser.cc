@@ -315,14 +315,16 @@ absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleR
   response->Clear();
   if (parsed.output.has_value()) {
     // token_ids, logz, logprobs: packed, in that order (sampler.proto).
-    const size_t rows = result.token_ids.size();
-    std::vector<char> packed(rows * sizeof(int32_t) + (result.logz.size() + result.logprobs.size()) * sizeof(float));
-    char* at = packed.data();
-    std::memcpy(at, result.token_ids.data(), rows * sizeof(int32_t));
-    at += rows * sizeof(int32_t);
-    std::memcpy(at, result.logz.data(), result.logz.size() * sizeof(float));
-    at += result.logz.size() * sizeof(float);
-    std::memcpy(at, result.logprobs.data(), result.logprobs.size() * sizeof(float));
+    std::vector<char> packed;
+    packed.reserve(result.token_ids.size() * sizeof(int32_t) +
+                   (result.logz.size() + result.logprobs.size()) * sizeof(float));
+    auto append = [&packed](const auto& values) {  // an empty vector may hold no pointer at all
+      const char* bytes = reinterpret_cast<const char*>(values.data());
+      packed.insert(packed.end(), bytes, bytes + values.size() * sizeof(values[0]));
+    };
+    append(result.token_ids);
+    append(result.logz);
+    append(result.logprobs);
     if (absl::Status s = parsed.output->Write(packed.data(), packed.size()); !s.ok()) return s;
   } else {
     response->mutable_token_ids()->Add(result.token_ids.begin(), result.token_ids.end());
