@@ -50,7 +50,7 @@ run_asan() {
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
   LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0" \
     phase asan-tests ctest --test-dir build-asan --output-on-failure --no-tests=error -L cpu -j"$jobs" \
-      -E '^(python_client_test|hf_generate_test|deploy_manifests_test|prometheus_queries_test)$' "${ctest_args[@]}"
+      -E '^(python_client_test|python_client_torch_test|hf_generate_test|deploy_manifests_test|prometheus_queries_test)$' "${ctest_args[@]}"
 }
 
 run_tsan() {

@@ -37,10 +37,11 @@ def _from_torch(tensor):
     """A torch tensor as (numpy array, wire dtype name); bf16 as raw uint16 bits."""
     import torch  # only when the caller passed a torch tensor
 
-    t = tensor.detach()
+    # Contiguous where the tensor lives, then one device-to-host copy (none
+    # for a CPU tensor that already is).
+    t = tensor.detach().contiguous()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16), "bf16"
     if t.dtype == torch.float16:
