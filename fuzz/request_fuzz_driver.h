@@ -6,7 +6,9 @@
 // fuzzer replays through the same code in the normal test suite.
 //
 // Outcomes: returns normally for every input the parser handles correctly
-// (accepted or rejected with InvalidArgument); aborts (FUZZ_CHECK) when the
+// (accepted, or rejected with InvalidArgument; NotFound for a request that
+// names a memory region, since the driver's registry is empty, and such a
+// request is never accepted); aborts (FUZZ_CHECK) when the
 // parser returns another code or an accepted batch breaks the contract
 // (row count, fp32 data size, finiteness, params and seeds per row,
 // temperatures). Memory errors are left to ASan/UBSan.
