@@ -1,6 +1,5 @@
 #include "client/channel_security.h"
 
-#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -52,12 +51,7 @@ std::shared_ptr<grpc::Channel> MakeSecureChannel(const std::string& address,
                                                  const ChannelSecurity& security,
                                                  grpc::ChannelArguments args) {
   if (!security.tls_server_name.empty()) args.SetSslTargetNameOverride(security.tls_server_name);
-  grpc_channel_args raw = args.c_channel_args();
-  bool has_service_config = false;
-  for (size_t i = 0; i < raw.num_args; ++i) {
-    has_service_config = has_service_config || std::string(raw.args[i].key) == GRPC_ARG_SERVICE_CONFIG;
-  }
-  if (!has_service_config) args.SetServiceConfigJSON(kClientServiceConfig);
+  args.SetServiceConfigJSON(kClientServiceConfig);
   return grpc::CreateCustomChannel(address, security.credentials, args);
 }
 

@@ -45,7 +45,7 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ChannelSecurityOptions
 inline constexpr char kClientServiceConfig[] = R"({"loadBalancingConfig": [{"round_robin": {}}]})";
 
 // A channel to `address` with `security` and `args` (the server-name override
-// and, unless `args` already sets one, kClientServiceConfig are added).
+// and kClientServiceConfig are added).
 std::shared_ptr<grpc::Channel> MakeSecureChannel(const std::string& address,
                                                  const ChannelSecurity& security,
                                                  grpc::ChannelArguments args);

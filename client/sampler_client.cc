@@ -83,25 +83,25 @@ absl::Status SamplerClient::RegisterSystemSharedMemory(const std::string& name, 
                                                        uint64_t byte_size, uint64_t offset,
                                                        absl::Duration timeout) {
   v1::RegisterRegionRequest request;
-  request.set_name(name);
-  request.set_byte_size(byte_size);
   request.mutable_system()->set_key(key);
   request.mutable_system()->set_offset(offset);
-  grpc::ClientContext context;
-  Prepare(&context, timeout);
-  v1::RegisterRegionResponse response;
-  return FromGrpcStatus(sampler_->RegisterRegion(&context, request, &response));
+  return RegisterRegion(name, byte_size, std::move(request), timeout);
 }
 
 absl::Status SamplerClient::RegisterCudaIpc(const std::string& name, const std::string& ipc_handle,
                                             int device_id, uint64_t byte_size, uint64_t offset,
                                             absl::Duration timeout) {
   v1::RegisterRegionRequest request;
-  request.set_name(name);
-  request.set_byte_size(byte_size);
   request.mutable_cuda_ipc()->set_ipc_handle(ipc_handle);
   request.mutable_cuda_ipc()->set_device_id(device_id);
   request.mutable_cuda_ipc()->set_offset(offset);
+  return RegisterRegion(name, byte_size, std::move(request), timeout);
+}
+
+absl::Status SamplerClient::RegisterRegion(const std::string& name, uint64_t byte_size,
+                                           v1::RegisterRegionRequest request, absl::Duration timeout) {
+  request.set_name(name);
+  request.set_byte_size(byte_size);
   grpc::ClientContext context;
   Prepare(&context, timeout);
   v1::RegisterRegionResponse response;

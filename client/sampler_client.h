@@ -64,6 +64,9 @@ class SamplerClient {
 
  private:
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
+  // RegisterRegion with `request`'s memory (system or cuda_ipc) already set.
+  absl::Status RegisterRegion(const std::string& name, uint64_t byte_size, v1::RegisterRegionRequest request,
+                              absl::Duration timeout);
 
   ChannelSecurity security_;
   std::shared_ptr<grpc::Channel> channel_;

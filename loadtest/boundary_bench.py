@@ -36,13 +36,16 @@ import time
 
 
 def start(name, cmd, out, ready=None):
-    """Starts a server; returns (process, address) once it listens (and, if
-    `ready` is given, once that text is in its stderr log)."""
+    """Starts a server; returns (process, address, metrics address or None) once
+    it listens (and, if `ready` is given, once that text is in its stderr log)."""
     log_path = os.path.join(out, f"{name}.log")
     log = open(log_path, "w")
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-    address = None
+    address = metrics = None
     for line in p.stdout:
+        m = re.search(r"metrics on (\S+)/metrics", line)
+        if m:
+            metrics = m.group(1)
         m = re.search(r"listening on (\S+)", line)
         if m:
             address = m.group(1)
@@ -55,7 +58,7 @@ def start(name, cmd, out, ready=None):
         if p.poll() is not None or time.time() > deadline:
             sys.exit(f"{name} did not become ready; see {log_path}")
         time.sleep(0.1)  # poll interval of the bounded readiness wait
-    return p, address
+    return p, address, metrics
 
 
 def load(args, address, rows, concurrency, tag, transport="grpc"):
@@ -150,7 +153,7 @@ def main():
                                         "kernel_rows_per_s": kernel_rows_per_s,
                                         "ratio": rows_per_s / kernel_rows_per_s}
     finally:
-        for p, _ in servers.values():
+        for p, _, _ in servers.values():
             p.terminate()
             try:
                 p.wait(30)

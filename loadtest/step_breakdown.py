@@ -16,23 +16,17 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
+
+from boundary_bench import start  # same folder: the server start and readiness wait
 
 bin_dir, out = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)
-srv = subprocess.Popen([f"{bin_dir}/flashsampler-server", "--address=127.0.0.1:0", "--backend=cuda",
-                        "--demo_vocab=151936", "--demo_hidden=4096", "--max_request_rows=1024",
-                        "--metrics_address=127.0.0.1:0"], stdout=subprocess.PIPE, stderr=open(f"{out}/server.err", "w"), text=True)
-addr = maddr = None
-for line in srv.stdout:
-    if m := re.search(r"metrics on (\S+)/metrics", line): maddr = m.group(1)
-    if m := re.search(r"server listening on (\S+)", line): addr = m.group(1); break
-deadline = time.time() + 600  # the head upload takes seconds
-while "serving on the" not in open(f"{out}/server.err").read():
-    if srv.poll() is not None or time.time() > deadline:
-        sys.exit(f"the server did not become ready; see {out}/server.err")
-    time.sleep(0.1)  # poll interval of the bounded readiness wait
+srv, addr, maddr = start("server", [f"{bin_dir}/flashsampler-server", "--address=127.0.0.1:0", "--backend=cuda",
+                                    "--demo_vocab=151936", "--demo_hidden=4096", "--max_request_rows=1024",
+                                    "--metrics_address=127.0.0.1:0"], out, ready="serving on the")
+
+
 def scrape():
     text = urllib.request.urlopen(f"http://{maddr}/metrics").read().decode()
     agg = {}

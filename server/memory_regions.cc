@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -168,15 +169,13 @@ absl::Status MemoryRegions::CheckNewRegion(const std::string& name, uint64_t byt
   return absl::OkStatus();
 }
 
-absl::Status MemoryRegions::Add(Entry entry) {
+absl::Status MemoryRegions::Add(RegionDescription description, std::shared_ptr<const MemoryRegion> region) {
   absl::MutexLock lock(&mu_);
   // Checked again: another caller may have taken the name or the last slot
   // while the memory was being opened.
-  if (absl::Status s = CheckNewRegion(entry.description.name, entry.description.byte_size); !s.ok()) {
-    return s;
-  }
-  const std::string name = entry.description.name;
-  regions_.emplace(name, std::move(entry));
+  if (absl::Status s = CheckNewRegion(description.name, description.byte_size); !s.ok()) return s;
+  const std::string name = description.name;
+  regions_.emplace(name, Entry{std::move(description), std::move(region)});
   return absl::OkStatus();
 }
 
@@ -200,14 +199,10 @@ absl::Status MemoryRegions::RegisterSystemSharedMemory(const std::string& name, 
         "region [", offset, ", ", offset, " + ", byte_size, ") does not fit in shared-memory object ",
         key, " of ", object_size, " bytes"));
   }
-  Entry entry;
-  entry.description.name = name;
-  entry.description.byte_size = byte_size;
-  entry.description.kind = RegionDescription::Kind::kSystemSharedMemory;
-  entry.description.key = key;
-  entry.description.offset = offset;
-  entry.region = std::move(region);
-  return Add(std::move(entry));
+  return Add(RegionDescription{.name = name, .byte_size = byte_size,
+                               .kind = RegionDescription::Kind::kSystemSharedMemory, .key = key,
+                               .offset = offset},
+             std::move(region));
 }
 
 absl::Status MemoryRegions::RegisterCudaIpc(const std::string& name, const std::string& ipc_handle,
@@ -223,9 +218,7 @@ absl::Status MemoryRegions::RegisterCudaIpc(const std::string& name, const std::
         "CUDA IPC regions need the cuda backend; this server's engine is not on a GPU (or not "
         "loaded yet); use a system shared-memory region");
   }
-  bool served = false;
-  for (int d : devices) served = served || d == device_id;
-  if (!served) {
+  if (!absl::c_linear_search(devices, device_id)) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA IPC region on device ", device_id,
                                                    ", but this server's engine runs on device(s) ",
                                                    absl::StrJoin(devices, ",")));
@@ -233,14 +226,9 @@ absl::Status MemoryRegions::RegisterCudaIpc(const std::string& name, const std::
   absl::StatusOr<std::unique_ptr<MemoryRegion>> region =
       OpenCudaIpcRegion(ipc_handle, device_id, offset, byte_size);
   if (!region.ok()) return region.status();
-  Entry entry;
-  entry.description.name = name;
-  entry.description.byte_size = byte_size;
-  entry.description.kind = RegionDescription::Kind::kCudaIpc;
-  entry.description.offset = offset;
-  entry.description.device_id = device_id;
-  entry.region = std::shared_ptr<const MemoryRegion>(std::move(*region));
-  return Add(std::move(entry));
+  return Add(RegionDescription{.name = name, .byte_size = byte_size, .kind = RegionDescription::Kind::kCudaIpc,
+                               .key = {}, .offset = offset, .device_id = device_id},
+             std::move(*region));
 }
 
 absl::Status MemoryRegions::Unregister(const std::string& name) {

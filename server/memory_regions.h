@@ -130,7 +130,7 @@ class MemoryRegions {
   };
   absl::Status CheckNewRegion(const std::string& name, uint64_t byte_size) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status Add(Entry entry);
+  absl::Status Add(RegionDescription description, std::shared_ptr<const MemoryRegion> region);
 
   const MemoryRegionsOptions options_;
   mutable absl::Mutex mu_;

@@ -130,6 +130,59 @@ absl::StatusOr<int64_t> CheckHiddenShape(const v1::Tensor& t, const std::string&
   return rows;
 }
 
+// Validates a [B, D] hidden-state tensor and appends its values, widened to
+// fp32, NaN/Inf rejected and rounded to `weight_dtype`, to `out`. The bytes
+// are the tensor's data, or, when `region` is given, the slice of a
+// registered region it names (the tensor then gives dtype and shape only).
+// Returns B.
+absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& field, int64_t hidden_size,
+                                     int64_t max_rows, WeightDType weight_dtype,
+                                     const v1::RegionSlice* region, const MemoryRegions* regions,
+                                     HiddenStates* out) {
+  absl::StatusOr<int64_t> rows = CheckHiddenShape(t, field, hidden_size, max_rows);
+  if (!rows.ok()) return rows.status();
+  const int64_t cols = hidden_size;
+  // rows <= max_rows and cols is the model's D, so this cannot overflow.
+  const int64_t want_bytes = *rows * cols * WireDTypeSize(t.dtype());
+  const int64_t n = *rows * cols;
+  const size_t base = out->size();
+  float* dst = nullptr;
+  if (region == nullptr) {
+    if (static_cast<int64_t>(t.data().size()) != want_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".data has ", t.data().size(), " bytes, but shape [", *rows, ", ", cols,
+          "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
+    }
+    out->resize(base + static_cast<size_t>(n));
+    dst = out->data() + base;
+    if (!WidenHidden(t.data().data(), t.dtype(), n, dst)) return FirstNonFinite(dst, n, cols, field);
+  } else {
+    if (!t.data().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".data must be empty when ", field, "_region is set (the bytes are read from the region)"));
+    }
+    if (region->byte_size() != static_cast<uint64_t>(want_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "_region.byte_size is ", region->byte_size(), ", but shape [", *rows, ", ", cols,
+          "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
+    }
+    absl::StatusOr<RegionSlice> slice =
+        regions->Resolve(region->region(), region->offset(), region->byte_size(), field + "_region");
+    if (!slice.ok()) return slice.status();
+    out->resize(base + static_cast<size_t>(n));
+    dst = out->data() + base;
+    if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, field, dst); !s.ok()) return s;
+  }
+  if (absl::Status s = RoundToWeights(t.dtype(), weight_dtype, dst, n); !s.ok()) return s;
+  return *rows;
+}
+
+// The bytes SampleRequest.output_region receives for `rows` rows.
+uint64_t OutputBytes(int64_t rows, bool logz, bool logprobs) {
+  return static_cast<uint64_t>(rows) * (sizeof(int32_t) + (logz ? sizeof(float) : 0) +
+                                        (logprobs ? sizeof(float) : 0));
+}
+
 }  // namespace
 
 absl::Status CheckTemperature(float t, const std::string& field) {
@@ -150,69 +203,8 @@ absl::Status CheckTemperature(float t, const std::string& field) {
 absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::string& field,
                                            int64_t hidden_size, int64_t max_rows,
                                            WeightDType weight_dtype, HiddenStates* out) {
-  absl::StatusOr<int64_t> rows = CheckHiddenShape(t, field, hidden_size, max_rows);
-  if (!rows.ok()) return rows.status();
-  const int64_t cols = hidden_size;
-  // rows <= max_rows and cols is the model's D, so this cannot overflow.
-  const int64_t want_bytes = *rows * cols * WireDTypeSize(t.dtype());
-  if (static_cast<int64_t>(t.data().size()) != want_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".data has ", t.data().size(), " bytes, but shape [", *rows, ", ", cols,
-        "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
-  }
-  const int64_t n = *rows * cols;
-  const size_t base = out->size();
-  out->resize(base + static_cast<size_t>(n));
-  float* dst = out->data() + base;
-  if (!WidenHidden(t.data().data(), t.dtype(), n, dst)) return FirstNonFinite(dst, n, cols, field);
-  if (absl::Status s = RoundToWeights(t.dtype(), weight_dtype, dst, n); !s.ok()) return s;
-  return *rows;
+  return DecodeHidden(t, field, hidden_size, max_rows, weight_dtype, nullptr, nullptr, out);
 }
-
-namespace {
-
-// The hidden states of a request that names a region: the tensor gives dtype
-// and shape, the slice the bytes.
-absl::StatusOr<int64_t> DecodeHiddenFromRegion(const v1::SampleRequest& request, const ModelShape& shape,
-                                               const RequestLimits& limits, const MemoryRegions& regions,
-                                               HiddenStates* out) {
-  const v1::Tensor& t = request.hidden_states();
-  absl::StatusOr<int64_t> rows = CheckHiddenShape(t, "hidden_states", shape.hidden_size,
-                                                  limits.max_request_rows);
-  if (!rows.ok()) return rows.status();
-  if (!t.data().empty()) {
-    return absl::InvalidArgumentError(
-        "hidden_states.data must be empty when hidden_states_region is set (the bytes are read "
-        "from the region)");
-  }
-  const int64_t cols = shape.hidden_size;
-  const uint64_t want_bytes = static_cast<uint64_t>(*rows * cols * WireDTypeSize(t.dtype()));
-  const v1::RegionSlice& ref = request.hidden_states_region();
-  if (ref.byte_size() != want_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hidden_states_region.byte_size is ", ref.byte_size(), ", but shape [", *rows, ", ", cols,
-        "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
-  }
-  absl::StatusOr<RegionSlice> slice =
-      regions.Resolve(ref.region(), ref.offset(), ref.byte_size(), "hidden_states_region");
-  if (!slice.ok()) return slice.status();
-  const int64_t n = *rows * cols;
-  out->resize(static_cast<size_t>(n));
-  if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, "hidden_states", out->data());
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = RoundToWeights(t.dtype(), shape.weight_dtype, out->data(), n); !s.ok()) return s;
-  return *rows;
-}
-
-// The bytes SampleRequest.output_region receives for `rows` rows.
-uint64_t OutputBytes(int64_t rows, bool logz, bool logprobs) {
-  return static_cast<uint64_t>(rows) * (sizeof(int32_t) + (logz ? sizeof(float) : 0) +
-                                        (logprobs ? sizeof(float) : 0));
-}
-
-}  // namespace
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
                                                        const ModelShape& shape,
@@ -229,10 +221,10 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   ParsedSampleRequest parsed;
   SampleBatch& batch = parsed.batch;
   absl::StatusOr<int64_t> decoded =
-      request.has_hidden_states_region()
-          ? DecodeHiddenFromRegion(request, shape, limits, *regions, &batch.hidden)
-          : DecodeHiddenTensor(request.hidden_states(), "hidden_states", shape.hidden_size,
-                               limits.max_request_rows, shape.weight_dtype, &batch.hidden);
+      DecodeHidden(request.hidden_states(), "hidden_states", shape.hidden_size, limits.max_request_rows,
+                   shape.weight_dtype,
+                   request.has_hidden_states_region() ? &request.hidden_states_region() : nullptr, regions,
+                   &batch.hidden);
   if (!decoded.ok()) return decoded.status();
   const int64_t rows = *decoded;
   if (request.has_output_region()) {

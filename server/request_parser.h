@@ -22,13 +22,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "flashsampler/v1/sampler.pb.h"
-#include <optional>
-
 #include "server/engine.h"
 #include "server/memory_regions.h"
 

@@ -87,9 +87,8 @@ def _token(token: str | None, token_file) -> str | None:
     return token
 
 
-def make_request(hidden, params=None, *, dtype: str | None = None, return_logz=False,
-                 return_logprobs=False, request_id: str = "") -> sampler_pb2.SampleRequest:
-    """Builds a SampleRequest. `params`: a SamplingParams, a dict of its fields
+def sampling_params(params=None) -> list[sampler_pb2.SamplingParams]:
+    """`params` as SampleRequest.params: a SamplingParams, a dict of its fields
     (one entry for all rows), or a list of those (one per row). Default: greedy."""
     if params is None:
         entries = [sampler_pb2.SamplingParams()]
@@ -97,11 +96,16 @@ def make_request(hidden, params=None, *, dtype: str | None = None, return_logz=F
         entries = [params]
     else:
         entries = list(params)
-    built = [p if isinstance(p, sampler_pb2.SamplingParams) else sampler_pb2.SamplingParams(**p)
-             for p in entries]
+    return [p if isinstance(p, sampler_pb2.SamplingParams) else sampler_pb2.SamplingParams(**p)
+            for p in entries]
+
+
+def make_request(hidden, params=None, *, dtype: str | None = None, return_logz=False,
+                 return_logprobs=False, request_id: str = "") -> sampler_pb2.SampleRequest:
+    """Builds a SampleRequest (`params` as sampling_params takes them)."""
     return sampler_pb2.SampleRequest(
         hidden_states=to_wire_tensor(hidden, dtype),
-        params=built,
+        params=sampling_params(params),
         return_logz=return_logz,
         return_logprobs=return_logprobs,
         request_id=request_id,

@@ -26,7 +26,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from flashsampler.client import SampleResult, SamplerClient, make_request
+from flashsampler.client import SampleResult, SamplerClient, make_request, sampling_params
 from flashsampler.v1 import sampler_pb2
 
 # The results follow the hidden states at this alignment.
@@ -189,11 +189,10 @@ class CudaIpcTransport(_RegionTransport):
             raise ValueError("hidden must be a [B, D] bf16, fp16 or fp32 torch tensor")
         rows = hidden.shape[0]
         raw = hidden.contiguous().view(torch.uint8).reshape(-1)
-        request = make_request(np.zeros((rows, 1), np.float32), params, return_logz=return_logz,
-                               return_logprobs=return_logprobs, request_id=request_id)
-        request.hidden_states.dtype = wire
-        request.hidden_states.shape[:] = list(hidden.shape)
-        request.hidden_states.data = b""
+        request = sampler_pb2.SampleRequest(
+            hidden_states=sampler_pb2.Tensor(dtype=wire, shape=list(hidden.shape)),
+            params=sampling_params(params), return_logz=return_logz, return_logprobs=return_logprobs,
+            request_id=request_id)
         out_bytes = _results_bytes(rows, return_logz, return_logprobs)
         out_offset = _slices(request, self.name, raw.numel(), out_bytes)
         if out_offset + out_bytes > self._buf.numel():
