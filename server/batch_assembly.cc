@@ -44,8 +44,21 @@ SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidde
   launch.params.reserve(static_cast<size_t>(launch.rows));
   for (const RowSlice& s : slices) {
     const SampleBatch& b = *s.batch;
-    launch.hidden.insert(launch.hidden.end(), b.hidden.begin() + s.first_row * hidden_size,
-                         b.hidden.begin() + (s.first_row + s.rows) * hidden_size);
+    if (b.wire_hidden.empty()) {
+      launch.hidden.insert(launch.hidden.end(), b.hidden.begin() + s.first_row * hidden_size,
+                           b.hidden.begin() + (s.first_row + s.rows) * hidden_size);
+    } else {
+      // The request's rows stay in GPU memory: the launch refers to them, and
+      // its host rows for them stay unwritten (no copy of values never read).
+      const WireHiddenRows& d = b.wire_hidden.front();
+      const int64_t row_bytes = hidden_size * WeightDTypeSize(d.dtype);
+      WireHiddenRows part = d;
+      part.first_row = static_cast<int64_t>(launch.params.size());
+      part.rows = s.rows;
+      part.data = static_cast<const char*>(d.data) + (s.first_row - d.first_row) * row_bytes;
+      launch.wire_hidden.push_back(std::move(part));
+      launch.hidden.resize(launch.hidden.size() + static_cast<size_t>(s.rows * hidden_size));
+    }
     launch.params.insert(launch.params.end(), b.params.begin() + s.first_row,
                          b.params.begin() + s.first_row + s.rows);
     if (any_controls && b.controls.empty()) {

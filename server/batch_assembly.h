@@ -69,7 +69,9 @@ std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64
                                  DraftMixing mixing = {});
 
 // One SampleBatch holding every slice's rows, in slice order. `hidden_size` is
-// the model's D (each request's hidden has rows * D values).
+// the model's D (each request's hidden has rows * D values). A request whose
+// hidden states are in GPU memory has one WireHiddenRows covering all its
+// rows; its slice becomes a WireHiddenRows of the launch (no copy).
 SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size);
 
 // A result for the whole of `request`, sized for its rows and for the outputs

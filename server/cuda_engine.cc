@@ -1,7 +1,9 @@
 // The CUDA Engine: W resident on one GPU, one stream, pinned host staging.
 //
 // Per batch: the fp32 hidden states and RowParams are copied into pinned
-// buffers, uploaded asynchronously, one sampler launch runs (PlanCudaSamplerPath,
+// buffers and uploaded asynchronously (rows already in GPU memory, a caller's
+// CUDA IPC buffer, are widened and checked on the device instead:
+// SampleBatch::wire_hidden), one sampler launch runs (PlanCudaSamplerPath,
 // cuda_controlled_runner.h: batches with sampling controls take the fused or
 // the materialized controlled path; plain ones the fused kernel up to --cuda_fused_max_rows
 // rows, the cuBLAS-materialized path above: whichever measured faster for that
@@ -19,14 +21,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/common/half_precision.h"
 #include "kernels/cuda/controlled_sample.h"
 #include "kernels/cuda/fused_controlled_sample.h"
 #include "kernels/cuda/fused_sample.h"
+#include "kernels/cuda/hidden_states.h"
 #include "kernels/cuda/materialized_sample.h"
 #include "server/cuda_controlled_runner.h"
 #include "server/engine.h"
@@ -66,12 +71,12 @@ class CudaEngine final : public Engine {
     cudaSetDevice(options_.device);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* p : {weight_, hidden_, params_, tokens_, logz_, logprobs_, drafts_,
-                    draft_logprobs_, workspace_}) {
+    for (void* p : {weight_, hidden_, wire_, params_, tokens_, logz_, logprobs_, drafts_,
+                    draft_logprobs_, first_bad_, workspace_}) {
       cudaFree(p);
     }
     for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_,
-                    host_drafts_, host_draft_logprobs_}) {
+                    host_drafts_, host_draft_logprobs_, host_first_bad_}) {
       cudaFreeHost(p);
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -95,6 +100,8 @@ class CudaEngine final : public Engine {
     const size_t rows = static_cast<size_t>(max_rows_);
     const size_t hidden_bytes = rows * shape_.hidden_size * sizeof(float);
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&hidden_, hidden_bytes));
+    // Host wire rows land here before widening, at their fp32 rows' offsets.
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&wire_, hidden_bytes));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&params_, rows * sizeof(RowParams)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&tokens_, rows * sizeof(int32_t)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logz_, rows * sizeof(float)));
@@ -108,6 +115,9 @@ class CudaEngine final : public Engine {
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_drafts_, rows * sizeof(int32_t)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_draft_logprobs_, rows * sizeof(float)));
+    // One first-bad index per run of device rows; a batch has at most one run per row.
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&first_bad_, rows * sizeof(unsigned long long)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_first_bad_, rows * sizeof(unsigned long long)));
 
     // Workspace for the largest batch either path may get.
     const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
@@ -133,7 +143,8 @@ class CudaEngine final : public Engine {
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
     if (!healthy_) return absl::UnavailableError("the CUDA backend failed earlier and is not serving");
-    if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size, max_rows_, "cuda engine");
+    if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size, max_rows_, "cuda engine",
+                                          options_.device);
         !s.ok()) {
       return s;
     }
@@ -148,6 +159,9 @@ class CudaEngine final : public Engine {
   // Draft rows ride every launch: the fused and materialized ones, and with
   // controls the materialized controlled one.
   bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
+  bool reads_wire_hidden(int device) const override {
+    return device == kHostMemory || device == options_.device;
+  }
   // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
   // calling thread's current device, so this is safe next to a running Sample.
   std::vector<DeviceMemoryInfo> DeviceMemory() const override {
@@ -162,22 +176,110 @@ class CudaEngine final : public Engine {
 
  private:
   absl::StatusOr<SampleResult> Run(const SampleBatch& batch) {
-    const int64_t rows = batch.rows;
     FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
-    std::memcpy(host_hidden_, batch.hidden.data(), batch.hidden.size() * sizeof(float));
-    // Both launch paths then see the same (exactly representable) inputs.
-    if (absl::Status s = batch.hidden_in_weight_dtype
-                             ? absl::OkStatus()
-                             : RoundHiddenToWeightDType(shape_.weight_dtype,
-                                                        static_cast<float*>(host_hidden_),
-                                                        static_cast<int64_t>(batch.hidden.size()));
-        !s.ok()) {
-      return s;
+    if (absl::Status s = StageHidden(batch); !s.ok()) return s;
+    absl::StatusOr<SampleResult> result = RunSampler(batch);
+    // A bad value in wire rows fails the batch whatever the sampler made of
+    // it (its outputs are garbage then, never a crash).
+    if (absl::Status s = CheckWireRows(batch); !s.ok()) return s;
+    return result;
+  }
+
+  // Puts the batch's hidden states, fp32 and rounded to W's dtype, in
+  // hidden_ (enqueued on stream_): fp32 rows through pinned staging; wire
+  // rows (SampleBatch::wire_hidden) widened on the device
+  // (kernels/cuda/hidden_states.h), from their GPU memory in place or, for
+  // host bytes, from wire_ after a copy at their own width; each run of wire
+  // rows also enqueues the copy of its first-bad index to host_first_bad_.
+  absl::Status StageHidden(const SampleBatch& batch) {
+    const int64_t d = shape_.hidden_size;
+    const auto stage_host_rows = [&](int64_t first, int64_t end) -> absl::Status {
+      if (first >= end) return absl::OkStatus();
+      const size_t offset = static_cast<size_t>(first * d);
+      const size_t count = static_cast<size_t>((end - first) * d);
+      float* staged = static_cast<float*>(host_hidden_) + offset;
+      std::memcpy(staged, batch.hidden.data() + offset, count * sizeof(float));
+      // Both launch paths then see the same (exactly representable) inputs.
+      if (!batch.hidden_in_weight_dtype) {
+        if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, staged, static_cast<int64_t>(count));
+            !s.ok()) {
+          return s;
+        }
+      }
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<float*>(hidden_) + offset, staged,
+                                              count * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      return absl::OkStatus();
+    };
+    int64_t row = 0;
+    for (size_t k = 0; k < batch.wire_hidden.size(); ++k) {
+      const WireHiddenRows& run = batch.wire_hidden[k];
+      if (absl::Status s = stage_host_rows(row, run.first_row); !s.ok()) return s;
+      const void* source = run.data;
+      if (run.device == kHostMemory) {
+        // Across the bus at the wire's width (2 bytes per value for bf16),
+        // through pinned staging (a pageable source would be staged by the
+        // driver, at a fraction of the bus). The fp32 staging of these rows
+        // is free, and at least as large.
+        const size_t offset = static_cast<size_t>(run.first_row * d) * sizeof(float);
+        const size_t bytes = static_cast<size_t>(run.rows * d * WeightDTypeSize(run.dtype));
+        char* staged = static_cast<char*>(host_hidden_) + offset;
+        std::memcpy(staged, run.data, bytes);
+        source = static_cast<char*>(wire_) + offset;
+        FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(const_cast<void*>(source), staged, bytes,
+                                                cudaMemcpyHostToDevice, stream_));
+      }
+      auto* first_bad = static_cast<unsigned long long*>(first_bad_) + k;
+      const KernelStatus status = kernels::LaunchWidenHiddenStates(
+          source, ToCudaDType(run.dtype), run.rows * d, ToCudaDType(shape_.weight_dtype),
+          static_cast<float*>(hidden_) + run.first_row * d, first_bad, stream_);
+      if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "widening hidden states on the GPU");
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<unsigned long long*>(host_first_bad_) + k,
+                                              first_bad, sizeof(unsigned long long),
+                                              cudaMemcpyDeviceToHost, stream_));
+      row = run.first_row + run.rows;
     }
+    return stage_host_rows(row, batch.rows);
+  }
+
+  // InvalidArgument naming the first bad element of the batch's wire rows
+  // (row and column within the batch), after the stream has finished.
+  absl::Status CheckWireRows(const SampleBatch& batch) {
+    if (batch.wire_hidden.empty()) return absl::OkStatus();
+    FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+    const int64_t d = shape_.hidden_size;
+    for (size_t k = 0; k < batch.wire_hidden.size(); ++k) {
+      const unsigned long long bad = static_cast<const unsigned long long*>(host_first_bad_)[k];
+      if (bad == kernels::kNoBadHiddenElement) continue;
+      const WireHiddenRows& run = batch.wire_hidden[k];
+      // Read the element itself for the message (a few bytes, errors only).
+      const int64_t elem = WeightDTypeSize(run.dtype);
+      uint32_t bits = 0;
+      const char* at = static_cast<const char*>(run.data) + bad * elem;
+      if (run.device == kHostMemory) {
+        std::memcpy(&bits, at, elem);
+      } else {
+        FS_RETURN_IF_CUDA_ERROR(cudaMemcpy(&bits, at, elem, cudaMemcpyDeviceToHost));
+      }
+      const float value = run.dtype == WeightDType::kFloat32    ? BitsToFloat(bits)
+                          : run.dtype == WeightDType::kBFloat16 ? Bf16ToFloat(static_cast<uint16_t>(bits))
+                                                                : Fp16ToFloat(static_cast<uint16_t>(bits));
+      const int64_t r = run.first_row + static_cast<int64_t>(bad) / d;
+      const int64_t c = static_cast<int64_t>(bad) % d;
+      if (!std::isfinite(value)) {
+        return absl::InvalidArgumentError(absl::StrCat("hidden_states[", r, "][", c, "] is ",
+                                                       std::isnan(value) ? "NaN" : "infinite",
+                                                       "; hidden states must be finite"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("hidden state value ", value, " (hidden_states[", r,
+                                                     "][", c, "]) is outside the fp16 range of the LM head's weights"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<SampleResult> RunSampler(const SampleBatch& batch) {
+    const int64_t rows = batch.rows;
     std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
     const bool drafts = !batch.draft_tokens.empty();
-    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hidden_, host_hidden_, batch.hidden.size() * sizeof(float),
-                                            cudaMemcpyHostToDevice, stream_));
     FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(params_, host_params_, rows * sizeof(RowParams),
                                             cudaMemcpyHostToDevice, stream_));
     if (drafts) {
@@ -245,12 +347,14 @@ class CudaEngine final : public Engine {
   cublasHandle_t cublas_ = nullptr;
   void* weight_ = nullptr;
   void* hidden_ = nullptr;
+  void* wire_ = nullptr;
   void* params_ = nullptr;
   void* tokens_ = nullptr;
   void* logz_ = nullptr;
   void* logprobs_ = nullptr;
   void* drafts_ = nullptr;
   void* draft_logprobs_ = nullptr;
+  void* first_bad_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   void* host_hidden_ = nullptr;
@@ -260,6 +364,7 @@ class CudaEngine final : public Engine {
   void* host_logprobs_ = nullptr;
   void* host_drafts_ = nullptr;
   void* host_draft_logprobs_ = nullptr;
+  void* host_first_bad_ = nullptr;
   // Destroyed after ~CudaEngine's body has synchronized the stream.
   CudaControlledRunner controlled_;
 };

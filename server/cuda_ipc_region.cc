@@ -82,6 +82,9 @@ class CudaIpcRegion final : public MemoryRegion {
   absl::Status Write(uint64_t offset, const void* src, uint64_t size) const override {
     return Copy(base_ + start_ + offset, src, size, cudaMemcpyHostToDevice, "writing");
   }
+  DeviceAddress DeviceAddressOf(uint64_t offset) const override {
+    return {base_ + start_ + offset, device_};
+  }
 
  private:
   absl::Status Copy(void* dst, const void* src, uint64_t size, cudaMemcpyKind kind,

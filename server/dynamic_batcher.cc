@@ -45,8 +45,10 @@ DynamicBatcher::DynamicBatcher(BatcherOptions options, ServerMetrics* metrics,
 DynamicBatcher::~DynamicBatcher() { Stop(); }
 
 void DynamicBatcher::SetEngine(std::unique_ptr<Engine> engine) {
+  const bool wire = engine != nullptr && engine->reads_wire_hidden(kHostMemory);
   absl::MutexLock lock(&mu_);
   engine_ = std::move(engine);
+  engine_takes_wire_hidden_.store(wire, std::memory_order_release);
 }
 
 bool DynamicBatcher::ready() const {

@@ -113,6 +113,9 @@ class DynamicBatcher {
   bool ready() const;
   // The engine's shape, backend and device memory; empty until an engine is set.
   ModelShape shape() const;
+  // True once an engine that takes host hidden states in their wire dtype
+  // (Engine::reads_wire_hidden(kHostMemory)) is set. Lock-free.
+  bool engine_takes_wire_hidden() const { return engine_takes_wire_hidden_.load(std::memory_order_acquire); }
   std::string backend_name() const;
   std::vector<DeviceMemoryInfo> DeviceMemory() const;
   const BatcherOptions& options() const { return options_; }
@@ -162,6 +165,7 @@ class DynamicBatcher {
   const BatcherOptions options_;
   ServerMetrics* const metrics_;
   const std::function<void()> on_engine_failure_;
+  std::atomic<bool> engine_takes_wire_hidden_{false};
   mutable absl::Mutex mu_;
   std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);

@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCudaBackend(const LmHead& head,
 }  // namespace
 
 absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int64_t max_rows,
-                              const char* engine) {
+                              const char* engine, int wire_hidden_device) {
   const auto per_row = [&batch](size_t n) { return static_cast<int64_t>(n) == batch.rows; };
   if (batch.rows <= 0 || batch.rows > max_rows || !per_row(batch.params.size()) ||
       static_cast<int64_t>(batch.hidden.size()) != batch.rows * hidden_size) {
@@ -78,6 +78,22 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
   if (!batch.draft_tokens.empty() && !per_row(batch.draft_tokens.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat(engine, ": draft_tokens must be empty or one per row"));
+  }
+  int64_t next_free_row = 0;
+  for (const WireHiddenRows& d : batch.wire_hidden) {
+    if (wire_hidden_device == kNoWireHidden) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(engine, " does not take hidden states in their wire dtype"));
+    }
+    if (d.device != kHostMemory && d.device != wire_hidden_device) {
+      return absl::InvalidArgumentError(absl::StrCat(engine, " reads hidden states on GPU ",
+                                                     wire_hidden_device, ", not on GPU ", d.device));
+    }
+    if (d.data == nullptr || d.rows < 1 || d.first_row < next_free_row || d.first_row + d.rows > batch.rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(engine, ": wire_hidden rows must be sorted, disjoint and inside the batch"));
+    }
+    next_free_row = d.first_row + d.rows;
   }
   return absl::OkStatus();
 }

@@ -25,7 +25,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,9 +70,37 @@ struct UninitializedAllocator : std::allocator<T> {
 };
 using HiddenStates = std::vector<float, UninitializedAllocator<float>>;
 
+// Rows of a batch whose hidden states the engine takes as they arrived, in
+// the caller's dtype, and widens itself on the device
+// (kernels/cuda/hidden_states.h): host bytes (a gRPC payload where it lies in
+// the request message, or a shared-memory region's bytes read once), which
+// then cross the bus at their own width, or GPU memory (a caller's CUDA IPC
+// buffer), which never visits the host at all. The request parser checked
+// the shape and bounds but not the values: the engine checks them on the
+// device and fails the batch with InvalidArgument naming the first bad
+// element (row and column within the batch) when one is not finite, or, for
+// fp16 weights, rounds outside fp16's range: the parser's checks for fp32
+// hidden states, in the same words.
+inline constexpr int kHostMemory = -1;
+struct WireHiddenRows {
+  int64_t first_row = 0;  // within the batch
+  int64_t rows = 0;       // >= 1
+  const void* data = nullptr;  // rows * hidden_size elements of `dtype`, row-major
+  WeightDType dtype = WeightDType::kBFloat16;  // the element type (one of the three dtypes)
+  int device = kHostMemory;    // or the CUDA ordinal whose memory holds `data`
+  // Keeps `data` alive while any batch refers to it (a region, a buffer);
+  // null where the caller guarantees it (the request message the bytes lie in).
+  std::shared_ptr<const void> owner;
+};
+
 struct SampleBatch {
   int64_t rows = 0;
-  HiddenStates hidden;             // [rows, hidden_size] fp32, finite
+  // [rows, hidden_size] fp32, finite; for rows covered by wire_hidden the
+  // values are unspecified (never written, never read).
+  HiddenStates hidden;
+  // Sorted by first_row, disjoint, inside [0, rows); empty unless the engine's
+  // reads_wire_hidden(device) is true for each run's device.
+  std::vector<WireHiddenRows> wire_hidden;
   std::vector<RowParams> params;   // [rows]
   // [rows], or empty when no row has controls (then every row is plain). A
   // default RowControls is a plain row, so a batcher joining batches with and
@@ -152,6 +179,13 @@ class Engine {
     (void)with_controls;
     return false;
   }
+  // True when the engine takes SampleBatch::wire_hidden rows in `device`'s
+  // memory (kHostMemory, or a CUDA ordinal): the single-GPU CUDA engine, for
+  // host memory and its own GPU.
+  virtual bool reads_wire_hidden(int device) const {
+    (void)device;
+    return false;
+  }
   // The devices this engine holds W on; empty for the CPU backend, or when
   // the device cannot be queried.
   virtual std::vector<DeviceMemoryInfo> DeviceMemory() const { return {}; }
@@ -215,9 +249,12 @@ absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t 
 
 // The layout every engine requires of a batch: 1 <= rows <= max_rows, hidden
 // rows * hidden_size values, params one per row, controls and draft_tokens
-// empty or one per row. InvalidArgument naming `engine` otherwise.
+// empty or one per row, wire_hidden sorted, disjoint and inside the batch,
+// each in host memory or on `wire_hidden_device` (kNoWireHidden: the engine
+// takes no wire rows). InvalidArgument naming `engine` otherwise.
+inline constexpr int kNoWireHidden = -2;
 absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int64_t max_rows,
-                              const char* engine);
+                              const char* engine, int wire_hidden_device = kNoWireHidden);
 
 // The SampleResult of a launch whose per-row outputs were copied to host
 // arrays of batch.rows entries (the GPU backends' pinned buffers): tokens

@@ -303,7 +303,12 @@ int main(int argc, char** argv) {
     // shards: the GPUs holding W (1 for the CPU backend).
     const int shards = std::max<int>(1, static_cast<int>((*engine)->DeviceMemory().size()));
     metrics.SetModelInfo((*engine)->shape(), backend, shards);
-    if (backend == "cuda") regions.SetCudaDevices(options.cuda.devices);
+    if (backend == "cuda") {
+      // The single-GPU engine reads CUDA IPC hidden states in place.
+      const std::vector<int>& devices = options.cuda.devices;
+      const bool in_place = devices.size() == 1 && (*engine)->reads_wire_hidden(devices[0]);
+      regions.SetCudaDevices(devices, in_place ? devices[0] : -1);
+    }
     batcher.SetEngine(*std::move(engine));
     health_gate.EngineReady();
     std::string where;

@@ -78,6 +78,9 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
     }
     return absl::OkStatus();
   }
+  absl::Status Read(uint64_t offset, uint64_t size, void* dst) const override {
+    return ReadExactly(start_ + offset, size, static_cast<char*>(dst));
+  }
 
   absl::Status Write(uint64_t offset, const void* src, uint64_t size) const override {
     const char* in = static_cast<const char*>(src);
@@ -145,10 +148,13 @@ absl::Status MemoryRegion::Read(uint64_t offset, uint64_t size, void* dst) const
 
 MemoryRegions::MemoryRegions(MemoryRegionsOptions options) : options_(std::move(options)) {}
 
-void MemoryRegions::SetCudaDevices(std::vector<int> devices) {
+void MemoryRegions::SetCudaDevices(std::vector<int> devices, int in_place_device) {
   absl::MutexLock lock(&mu_);
   cuda_devices_ = std::move(devices);
+  in_place_device_.store(in_place_device, std::memory_order_relaxed);
 }
+
+int MemoryRegions::in_place_device() const { return in_place_device_.load(std::memory_order_relaxed); }
 
 absl::Status MemoryRegions::CheckNewRegion(const std::string& name, uint64_t byte_size) const {
   if (options_.max_regions <= 0) {

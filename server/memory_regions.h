@@ -20,6 +20,7 @@
 // memory is closed when the last request using it drops its slice.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,9 +55,20 @@ class MemoryRegion {
                                   const PieceConsumer& consume) const = 0;
   // Copies `size` bytes of host memory `src` to [offset, offset + size).
   virtual absl::Status Write(uint64_t offset, const void* src, uint64_t size) const = 0;
+  // For GPU memory (CUDA IPC): the device address of `offset`, which an
+  // engine on that device may read in place; {nullptr, -1} for host memory.
+  struct DeviceAddress {
+    const void* data = nullptr;
+    int device = -1;
+  };
+  virtual DeviceAddress DeviceAddressOf(uint64_t offset) const {
+    (void)offset;
+    return {};
+  }
 
-  // Copies [offset, offset + size) to host memory `dst`.
-  absl::Status Read(uint64_t offset, uint64_t size, void* dst) const;
+  // Copies [offset, offset + size) to host memory `dst` (by default through
+  // ReadPieces; a kind that can read straight into `dst` does).
+  virtual absl::Status Read(uint64_t offset, uint64_t size, void* dst) const;
 };
 
 // What ListRegions reports about a region.
@@ -95,8 +107,13 @@ class MemoryRegions {
 
   // The CUDA devices the engine runs on (set once it is loaded); a CUDA IPC
   // region must be on one of them. Until set, or when empty (the CPU
-  // backend), CUDA IPC regions are refused.
-  void SetCudaDevices(std::vector<int> devices);
+  // backend), CUDA IPC regions are refused. `in_place_device` >= 0: the
+  // engine reads hidden states on that device where they are
+  // (Engine::reads_wire_hidden), so requests take CUDA IPC slices there
+  // without copying them to the host.
+  void SetCudaDevices(std::vector<int> devices, int in_place_device = -1);
+  // The device set above, or -1.
+  int in_place_device() const;
 
   // Opens the POSIX shared-memory object `key` (shm_open, read and write) and
   // registers [offset, offset + byte_size) of it as `name`. InvalidArgument
@@ -123,6 +140,12 @@ class MemoryRegions {
   absl::StatusOr<RegionSlice> Resolve(const std::string& name, uint64_t offset,
                                       uint64_t byte_size, const std::string& field) const;
 
+  // Registers an opened region as description.name (the Register* methods
+  // above end here; tests add regions of their own). The name and limit
+  // checks of Register*: InvalidArgument, AlreadyExists, ResourceExhausted,
+  // FailedPrecondition.
+  absl::Status Add(RegionDescription description, std::shared_ptr<const MemoryRegion> region);
+
  private:
   struct Entry {
     RegionDescription description;
@@ -130,11 +153,11 @@ class MemoryRegions {
   };
   absl::Status CheckNewRegion(const std::string& name, uint64_t byte_size) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status Add(RegionDescription description, std::shared_ptr<const MemoryRegion> region);
 
   const MemoryRegionsOptions options_;
   mutable absl::Mutex mu_;
   std::vector<int> cuda_devices_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> in_place_device_{-1};
   std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -88,6 +89,13 @@ absl::Status ReadHiddenFromRegion(const RegionSlice& slice, int dtype, int64_t r
   return finite ? absl::OkStatus() : FirstNonFinite(dst, rows * cols, cols, field);
 }
 
+// The element type of a wire dtype (checked by CheckHiddenShape).
+WeightDType WireToWeightDType(int dtype) {
+  if (dtype == v1::DTYPE_FP32) return WeightDType::kFloat32;
+  if (dtype == v1::DTYPE_FP16) return WeightDType::kFloat16;
+  return WeightDType::kBFloat16;
+}
+
 // Rounds the decoded values to the weights' dtype, here on the gRPC thread
 // rather than on the batcher's one worker thread. Values sent in the
 // weights' own dtype (or any values, for fp32 weights) are already exact.
@@ -138,7 +146,7 @@ absl::StatusOr<int64_t> CheckHiddenShape(const v1::Tensor& t, const std::string&
 absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& field, int64_t hidden_size,
                                      int64_t max_rows, WeightDType weight_dtype,
                                      const v1::RegionSlice* region, const MemoryRegions* regions,
-                                     HiddenStates* out) {
+                                     HiddenStates* out, std::vector<WireHiddenRows>* wire) {
   absl::StatusOr<int64_t> rows = CheckHiddenShape(t, field, hidden_size, max_rows);
   if (!rows.ok()) return rows.status();
   const int64_t cols = hidden_size;
@@ -155,6 +163,11 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
     }
     out->resize(base + static_cast<size_t>(n));
     dst = out->data() + base;
+    if (wire != nullptr && base == 0) {
+      // Left in the message, in the wire dtype; `out` keeps room, unwritten.
+      wire->push_back(WireHiddenRows{0, *rows, t.data().data(), WireToWeightDType(t.dtype()), kHostMemory, nullptr});
+      return *rows;
+    }
     if (!WidenHidden(t.data().data(), t.dtype(), n, dst)) return FirstNonFinite(dst, n, cols, field);
   } else {
     if (!t.data().empty()) {
@@ -171,6 +184,21 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
     if (!slice.ok()) return slice.status();
     out->resize(base + static_cast<size_t>(n));
     dst = out->data() + base;
+    if (wire != nullptr && base == 0) {
+      // The engine widens and checks (SampleBatch::wire_hidden); `out` keeps
+      // room for the rows, unwritten. GPU memory on the engine's device is
+      // read where it is; anything else is read once, at the wire's width.
+      const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset);
+      if (device.data != nullptr && device.device == regions->in_place_device()) {
+        wire->push_back(WireHiddenRows{0, *rows, device.data, WireToWeightDType(t.dtype()), device.device,
+                                       slice->region});
+        return *rows;
+      }
+      auto bytes = std::make_shared<std::vector<char>>(static_cast<size_t>(want_bytes));
+      if (absl::Status s = slice->Read(bytes->data()); !s.ok()) return s;
+      wire->push_back(WireHiddenRows{0, *rows, bytes->data(), WireToWeightDType(t.dtype()), kHostMemory, bytes});
+      return *rows;
+    }
     if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, field, dst); !s.ok()) return s;
   }
   if (absl::Status s = RoundToWeights(t.dtype(), weight_dtype, dst, n); !s.ok()) return s;
@@ -203,14 +231,14 @@ absl::Status CheckTemperature(float t, const std::string& field) {
 absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::string& field,
                                            int64_t hidden_size, int64_t max_rows,
                                            WeightDType weight_dtype, HiddenStates* out) {
-  return DecodeHidden(t, field, hidden_size, max_rows, weight_dtype, nullptr, nullptr, out);
+  return DecodeHidden(t, field, hidden_size, max_rows, weight_dtype, nullptr, nullptr, out, nullptr);
 }
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
                                                        const ModelShape& shape,
                                                        const RequestLimits& limits,
                                                        const std::function<uint64_t()>& draw_seed,
-                                                       const MemoryRegions* regions) {
+                                                       const MemoryRegions* regions, bool keep_wire_dtype) {
   if (!request.has_hidden_states()) {
     return absl::InvalidArgumentError("hidden_states is missing");
   }
@@ -224,7 +252,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
       DecodeHidden(request.hidden_states(), "hidden_states", shape.hidden_size, limits.max_request_rows,
                    shape.weight_dtype,
                    request.has_hidden_states_region() ? &request.hidden_states_region() : nullptr, regions,
-                   &batch.hidden);
+                   &batch.hidden, keep_wire_dtype ? &batch.wire_hidden : nullptr);
   if (!decoded.ok()) return decoded.status();
   const int64_t rows = *decoded;
   if (request.has_output_region()) {

@@ -11,6 +11,13 @@
 // own entry get stream 0. Absent seeds are drawn from `draw_seed` (one per
 // params entry) and reported per row.
 //
+// With keep_wire_dtype (the engine takes hidden states as they arrived:
+// Engine::reads_wire_hidden), the hidden states are not widened here: the
+// batch's wire_hidden points at the bytes where they lie in `request` (which
+// must then outlive the batch), or at a region's bytes read once, or, for GPU
+// memory on MemoryRegions::in_place_device, at that memory; the engine
+// checks the values (NaN/Inf, fp16 range) on the device.
+//
 // A request may name memory regions (server/memory_regions.h) instead of
 // carrying its hidden states (hidden_states_region: read here, once) or
 // receiving its results (output_region: resolved and bounds-checked here,
@@ -53,7 +60,8 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
                                                        const ModelShape& shape,
                                                        const RequestLimits& limits,
                                                        const std::function<uint64_t()>& draw_seed,
-                                                       const MemoryRegions* regions = nullptr);
+                                                       const MemoryRegions* regions = nullptr,
+                                                       bool keep_wire_dtype = false);
 
 // The response for a parsed request and its engine result; with
 // parsed.output, token ids, logz and logprobs are written to that slice

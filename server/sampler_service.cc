@@ -222,7 +222,8 @@ void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* 
                                  std::function<void(grpc::Status)> done) {
   if (!Admit(method, &parsed->batch, &done)) return;
   absl::StatusOr<ParsedSampleRequest> p =
-      ParseSampleRequest(request, batcher_->shape(), limits_, [this] { return DrawSeed(); }, regions_);
+      ParseSampleRequest(request, batcher_->shape(), limits_, [this] { return DrawSeed(); }, regions_,
+                         batcher_->engine_takes_wire_hidden());
   if (!p.ok()) {
     done(ToGrpcStatus(p.status()));
     return;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -28,13 +30,13 @@ using testing::ServerProcess;
 constexpr int64_t kHidden = 256;
 constexpr size_t kBufferBytes = 4 << 20;
 
-v1::SampleRequest BytesRequest(int64_t rows, uint64_t seed) {
+v1::SampleRequest BytesRequest(int64_t rows, uint64_t seed, v1::DType dtype = v1::DTYPE_BF16) {
   std::mt19937 gen(static_cast<uint32_t>(seed));
   std::normal_distribution<float> normal;
   std::vector<float> values(rows * kHidden);
   for (float& x : values) x = normal(gen);
   v1::SampleRequest r;
-  *r.mutable_hidden_states() = MakeHiddenStates(values, rows, kHidden, v1::DTYPE_BF16);
+  *r.mutable_hidden_states() = MakeHiddenStates(values, rows, kHidden, dtype);
   v1::SamplingParams* p = r.add_params();
   p->set_temperature(0.9f);
   p->set_seed(77 + seed);
@@ -99,13 +101,18 @@ TEST_F(CudaIpcE2E, TokensLogzAndLogprobsAreThoseOfTheGrpcPath) {
   ASSERT_EQ(list->regions_size(), 1);
   EXPECT_EQ(list->regions(0).cuda_ipc().device_id(), 0);
   EXPECT_TRUE(list->regions(0).cuda_ipc().ipc_handle().empty());
-  for (int64_t rows : {1, 64, 256}) {
-    const v1::SampleRequest bytes = BytesRequest(rows, rows);
+  // The server reads the buffer in place (its single GPU) and widens on the
+  // GPU: bf16 exactly, fp32 rounded to the head's bf16 as the host rounds it.
+  for (const auto& [rows, dtype] : std::vector<std::pair<int64_t, v1::DType>>{
+           {1, v1::DTYPE_BF16}, {64, v1::DTYPE_BF16}, {256, v1::DTYPE_BF16}, {3, v1::DTYPE_FP32},
+           {200, v1::DTYPE_FP32}}) {
+    const v1::SampleRequest bytes = BytesRequest(rows, rows, dtype);
     absl::StatusOr<v1::SampleResponse> want = client_->Sample(bytes);
     ASSERT_TRUE(want.ok()) << want.status();
     const uint64_t out_offset = 3 << 20;
     absl::StatusOr<v1::SampleResponse> got = client_->Sample(ThroughGpu(bytes, out_offset));
     ASSERT_TRUE(got.ok()) << got.status();
+    SCOPED_TRACE(::testing::Message() << rows << " rows of " << v1::DType_Name(dtype));
     std::vector<char> raw(rows * 12);
     ASSERT_EQ(cudaMemcpy(raw.data(), static_cast<char*>(buffer_) + out_offset, raw.size(), cudaMemcpyDeviceToHost),
               cudaSuccess);
@@ -144,6 +151,58 @@ TEST_F(CudaIpcE2E, BadDescriptorsGetTheirErrorsAndTheServerStaysUp) {
   EXPECT_EQ(client_->Sample(r).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(client_->GetModelInfo().ok());
   EXPECT_TRUE(client_->UnregisterRegion("gpu").ok());
+  EXPECT_TRUE(server_->running());
+}
+
+// The values are checked where they are, on the GPU: a NaN is refused with
+// its row and column, the server stays up and serves the next request.
+TEST_F(CudaIpcE2E, ANonFiniteValueInTheGpuBufferIsRefusedWithItsPlace) {
+  ASSERT_TRUE(client_->RegisterCudaIpc("gpu", handle_, 0, kBufferBytes).ok());
+  const v1::SampleRequest r = ThroughGpu(BytesRequest(4, 5), 1 << 20);
+  const uint16_t bf16_nan = 0x7fc0;
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(buffer_) + (2 * kHidden + 5) * 2, &bf16_nan, 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  const absl::Status s = client_->Sample(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[2][5] is NaN"));
+  EXPECT_TRUE(client_->Sample(ThroughGpu(BytesRequest(4, 6), 1 << 20)).ok());
+  EXPECT_TRUE(client_->UnregisterRegion("gpu").ok());
+  EXPECT_TRUE(server_->running());
+}
+
+// Over gRPC the CUDA server also widens on the GPU, from the bytes where they
+// lie in the message: a NaN there is refused with its place too, and only
+// its own request fails when it shares a launch with good ones (whether it
+// does depends on timing; the outcome must not).
+TEST_F(CudaIpcE2E, ANonFiniteValueInTheMessageFailsOnlyItsOwnRequest) {
+  std::vector<v1::SampleRequest> requests;
+  std::vector<v1::SampleResponse> alone;
+  for (int i = 0; i < 6; ++i) {
+    requests.push_back(BytesRequest(8 + i, 100 + i));
+    absl::StatusOr<v1::SampleResponse> r = client_->Sample(requests.back());
+    ASSERT_TRUE(r.ok()) << r.status();
+    alone.push_back(*r);
+  }
+  v1::SampleRequest bad = BytesRequest(3, 99);
+  const uint16_t bf16_nan = 0x7fc0;
+  std::memcpy(bad.mutable_hidden_states()->mutable_data()->data() + (1 * kHidden + 2) * 2, &bf16_nan, 2);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<absl::StatusOr<v1::SampleResponse>> got(requests.size(), absl::UnknownError("not run"));
+    absl::Status bad_status;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] { got[i] = client_->Sample(requests[i]); });
+    }
+    threads.emplace_back([&] { bad_status = client_->Sample(bad).status(); });
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(bad_status.code(), absl::StatusCode::kInvalidArgument) << bad_status;
+    EXPECT_THAT(std::string(bad_status.message()), HasSubstr("hidden_states[1][2] is NaN"));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(got[i].ok()) << got[i].status();
+      EXPECT_THAT(got[i]->token_ids(), ElementsAreArray(alone[i].token_ids()));
+      EXPECT_THAT(got[i]->logz(), ElementsAreArray(alone[i].logz()));
+    }
+  }
   EXPECT_TRUE(server_->running());
 }
 

@@ -4,13 +4,17 @@
 // rounding. Speculative-verification rows (draft_tokens) likewise: same
 // residual tokens, draft log-probs to fp32 rounding. Needs a GPU: FAILS (does
 // not skip) without one.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/common/half_precision.h"
 #include "server/engine.h"
 #include "tests/gpu/engine_test_batches.h"
 
@@ -176,6 +180,127 @@ TEST(CudaEngine, OversizedBatchIsInvalidAndTheEngineStaysHealthy) {
   big.params.resize(9);
   EXPECT_EQ((*cuda)->Sample(big).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*cuda)->healthy());
+}
+
+// Hidden states in their wire dtype (SampleBatch::wire_hidden: host bytes,
+// or a CUDA IPC buffer read in place) give what the same values give as fp32
+// from the host, bit for bit: bf16 rows (widened exactly) and fp32 rows
+// (rounded to the head's bf16 on the device as on the host), alone and
+// between fp32 rows, on both paths.
+struct WireCopy {
+  void* device = nullptr;
+  std::vector<char> host;
+  ~WireCopy() { cudaFree(device); }
+};
+
+// Rows [first, first + rows) of `values` as `dtype` in `where`'s memory
+// (kHostMemory or GPU 0); `host` gets the values the fp32 path must see for
+// them (bf16: the widened bf16).
+WireHiddenRows ToWire(const HiddenStates& values, int64_t first, int64_t rows, WeightDType dtype, int where,
+                      WireCopy* copy, HiddenStates* host) {
+  const size_t n = static_cast<size_t>(rows * kHidden);
+  const float* from = values.data() + first * kHidden;
+  if (dtype == WeightDType::kBFloat16) {
+    copy->host.resize(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t bits = FloatToBf16(from[i]);
+      std::memcpy(copy->host.data() + 2 * i, &bits, 2);
+      (*host)[first * kHidden + i] = Bf16ToFloat(bits);
+    }
+  } else {
+    copy->host.assign(reinterpret_cast<const char*>(from), reinterpret_cast<const char*>(from + n));
+  }
+  const void* data = copy->host.data();
+  if (where != kHostMemory) {
+    EXPECT_EQ(cudaMalloc(&copy->device, copy->host.size()), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(copy->device, copy->host.data(), copy->host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    data = copy->device;
+  }
+  return WireHiddenRows{first, rows, data, dtype, where, nullptr};
+}
+
+TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  const EnginePair engines = MakeEnginePair();
+  ASSERT_NE(engines.cuda, nullptr);
+  Engine* const cuda = engines.cuda.get();
+  EXPECT_TRUE(cuda->reads_wire_hidden(kHostMemory));
+  EXPECT_TRUE(cuda->reads_wire_hidden(0));
+  EXPECT_FALSE(cuda->reads_wire_hidden(1));
+  uint64_t seed = 100;
+  for (int64_t rows : {4, 7, 64}) {  // 4: fused; 7, 64: materialized
+    for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat32}) {
+      for (int where : {kHostMemory, 0}) {
+        // Layouts: every row wire; fp32, wire, wire (the other place), fp32.
+        for (bool mixed : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << rows << " rows, dtype " << WeightDTypeName(dtype) << ", in "
+                                            << (where == kHostMemory ? "host" : "GPU") << " memory"
+                                            << (mixed ? ", mixed" : ""));
+          const SampleBatch original = RandomBatch(rows, seed++);
+          SampleBatch fp32 = original;         // the fp32 path's batch
+          fp32.hidden_in_weight_dtype = false;  // the engine rounds fp32 values
+          SampleBatch wire = original;
+          wire.hidden_in_weight_dtype = false;
+          WireCopy first_copy, second_copy;
+          if (mixed) {
+            const int other = where == kHostMemory ? 0 : kHostMemory;
+            wire.wire_hidden.push_back(ToWire(original.hidden, 1, 1, dtype, where, &first_copy, &fp32.hidden));
+            wire.wire_hidden.push_back(
+                ToWire(original.hidden, 2, rows - 3, dtype, other, &second_copy, &fp32.hidden));
+          } else {
+            wire.wire_hidden.push_back(ToWire(original.hidden, 0, rows, dtype, where, &first_copy, &fp32.hidden));
+          }
+          // The engine must not read the fp32 values of wire rows.
+          for (const WireHiddenRows& run : wire.wire_hidden) {
+            std::fill(wire.hidden.begin() + run.first_row * kHidden,
+                      wire.hidden.begin() + (run.first_row + run.rows) * kHidden, std::nanf(""));
+          }
+          const absl::StatusOr<SampleResult> want = cuda->Sample(fp32);
+          const absl::StatusOr<SampleResult> got = cuda->Sample(wire);
+          ASSERT_TRUE(want.ok()) << want.status();
+          ASSERT_TRUE(got.ok()) << got.status();
+          EXPECT_EQ(got->token_ids, want->token_ids);
+          ASSERT_EQ(got->logz.size(), want->logz.size());
+          EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), want->logz.size() * sizeof(float)), 0);
+          EXPECT_EQ(
+              std::memcmp(got->logprobs.data(), want->logprobs.data(), want->logprobs.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(cuda->healthy());
+}
+
+TEST(CudaEngine, ABadWireValueIsNamedAndTheEngineStaysHealthy) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  const EnginePair engines = MakeEnginePair();
+  ASSERT_NE(engines.cuda, nullptr);
+  Engine* const cuda = engines.cuda.get();
+  for (int where : {kHostMemory, 0}) {
+    SampleBatch batch = RandomBatch(6, 7);
+    HiddenStates values = batch.hidden;
+    values[4 * kHidden + 17] = where == kHostMemory ? INFINITY : std::nanf("");
+    values[5 * kHidden + 3] = std::nanf("");
+    WireCopy copy;
+    HiddenStates ignored = values;
+    batch.wire_hidden.push_back(ToWire(values, 2, 4, WeightDType::kBFloat16, where, &copy, &ignored));
+    const absl::StatusOr<SampleResult> bad = cuda->Sample(batch);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string want = where == kHostMemory ? "hidden_states[4][17] is infinite" : "hidden_states[4][17] is NaN";
+    EXPECT_NE(bad.status().message().find(want), std::string::npos) << bad.status();
+    EXPECT_TRUE(cuda->healthy());
+  }
+  // Another GPU, or rows outside the batch: refused before any launch.
+  static const uint16_t kNeverRead[2 * kHidden] = {};
+  SampleBatch elsewhere = RandomBatch(6, 8);
+  elsewhere.wire_hidden.push_back(WireHiddenRows{0, 2, kNeverRead, WeightDType::kBFloat16, 1, nullptr});
+  EXPECT_EQ(cuda->Sample(elsewhere).status().code(), absl::StatusCode::kInvalidArgument);
+  elsewhere.wire_hidden.back() = WireHiddenRows{5, 2, kNeverRead, WeightDType::kBFloat16, kHostMemory, nullptr};
+  EXPECT_EQ(cuda->Sample(elsewhere).status().code(), absl::StatusCode::kInvalidArgument);
+  // The engine serves the next batch.
+  const absl::StatusOr<SampleResult> next = cuda->Sample(RandomBatch(6, 9));
+  EXPECT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(cuda->healthy());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // two launches.
 #include "server/batch_assembly.h"
 
+#include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -58,6 +59,33 @@ TEST(BatchAssembly, ConcatenatesSlicesInOrderAndOrsTheFlags) {
   EXPECT_EQ(launch.params[3].seed, 201u);
   EXPECT_TRUE(launch.want_logz);
   EXPECT_FALSE(launch.want_logprobs);
+}
+
+// A request whose rows are in GPU memory joins a launch by reference: the
+// launch's WireHiddenRows points at the slice's first row, at the slice's
+// place in the launch, and the host rows around it are copied as usual.
+TEST(BatchAssembly, RowsInGpuMemoryJoinTheLaunchByReference) {
+  const SampleBatch a = Request(1, 1, false, false);
+  SampleBatch b = Request(2, 4, false, false);
+  static const uint16_t kDeviceRows[4 * kHidden] = {};  // stands for GPU memory: never read
+  auto owner = std::make_shared<int>(7);
+  b.wire_hidden.push_back(WireHiddenRows{0, 4, kDeviceRows, WeightDType::kBFloat16, 3, owner});
+  const SampleBatch c = Request(3, 2, false, false);
+  const SampleBatch launch = ConcatenateSlices({{&a, 0, 1}, {&b, 1, 3}, {&c, 0, 1}}, kHidden);
+  EXPECT_EQ(launch.rows, 5);
+  ASSERT_EQ(launch.hidden.size(), 5u * kHidden);
+  EXPECT_THAT(std::vector<float>(launch.hidden.begin(), launch.hidden.begin() + 2), ElementsAre(100, -100));
+  EXPECT_THAT(std::vector<float>(launch.hidden.begin() + 8, launch.hidden.end()), ElementsAre(300, -300));
+  ASSERT_EQ(launch.wire_hidden.size(), 1u);
+  const WireHiddenRows& d = launch.wire_hidden[0];
+  EXPECT_EQ(d.first_row, 1);
+  EXPECT_EQ(d.rows, 3);
+  EXPECT_EQ(d.data, kDeviceRows + 1 * kHidden);  // the slice starts at the request's row 1
+  EXPECT_EQ(d.dtype, WeightDType::kBFloat16);
+  EXPECT_EQ(d.device, 3);
+  EXPECT_EQ(d.owner, owner);
+  ASSERT_EQ(launch.params.size(), 5u);
+  EXPECT_EQ(launch.params[1].seed, 201u);
 }
 
 TEST(BatchAssembly, ScatterGivesEachRequestItsRowsAndOnlyWhatItAskedFor) {

@@ -180,6 +180,48 @@ TEST(CpuEngine, InconsistentBatchIsAnErrorNotACrash) {
   EXPECT_EQ((*engine)->Sample(batch).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The CPU backend takes fp32 hidden states only: wire rows, in host or GPU
+// memory, are an error (the parser never makes them for it), never a read.
+TEST(CpuEngine, WireRowsAreRefused) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  EXPECT_FALSE((*engine)->reads_wire_hidden(kHostMemory));
+  EXPECT_FALSE((*engine)->reads_wire_hidden(0));
+  static const float kNeverRead = 0.0f;
+  for (int device : {kHostMemory, 0}) {
+    SampleBatch batch = RandomBatch(2, 1.0f, 1);
+    batch.wire_hidden.push_back(WireHiddenRows{0, 1, &kNeverRead, WeightDType::kBFloat16, device, nullptr});
+    const absl::Status s = (*engine)->Sample(batch).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("does not take hidden states in their wire dtype"), std::string::npos) << s;
+  }
+}
+
+TEST(CheckBatchLayout, WireRowsMustBeSortedDisjointInsideAndInHostMemoryOrOnTheEnginesGpu) {
+  SampleBatch batch = RandomBatch(5, 1.0f, 1);
+  static const float kNeverRead = 0.0f;
+  const auto rows = [](int64_t first, int64_t n, int device) {
+    return WireHiddenRows{first, n, &kNeverRead, WeightDType::kBFloat16, device, nullptr};
+  };
+  const auto check = [&batch](std::vector<WireHiddenRows> runs) {
+    batch.wire_hidden = std::move(runs);
+    return CheckBatchLayout(batch, kHidden, 8, "test engine", 2).code();
+  };
+  EXPECT_EQ(check({rows(0, 2, 2), rows(3, 2, 2)}), absl::StatusCode::kOk);
+  EXPECT_EQ(check({rows(0, 5, 2)}), absl::StatusCode::kOk);
+  EXPECT_EQ(check({rows(0, 2, kHostMemory), rows(2, 1, 2)}), absl::StatusCode::kOk);
+  EXPECT_EQ(check({rows(0, 2, 1)}), absl::StatusCode::kInvalidArgument);                // another GPU
+  EXPECT_EQ(check({rows(3, 2, 2), rows(0, 2, 2)}), absl::StatusCode::kInvalidArgument);  // unsorted
+  EXPECT_EQ(check({rows(0, 3, 2), rows(2, 2, 2)}), absl::StatusCode::kInvalidArgument);  // overlapping
+  EXPECT_EQ(check({rows(4, 2, 2)}), absl::StatusCode::kInvalidArgument);                 // past the end
+  EXPECT_EQ(check({rows(1, 0, 2)}), absl::StatusCode::kInvalidArgument);                 // empty
+  batch.wire_hidden = {WireHiddenRows{0, 1, nullptr, WeightDType::kBFloat16, 2, nullptr}};
+  EXPECT_EQ(CheckBatchLayout(batch, kHidden, 8, "test engine", 2).code(), absl::StatusCode::kInvalidArgument);
+  batch.wire_hidden = {rows(0, 1, kHostMemory)};
+  EXPECT_EQ(CheckBatchLayout(batch, kHidden, 8, "test engine").code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A batch mixing plain rows and rows with controls: the plain rows get exactly
 // the tokens (and logz) of a batch without controls, the controlled rows those
 // of the same rows sampled on their own, whatever path the planner picks.

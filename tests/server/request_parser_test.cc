@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -469,6 +470,110 @@ TEST_F(RequestParserRegions, RegionInputErrorsAreClear) {
   uint64_t seed = 1;
   EXPECT_EQ(ParseSampleRequest(good, Shape(), RequestLimits{8}, [&] { return seed++; }).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A region of GPU memory, as a CUDA IPC region reports itself: reading it
+// through the host fails, so a test sees which way the parser went.
+class FakeGpuRegion final : public MemoryRegion {
+ public:
+  FakeGpuRegion(const char* base, int device) : base_(base), device_(device) {}
+  uint64_t byte_size() const override { return 1 << 20; }
+  absl::Status ReadPieces(uint64_t, uint64_t, uint64_t, const PieceConsumer&) const override {
+    return absl::DataLossError("read through the host");
+  }
+  absl::Status Write(uint64_t, const void*, uint64_t) const override { return absl::OkStatus(); }
+  DeviceAddress DeviceAddressOf(uint64_t offset) const override { return {base_ + offset, device_}; }
+
+ private:
+  const char* const base_;
+  const int device_;
+};
+
+// On the device whose engine reads GPU memory in place, the hidden states
+// stay where they are (the batch's wire_hidden, checked by the engine);
+// on any other, or when the engine reads none in place, they are read
+// through the host.
+TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
+  static const char kBase[1024] = {};  // stands for a device address: never read
+  MemoryRegions regions{MemoryRegionsOptions{}};
+  auto region = std::make_shared<FakeGpuRegion>(kBase, 3);
+  RegionDescription description;
+  description.name = "gpu";
+  description.byte_size = region->byte_size();
+  description.kind = RegionDescription::Kind::kCudaIpc;
+  description.device_id = 3;
+  ASSERT_TRUE(regions.Add(description, region).ok());
+  v1::SampleRequest r = ValidRequest(5);
+  r.mutable_hidden_states()->clear_data();
+  v1::RegionSlice* slice = r.mutable_hidden_states_region();
+  slice->set_region("gpu");
+  slice->set_offset(256);
+  slice->set_byte_size(5 * kHidden * sizeof(float));
+  uint64_t seed = 1;
+  const auto parse = [&](bool keep_wire_dtype = true) {
+    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions, keep_wire_dtype);
+  };
+
+  regions.SetCudaDevices({2, 3}, 3);
+  absl::StatusOr<ParsedSampleRequest> parsed = parse();
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->batch.rows, 5);
+  EXPECT_EQ(parsed->batch.hidden.size(), 5u * kHidden);
+  ASSERT_EQ(parsed->batch.wire_hidden.size(), 1u);
+  const WireHiddenRows& d = parsed->batch.wire_hidden[0];
+  EXPECT_EQ(d.first_row, 0);
+  EXPECT_EQ(d.rows, 5);
+  EXPECT_EQ(d.data, kBase + 256);
+  EXPECT_EQ(d.dtype, WeightDType::kFloat32);
+  EXPECT_EQ(d.device, 3);
+  EXPECT_EQ(d.owner, region);  // holds the region open
+
+  // An engine that widens nothing itself gets the values through the host.
+  EXPECT_EQ(parse(false).status().code(), absl::StatusCode::kDataLoss);
+  regions.SetCudaDevices({2, 3}, 2);
+  EXPECT_EQ(parse().status().code(), absl::StatusCode::kDataLoss);
+  regions.SetCudaDevices({2, 3});
+  EXPECT_EQ(parse().status().code(), absl::StatusCode::kDataLoss);
+}
+
+// For an engine that widens hidden states itself, the bytes stay as they
+// arrived: a message's where they lie in the message (no copy), a shared
+// memory region's read once into a buffer the batch owns; the values are not
+// checked here (the engine checks them on the device).
+TEST_F(RequestParserRegions, AnEngineThatWidensGetsTheWireBytes) {
+  std::vector<float> values(3 * kHidden);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 1.0f;
+  values[5] = std::numeric_limits<float>::quiet_NaN();  // left to the engine
+  v1::SampleRequest bytes_request;
+  *bytes_request.mutable_hidden_states() = MakeBf16(values, 3);
+  bytes_request.add_params()->set_seed(7);
+  uint64_t seed = 1;
+  const auto parse = [&](const v1::SampleRequest& r) {
+    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions_, true);
+  };
+  absl::StatusOr<ParsedSampleRequest> from_bytes = parse(bytes_request);
+  ASSERT_TRUE(from_bytes.ok()) << from_bytes.status();
+  ASSERT_EQ(from_bytes->batch.wire_hidden.size(), 1u);
+  const WireHiddenRows& in_message = from_bytes->batch.wire_hidden[0];
+  EXPECT_EQ(in_message.data, bytes_request.hidden_states().data().data());
+  EXPECT_EQ(in_message.rows, 3);
+  EXPECT_EQ(in_message.dtype, WeightDType::kBFloat16);
+  EXPECT_EQ(in_message.device, kHostMemory);
+  EXPECT_EQ(in_message.owner, nullptr);
+  EXPECT_EQ(from_bytes->batch.hidden.size(), 3u * kHidden);
+
+  const v1::SampleRequest region_request = MoveToRegion(bytes_request, 1000);
+  absl::StatusOr<ParsedSampleRequest> from_region = parse(region_request);
+  ASSERT_TRUE(from_region.ok()) << from_region.status();
+  ASSERT_EQ(from_region->batch.wire_hidden.size(), 1u);
+  const WireHiddenRows& read = from_region->batch.wire_hidden[0];
+  EXPECT_NE(read.owner, nullptr);
+  EXPECT_EQ(read.device, kHostMemory);
+  const std::string& want = bytes_request.hidden_states().data();
+  EXPECT_EQ(std::memcmp(read.data, want.data(), want.size()), 0);
+  // Read once: later writes to the region do not reach the batch.
+  std::memset(buffer_->data() + 1000, 0x7f, want.size());
+  EXPECT_EQ(std::memcmp(read.data, want.data(), want.size()), 0);
 }
 
 TEST_F(RequestParserRegions, ResultsAreWrittenPackedToTheOutputRegion) {

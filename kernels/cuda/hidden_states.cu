@@ -1,0 +1,123 @@
+// Widening hidden states on the device (contract in hidden_states.h).
+//
+// Why it is exact: the host path widens bf16 / fp16 with Bf16ToFloat /
+// Fp16ToFloat (exact: every 16-bit value is an fp32 value) and rounds to the
+// weights' dtype with FloatToBf16 / FloatToFp16 (round to nearest even). This
+// kernel calls those very functions (FS_HOST_DEVICE), so each output is the
+// host's bit for bit; bf16 in, bf16 weights (the usual decode step) is a
+// plain widening.
+//
+// The check sees each element before rounding, in its own dtype: all-ones
+// exponent bits are inf or NaN in fp32, bf16 and fp16 alike. A finite value
+// can still leave fp16's range when fp16 weights round it (|x| >= 65520 goes
+// to inf); both are refused, as on the host. atomicMin keeps the smallest bad
+// index, so the error names the first bad element whatever the thread order;
+// the atomic runs only for bad elements, never on a valid payload.
+//
+// Cost: memory-bound, one read of the payload and one fp32 write (2 MiB in,
+// 4 MiB out at 256 rows of D = 4096 bf16: a few microseconds on an H100).
+#include "kernels/cuda/hidden_states.h"
+
+#include "kernels/common/half_precision.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+constexpr int kWidenThreads = 256;
+// Elements per thread per grid-stride step: enough independent loads in flight.
+constexpr int kWidenUnroll = 4;
+
+template <CudaWeightDType kSrc>
+__device__ __forceinline__ float LoadWidened(const void* src, int64_t i, bool* bad) {
+  if constexpr (kSrc == CudaWeightDType::kFloat32) {
+    const uint32_t bits = FloatToBits(static_cast<const float*>(src)[i]);
+    *bad = (bits & 0x7f800000u) == 0x7f800000u;
+    return BitsToFloat(bits);
+  } else if constexpr (kSrc == CudaWeightDType::kBFloat16) {
+    const uint16_t bits = static_cast<const uint16_t*>(src)[i];
+    *bad = (bits & 0x7f80u) == 0x7f80u;
+    return Bf16ToFloat(bits);
+  } else {
+    const uint16_t bits = static_cast<const uint16_t*>(src)[i];
+    *bad = (bits & 0x7c00u) == 0x7c00u;
+    return Fp16ToFloat(bits);
+  }
+}
+
+template <CudaWeightDType kSrc, CudaWeightDType kWeight>
+__global__ void __launch_bounds__(kWidenThreads)
+    WidenHiddenStatesKernel(const void* __restrict__ src, int64_t count, float* __restrict__ dst,
+                            unsigned long long* __restrict__ first_bad) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < count;
+       base += stride * kWidenUnroll) {
+#pragma unroll
+    for (int u = 0; u < kWidenUnroll; ++u) {
+      const int64_t i = base + u * stride;
+      if (i >= count) break;
+      bool bad = false;
+      float v = LoadWidened<kSrc>(src, i, &bad);
+      if constexpr (kWeight == CudaWeightDType::kBFloat16) {
+        v = Bf16ToFloat(FloatToBf16(v));
+      } else if constexpr (kWeight == CudaWeightDType::kFloat16) {
+        v = Fp16ToFloat(FloatToFp16(v));
+        bad = bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf
+      }
+      dst[i] = v;
+      if (bad) atomicMin(first_bad, static_cast<unsigned long long>(i));
+    }
+  }
+}
+
+template <CudaWeightDType kSrc>
+void* PickKernel(CudaWeightDType weight) {
+  switch (weight) {
+    case CudaWeightDType::kFloat32:
+      return reinterpret_cast<void*>(&WidenHiddenStatesKernel<kSrc, CudaWeightDType::kFloat32>);
+    case CudaWeightDType::kFloat16:
+      return reinterpret_cast<void*>(&WidenHiddenStatesKernel<kSrc, CudaWeightDType::kFloat16>);
+    case CudaWeightDType::kBFloat16:
+      return reinterpret_cast<void*>(&WidenHiddenStatesKernel<kSrc, CudaWeightDType::kBFloat16>);
+  }
+  return nullptr;
+}
+
+void* PickKernel(CudaWeightDType src, CudaWeightDType weight) {
+  switch (src) {
+    case CudaWeightDType::kFloat32: return PickKernel<CudaWeightDType::kFloat32>(weight);
+    case CudaWeightDType::kFloat16: return PickKernel<CudaWeightDType::kFloat16>(weight);
+    case CudaWeightDType::kBFloat16: return PickKernel<CudaWeightDType::kBFloat16>(weight);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
+                                     CudaWeightDType weight_dtype, float* dst,
+                                     unsigned long long* first_bad, cudaStream_t stream) {
+  if (src == nullptr || dst == nullptr || first_bad == nullptr || count < 1) {
+    return KernelStatus::kInvalidArgument;
+  }
+  void* kernel = PickKernel(src_dtype, weight_dtype);
+  if (kernel == nullptr) return KernelStatus::kInvalidArgument;
+  // 0xff bytes: kNoBadHiddenElement.
+  if (cudaMemsetAsync(first_bad, 0xff, sizeof(*first_bad), stream) != cudaSuccess) {
+    return KernelStatus::kDeviceError;
+  }
+  // Grid: one element per thread per unrolled step, capped so a large payload
+  // strides (a few waves of 256-thread blocks saturate HBM; more blocks only
+  // cost scheduling). 1024 blocks x 256 threads x 4 = 1 M elements per pass:
+  // 256 rows of D = 4096 in one pass.
+  const int64_t per_block = static_cast<int64_t>(kWidenThreads) * kWidenUnroll;
+  const int64_t blocks = (count + per_block - 1) / per_block;
+  const dim3 grid(static_cast<unsigned>(blocks < 1024 ? blocks : 1024));
+  const dim3 block(kWidenThreads);
+  void* args[] = {const_cast<void**>(&src), &count, &dst, &first_bad};
+  if (cudaLaunchKernel(kernel, grid, block, args, 0, stream) != cudaSuccess) {
+    return KernelStatus::kDeviceError;
+  }
+  return KernelStatus::kOk;
+}
+
+}  // namespace flashsampler::kernels

@@ -1,0 +1,38 @@
+// Hidden states that reach the GPU in the caller's dtype (a serving engine's
+// CUDA IPC buffer, read in place): widened to the fp32 the samplers read,
+// rounded to the LM head's dtype and checked, in one pass on the device.
+//
+// This is the device half of what the request parser does on the host for
+// hidden states that arrive as bytes (server/request_parser.cc): the same
+// conversions (kernels/common/half_precision.h, compiled for both sides), so a
+// row's fp32 input, and hence its token, is bit-identical whichever way it came.
+//
+// Thread safety: the launcher only enqueues work on `stream`; concurrent
+// launches on different streams are independent.
+// Outcomes: kOk (the widening is enqueued; read *first_bad once the stream has
+// finished); kInvalidArgument for a null pointer, count < 1 or an unknown
+// dtype; kDeviceError when the launch fails.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/common/kernel_status.h"
+#include "kernels/cuda/fused_sample.h"
+
+namespace flashsampler::kernels {
+
+// No bad element: the value *first_bad keeps.
+inline constexpr unsigned long long kNoBadHiddenElement = ~0ull;
+
+// dst[i] = the fp32 value of src[i] (`src_dtype`), rounded to `weight_dtype`
+// (nearest even) for i < count. *first_bad (device memory) becomes the
+// smallest i whose element is NaN or infinite, or, for fp16 weights, rounds
+// to infinity (|x| >= 65520); it stays kNoBadHiddenElement when there is none.
+// The launcher resets it first. dst must not overlap src.
+KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
+                                     CudaWeightDType weight_dtype, float* dst,
+                                     unsigned long long* first_bad, cudaStream_t stream);
+
+}  // namespace flashsampler::kernels

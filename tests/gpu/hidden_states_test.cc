@@ -1,0 +1,148 @@
+// LaunchWidenHiddenStates (kernels/cuda/hidden_states.h) against the host's
+// conversions, bit for bit: every wire dtype into every weight dtype, over
+// random bit patterns (so NaNs, infinities, subnormals and fp16-overflowing
+// fp32 values all occur), and the index of the first bad element. Needs a
+// GPU: FAILS (does not skip) without one.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/common/half_precision.h"
+#include "kernels/cuda/hidden_states.h"
+
+namespace flashsampler::kernels {
+namespace {
+
+size_t Bytes(CudaWeightDType d) { return d == CudaWeightDType::kFloat32 ? 4 : 2; }
+
+// The host path: widen (Bf16ToFloat / Fp16ToFloat), refuse inf / NaN, round
+// to the weights' dtype (RoundHiddenToWeightDType: nearest even; fp16
+// overflow refused).
+float HostWiden(const std::vector<uint8_t>& src, CudaWeightDType dtype, size_t i, bool* bad) {
+  float v;
+  if (dtype == CudaWeightDType::kFloat32) {
+    std::memcpy(&v, src.data() + 4 * i, 4);
+  } else {
+    uint16_t h;
+    std::memcpy(&h, src.data() + 2 * i, 2);
+    v = dtype == CudaWeightDType::kBFloat16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+  }
+  *bad = !std::isfinite(v);
+  return v;
+}
+
+float HostRound(float v, CudaWeightDType weight, bool* bad) {
+  if (weight == CudaWeightDType::kBFloat16) return Bf16ToFloat(FloatToBf16(v));
+  if (weight == CudaWeightDType::kFloat16) {
+    const float r = Fp16ToFloat(FloatToFp16(v));
+    if (std::isinf(r)) *bad = true;
+    return r;
+  }
+  return v;
+}
+
+struct DeviceBuffers {
+  void* src = nullptr;
+  float* dst = nullptr;
+  unsigned long long* first_bad = nullptr;
+  ~DeviceBuffers() {
+    cudaFree(src);
+    cudaFree(dst);
+    cudaFree(first_bad);
+  }
+};
+
+// Widens `src` (count elements of `dtype`) on the GPU; returns dst and *first_bad.
+std::vector<float> DeviceWiden(const std::vector<uint8_t>& src, CudaWeightDType dtype, int64_t count,
+                               CudaWeightDType weight, unsigned long long* first_bad) {
+  DeviceBuffers b;
+  EXPECT_EQ(cudaMalloc(&b.src, src.size()), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.dst), count * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.first_bad), sizeof(unsigned long long)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(b.src, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(LaunchWidenHiddenStates(b.src, dtype, count, weight, b.dst, b.first_bad, nullptr),
+            KernelStatus::kOk);
+  std::vector<float> out(static_cast<size_t>(count));
+  EXPECT_EQ(cudaMemcpy(out.data(), b.dst, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(first_bad, b.first_bad, sizeof(*first_bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+const CudaWeightDType kDTypes[] = {CudaWeightDType::kFloat32, CudaWeightDType::kFloat16,
+                                   CudaWeightDType::kBFloat16};
+
+TEST(WidenHiddenStates, EqualsTheHostConversionBitForBitAndFindsTheFirstBadElement) {
+  int devices = 0;
+  ASSERT_TRUE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+      << "this GPU test needs a CUDA device (exclude label gpu)";
+  // More elements than one pass of the grid (1024 blocks x 1024), odd-sized.
+  const int64_t count = 1'300'001;
+  std::mt19937_64 gen(11);
+  for (CudaWeightDType dtype : kDTypes) {
+    std::vector<uint8_t> src(count * Bytes(dtype));
+    for (uint8_t& byte : src) byte = static_cast<uint8_t>(gen());
+    for (CudaWeightDType weight : kDTypes) {
+      SCOPED_TRACE(::testing::Message() << "src dtype " << static_cast<int>(dtype) << ", weight dtype "
+                                        << static_cast<int>(weight));
+      unsigned long long first_bad = 0;
+      const std::vector<float> got = DeviceWiden(src, dtype, count, weight, &first_bad);
+      int64_t want_first_bad = -1, compared = 0, differ = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        bool bad = false;
+        const float want = HostRound(HostWiden(src, dtype, i, &bad), weight, &bad);
+        if (bad) {
+          if (want_first_bad < 0) want_first_bad = i;
+          continue;  // refused: the value written is never used
+        }
+        ++compared;
+        differ += std::memcmp(&want, &got[i], sizeof(float)) != 0;
+      }
+      ASSERT_GE(want_first_bad, 0) << "random bits always hold a non-finite element";
+      EXPECT_EQ(first_bad, static_cast<unsigned long long>(want_first_bad));
+      EXPECT_GT(compared, count / 2);
+      EXPECT_EQ(differ, 0) << " of " << compared << " finite elements";
+    }
+  }
+}
+
+TEST(WidenHiddenStates, AFiniteFp32ValueOutOfFp16RangeIsBadOnlyForFp16Weights) {
+  std::vector<float> values(5000, 1.5f);
+  values[4321] = 70000.0f;  // finite in fp32 and bf16; rounds to inf in fp16
+  values[4999] = 65519.0f;  // the largest that still rounds to a finite fp16 (65504)
+  std::vector<uint8_t> src(values.size() * 4);
+  std::memcpy(src.data(), values.data(), src.size());
+  unsigned long long first_bad = 0;
+  DeviceWiden(src, CudaWeightDType::kFloat32, 5000, CudaWeightDType::kFloat16, &first_bad);
+  EXPECT_EQ(first_bad, 4321u);
+  for (CudaWeightDType weight : {CudaWeightDType::kFloat32, CudaWeightDType::kBFloat16}) {
+    DeviceWiden(src, CudaWeightDType::kFloat32, 5000, weight, &first_bad);
+    EXPECT_EQ(first_bad, kNoBadHiddenElement);
+  }
+  values[4321] = 1.0f;
+  std::memcpy(src.data(), values.data(), src.size());
+  DeviceWiden(src, CudaWeightDType::kFloat32, 5000, CudaWeightDType::kFloat16, &first_bad);
+  EXPECT_EQ(first_bad, kNoBadHiddenElement);
+}
+
+TEST(WidenHiddenStates, BadArgumentsAreRefused) {
+  float dst = 0.0f;
+  unsigned long long first_bad = 0;
+  const uint16_t src = 0;
+  EXPECT_EQ(LaunchWidenHiddenStates(nullptr, CudaWeightDType::kBFloat16, 1, CudaWeightDType::kBFloat16,
+                                    &dst, &first_bad, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(LaunchWidenHiddenStates(&src, CudaWeightDType::kBFloat16, 0, CudaWeightDType::kBFloat16, &dst,
+                                    &first_bad, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(LaunchWidenHiddenStates(&src, static_cast<CudaWeightDType>(7), 1, CudaWeightDType::kBFloat16,
+                                    &dst, &first_bad, nullptr),
+            KernelStatus::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace flashsampler::kernels
