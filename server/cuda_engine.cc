@@ -35,6 +35,7 @@
 #include "kernels/cuda/materialized_sample.h"
 #include "server/cuda_controlled_runner.h"
 #include "server/engine.h"
+#include "server/pinned_host_staging.h"
 
 namespace flashsampler {
 namespace {
@@ -65,7 +66,8 @@ CudaWeightDType ToCudaDType(WeightDType d) {
 class CudaEngine final : public Engine {
  public:
   CudaEngine(const ModelShape& shape, const CudaEngineOptions& options, int64_t max_rows)
-      : shape_(shape), options_(options), max_rows_(max_rows) {}
+      : shape_(shape), options_(options), max_rows_(max_rows),
+        staging_(MakePinnedHostStaging(options.device)) {}
 
   ~CudaEngine() override {
     cudaSetDevice(options_.device);
@@ -162,6 +164,7 @@ class CudaEngine final : public Engine {
   bool reads_wire_hidden(int device) const override {
     return device == kHostMemory || device == options_.device;
   }
+  std::shared_ptr<HostStaging> host_staging() const override { return staging_; }
   // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
   // calling thread's current device, so this is safe next to a running Sample.
   std::vector<DeviceMemoryInfo> DeviceMemory() const override {
@@ -217,15 +220,20 @@ class CudaEngine final : public Engine {
       const void* source = run.data;
       if (run.device == kHostMemory) {
         // Across the bus at the wire's width (2 bytes per value for bf16),
-        // through pinned staging (a pageable source would be staged by the
-        // driver, at a fraction of the bus). The fp32 staging of these rows
-        // is free, and at least as large.
+        // from pinned memory: the request thread's (run.staged, host_staging())
+        // as it is, else this thread copies the bytes into the fp32 staging
+        // of these rows (free, and at least as large) first; a pageable
+        // source would be staged by the driver, at a fraction of the bus.
         const size_t offset = static_cast<size_t>(run.first_row * d) * sizeof(float);
         const size_t bytes = static_cast<size_t>(run.rows * d * WeightDTypeSize(run.dtype));
-        char* staged = static_cast<char*>(host_hidden_) + offset;
-        std::memcpy(staged, run.data, bytes);
+        const void* pinned = run.data;
+        if (!run.staged) {
+          char* staged = static_cast<char*>(host_hidden_) + offset;
+          std::memcpy(staged, run.data, bytes);
+          pinned = staged;
+        }
         source = static_cast<char*>(wire_) + offset;
-        FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(const_cast<void*>(source), staged, bytes,
+        FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(const_cast<void*>(source), pinned, bytes,
                                                 cudaMemcpyHostToDevice, stream_));
       }
       auto* first_bad = static_cast<unsigned long long*>(first_bad_) + k;
@@ -342,6 +350,7 @@ class CudaEngine final : public Engine {
   const ModelShape shape_;
   const CudaEngineOptions options_;
   const int64_t max_rows_;
+  const std::shared_ptr<HostStaging> staging_;
   std::atomic<bool> healthy_{true};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

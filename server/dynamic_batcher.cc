@@ -45,10 +45,19 @@ DynamicBatcher::DynamicBatcher(BatcherOptions options, ServerMetrics* metrics,
 DynamicBatcher::~DynamicBatcher() { Stop(); }
 
 void DynamicBatcher::SetEngine(std::unique_ptr<Engine> engine) {
-  const bool wire = engine != nullptr && engine->reads_wire_hidden(kHostMemory);
   absl::MutexLock lock(&mu_);
   engine_ = std::move(engine);
-  engine_takes_wire_hidden_.store(wire, std::memory_order_release);
+  if (engine_ != nullptr && engine_->reads_wire_hidden(kHostMemory)) {
+    engine_wire_input_ = WireInput{engine_->host_staging()};
+  } else {
+    engine_wire_input_.reset();
+  }
+}
+
+DynamicBatcher::EngineInput DynamicBatcher::engine_input() const {
+  absl::MutexLock lock(&mu_);
+  if (engine_ == nullptr) return {};
+  return EngineInput{engine_->shape(), engine_wire_input_};
 }
 
 bool DynamicBatcher::ready() const {

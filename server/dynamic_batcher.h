@@ -55,6 +55,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -113,9 +114,14 @@ class DynamicBatcher {
   bool ready() const;
   // The engine's shape, backend and device memory; empty until an engine is set.
   ModelShape shape() const;
-  // True once an engine that takes host hidden states in their wire dtype
-  // (Engine::reads_wire_hidden(kHostMemory)) is set. Lock-free.
-  bool engine_takes_wire_hidden() const { return engine_takes_wire_hidden_.load(std::memory_order_acquire); }
+  // What a request parser needs to know of the engine, in one call: its
+  // shape, and how it takes hidden states (request_parser.h's WireInput:
+  // unset for an engine that takes fp32 only, or none yet).
+  struct EngineInput {
+    ModelShape shape;
+    std::optional<WireInput> wire;
+  };
+  EngineInput engine_input() const;
   std::string backend_name() const;
   std::vector<DeviceMemoryInfo> DeviceMemory() const;
   const BatcherOptions& options() const { return options_; }
@@ -165,9 +171,9 @@ class DynamicBatcher {
   const BatcherOptions options_;
   ServerMetrics* const metrics_;
   const std::function<void()> on_engine_failure_;
-  std::atomic<bool> engine_takes_wire_hidden_{false};
   mutable absl::Mutex mu_;
   std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(mu_);
+  std::optional<WireInput> engine_wire_input_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

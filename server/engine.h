@@ -23,6 +23,7 @@
 // after which healthy() turns false.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -88,9 +89,32 @@ struct WireHiddenRows {
   const void* data = nullptr;  // rows * hidden_size elements of `dtype`, row-major
   WeightDType dtype = WeightDType::kBFloat16;  // the element type (one of the three dtypes)
   int device = kHostMemory;    // or the CUDA ordinal whose memory holds `data`
+  // Host memory from the engine's HostStaging (pinned): copied to the device
+  // as it is, at bus speed, with no staging copy on the engine's thread.
+  bool staged = false;
   // Keeps `data` alive while any batch refers to it (a region, a buffer);
   // null where the caller guarantees it (the request message the bytes lie in).
   std::shared_ptr<const void> owner;
+};
+
+// Host memory for hidden states on their way to an engine, which the
+// engine's copies to the device read at bus speed (pinned memory, for the CUDA
+// engine): request threads put a request's bytes there, so the engine's one
+// thread only starts the transfer. Allocate returns null when no memory is
+// to be had (the caller then uses ordinary memory); the memory stays valid
+// while the returned pointer (or a copy) lives, also after the engine is gone.
+// Thread safety: Allocate may be called from any thread at any time.
+class HostStaging {
+ public:
+  virtual ~HostStaging() = default;
+  virtual std::shared_ptr<void> Allocate(size_t bytes) = 0;
+};
+
+// How an engine that widens hidden states itself (reads_wire_hidden
+// (kHostMemory)) wants host bytes: staged in `staging` by the request
+// thread when it has one, else left where they are.
+struct WireInput {
+  std::shared_ptr<HostStaging> staging;
 };
 
 struct SampleBatch {
@@ -186,6 +210,9 @@ class Engine {
     (void)device;
     return false;
   }
+  // Where request threads stage host wire rows for this engine (see
+  // HostStaging), or null: the CUDA engine's pinned pool. Immutable.
+  virtual std::shared_ptr<HostStaging> host_staging() const { return nullptr; }
   // The devices this engine holds W on; empty for the CPU backend, or when
   // the device cannot be queried.
   virtual std::vector<DeviceMemoryInfo> DeviceMemory() const { return {}; }

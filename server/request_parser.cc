@@ -96,6 +96,12 @@ WeightDType WireToWeightDType(int dtype) {
   return WeightDType::kBFloat16;
 }
 
+// `bytes` of the engine's host staging, or null when it has none to give.
+std::shared_ptr<void> Stage(const WireInput* wire_input, int64_t bytes) {
+  if (wire_input->staging == nullptr) return nullptr;
+  return wire_input->staging->Allocate(static_cast<size_t>(bytes));
+}
+
 // Rounds the decoded values to the weights' dtype, here on the gRPC thread
 // rather than on the batcher's one worker thread. Values sent in the
 // weights' own dtype (or any values, for fp32 weights) are already exact.
@@ -146,7 +152,8 @@ absl::StatusOr<int64_t> CheckHiddenShape(const v1::Tensor& t, const std::string&
 absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& field, int64_t hidden_size,
                                      int64_t max_rows, WeightDType weight_dtype,
                                      const v1::RegionSlice* region, const MemoryRegions* regions,
-                                     HiddenStates* out, std::vector<WireHiddenRows>* wire) {
+                                     HiddenStates* out, const WireInput* wire_input,
+                                     std::vector<WireHiddenRows>* wire) {
   absl::StatusOr<int64_t> rows = CheckHiddenShape(t, field, hidden_size, max_rows);
   if (!rows.ok()) return rows.status();
   const int64_t cols = hidden_size;
@@ -163,9 +170,17 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
     }
     out->resize(base + static_cast<size_t>(n));
     dst = out->data() + base;
-    if (wire != nullptr && base == 0) {
-      // Left in the message, in the wire dtype; `out` keeps room, unwritten.
-      wire->push_back(WireHiddenRows{0, *rows, t.data().data(), WireToWeightDType(t.dtype()), kHostMemory, nullptr});
+    if (wire_input != nullptr && base == 0) {
+      // In the wire dtype, in the engine's staging, or else where the bytes
+      // lie in the message; `out` keeps room for the rows, unwritten.
+      WireHiddenRows run{0, *rows, t.data().data(), WireToWeightDType(t.dtype()), kHostMemory, false, nullptr};
+      if (std::shared_ptr<void> staged = Stage(wire_input, want_bytes); staged != nullptr) {
+        std::memcpy(staged.get(), t.data().data(), static_cast<size_t>(want_bytes));
+        run.data = staged.get();
+        run.staged = true;
+        run.owner = std::move(staged);
+      }
+      wire->push_back(std::move(run));
       return *rows;
     }
     if (!WidenHidden(t.data().data(), t.dtype(), n, dst)) return FirstNonFinite(dst, n, cols, field);
@@ -184,19 +199,23 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
     if (!slice.ok()) return slice.status();
     out->resize(base + static_cast<size_t>(n));
     dst = out->data() + base;
-    if (wire != nullptr && base == 0) {
+    if (wire_input != nullptr && base == 0) {
       // The engine widens and checks (SampleBatch::wire_hidden); `out` keeps
       // room for the rows, unwritten. GPU memory on the engine's device is
-      // read where it is; anything else is read once, at the wire's width.
+      // read where it is; anything else is read once, at the wire's width,
+      // into the engine's staging (or ordinary memory without it).
       const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset);
       if (device.data != nullptr && device.device == regions->in_place_device()) {
-        wire->push_back(WireHiddenRows{0, *rows, device.data, WireToWeightDType(t.dtype()), device.device,
+        wire->push_back(WireHiddenRows{0, *rows, device.data, WireToWeightDType(t.dtype()), device.device, false,
                                        slice->region});
         return *rows;
       }
-      auto bytes = std::make_shared<std::vector<char>>(static_cast<size_t>(want_bytes));
-      if (absl::Status s = slice->Read(bytes->data()); !s.ok()) return s;
-      wire->push_back(WireHiddenRows{0, *rows, bytes->data(), WireToWeightDType(t.dtype()), kHostMemory, bytes});
+      std::shared_ptr<void> bytes = Stage(wire_input, want_bytes);
+      const bool staged = bytes != nullptr;
+      if (!staged) bytes = std::shared_ptr<char>(new char[static_cast<size_t>(want_bytes)], std::default_delete<char[]>());
+      if (absl::Status s = slice->Read(bytes.get()); !s.ok()) return s;
+      wire->push_back(
+          WireHiddenRows{0, *rows, bytes.get(), WireToWeightDType(t.dtype()), kHostMemory, staged, bytes});
       return *rows;
     }
     if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, field, dst); !s.ok()) return s;
@@ -231,14 +250,14 @@ absl::Status CheckTemperature(float t, const std::string& field) {
 absl::StatusOr<int64_t> DecodeHiddenTensor(const v1::Tensor& t, const std::string& field,
                                            int64_t hidden_size, int64_t max_rows,
                                            WeightDType weight_dtype, HiddenStates* out) {
-  return DecodeHidden(t, field, hidden_size, max_rows, weight_dtype, nullptr, nullptr, out, nullptr);
+  return DecodeHidden(t, field, hidden_size, max_rows, weight_dtype, nullptr, nullptr, out, nullptr, nullptr);
 }
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
                                                        const ModelShape& shape,
                                                        const RequestLimits& limits,
                                                        const std::function<uint64_t()>& draw_seed,
-                                                       const MemoryRegions* regions, bool keep_wire_dtype) {
+                                                       const MemoryRegions* regions, const WireInput* wire) {
   if (!request.has_hidden_states()) {
     return absl::InvalidArgumentError("hidden_states is missing");
   }
@@ -252,7 +271,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
       DecodeHidden(request.hidden_states(), "hidden_states", shape.hidden_size, limits.max_request_rows,
                    shape.weight_dtype,
                    request.has_hidden_states_region() ? &request.hidden_states_region() : nullptr, regions,
-                   &batch.hidden, keep_wire_dtype ? &batch.wire_hidden : nullptr);
+                   &batch.hidden, wire, &batch.wire_hidden);
   if (!decoded.ok()) return decoded.status();
   const int64_t rows = *decoded;
   if (request.has_output_region()) {

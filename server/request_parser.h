@@ -11,12 +11,14 @@
 // own entry get stream 0. Absent seeds are drawn from `draw_seed` (one per
 // params entry) and reported per row.
 //
-// With keep_wire_dtype (the engine takes hidden states as they arrived:
+// With `wire` (the engine takes hidden states as they arrived:
 // Engine::reads_wire_hidden), the hidden states are not widened here: the
-// batch's wire_hidden points at the bytes where they lie in `request` (which
-// must then outlive the batch), or at a region's bytes read once, or, for GPU
-// memory on MemoryRegions::in_place_device, at that memory; the engine
-// checks the values (NaN/Inf, fp16 range) on the device.
+// batch's wire_hidden holds the bytes copied into the engine's staging
+// (pinned memory; a region's read straight into it), or, without staging,
+// points at them where they lie in `request` (which must then outlive the
+// batch) or at a region's bytes read once; GPU memory on
+// MemoryRegions::in_place_device stays where it is. The engine checks the
+// values (NaN/Inf, fp16 range) on the device.
 //
 // A request may name memory regions (server/memory_regions.h) instead of
 // carrying its hidden states (hidden_states_region: read here, once) or
@@ -61,7 +63,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
                                                        const RequestLimits& limits,
                                                        const std::function<uint64_t()>& draw_seed,
                                                        const MemoryRegions* regions = nullptr,
-                                                       bool keep_wire_dtype = false);
+                                                       const WireInput* wire = nullptr);
 
 // The response for a parsed request and its engine result; with
 // parsed.output, token ids, logz and logprobs are written to that slice

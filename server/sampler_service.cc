@@ -221,9 +221,10 @@ void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* 
                                  v1::SampleResponse* response,
                                  std::function<void(grpc::Status)> done) {
   if (!Admit(method, &parsed->batch, &done)) return;
+  const DynamicBatcher::EngineInput input = batcher_->engine_input();
   absl::StatusOr<ParsedSampleRequest> p =
-      ParseSampleRequest(request, batcher_->shape(), limits_, [this] { return DrawSeed(); }, regions_,
-                         batcher_->engine_takes_wire_hidden());
+      ParseSampleRequest(request, input.shape, limits_, [this] { return DrawSeed(); }, regions_,
+                         input.wire.has_value() ? &*input.wire : nullptr);
   if (!p.ok()) {
     done(ToGrpcStatus(p.status()));
     return;

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/common/half_precision.h"
 #include "server/engine.h"
+#include "server/pinned_host_staging.h"
 #include "tests/gpu/engine_test_batches.h"
 
 namespace flashsampler {
@@ -190,14 +191,18 @@ TEST(CudaEngine, OversizedBatchIsInvalidAndTheEngineStaysHealthy) {
 struct WireCopy {
   void* device = nullptr;
   std::vector<char> host;
+  std::shared_ptr<void> staged;
   ~WireCopy() { cudaFree(device); }
 };
 
-// Rows [first, first + rows) of `values` as `dtype` in `where`'s memory
-// (kHostMemory or GPU 0); `host` gets the values the fp32 path must see for
+// Where wire rows lie: ordinary host memory, the engine's pinned staging, GPU 0.
+enum class Place { kHost, kStaged, kGpu };
+
+// Rows [first, first + rows) of `values` as `dtype` at `place` (staged in
+// `engine`'s host staging); `host` gets the values the fp32 path must see for
 // them (bf16: the widened bf16).
-WireHiddenRows ToWire(const HiddenStates& values, int64_t first, int64_t rows, WeightDType dtype, int where,
-                      WireCopy* copy, HiddenStates* host) {
+WireHiddenRows ToWire(const HiddenStates& values, int64_t first, int64_t rows, WeightDType dtype, Place place,
+                      WireCopy* copy, HiddenStates* host, const Engine* engine = nullptr) {
   const size_t n = static_cast<size_t>(rows * kHidden);
   const float* from = values.data() + first * kHidden;
   if (dtype == WeightDType::kBFloat16) {
@@ -210,13 +215,21 @@ WireHiddenRows ToWire(const HiddenStates& values, int64_t first, int64_t rows, W
   } else {
     copy->host.assign(reinterpret_cast<const char*>(from), reinterpret_cast<const char*>(from + n));
   }
-  const void* data = copy->host.data();
-  if (where != kHostMemory) {
+  WireHiddenRows run{first, rows, copy->host.data(), dtype, kHostMemory, false, nullptr};
+  if (place == Place::kGpu) {
     EXPECT_EQ(cudaMalloc(&copy->device, copy->host.size()), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(copy->device, copy->host.data(), copy->host.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    data = copy->device;
+    run.data = copy->device;
+    run.device = 0;
+  } else if (place == Place::kStaged) {
+    copy->staged = engine->host_staging()->Allocate(copy->host.size());
+    EXPECT_NE(copy->staged, nullptr);
+    std::memcpy(copy->staged.get(), copy->host.data(), copy->host.size());
+    run.data = copy->staged.get();
+    run.staged = true;
+    run.owner = copy->staged;
   }
-  return WireHiddenRows{first, rows, data, dtype, where, nullptr};
+  return run;
 }
 
 TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
@@ -230,12 +243,11 @@ TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
   uint64_t seed = 100;
   for (int64_t rows : {4, 7, 64}) {  // 4: fused; 7, 64: materialized
     for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat32}) {
-      for (int where : {kHostMemory, 0}) {
-        // Layouts: every row wire; fp32, wire, wire (the other place), fp32.
+      for (Place where : {Place::kHost, Place::kStaged, Place::kGpu}) {
+        // Layouts: every row wire; fp32, wire, wire (the next place), fp32.
         for (bool mixed : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << rows << " rows, dtype " << WeightDTypeName(dtype) << ", in "
-                                            << (where == kHostMemory ? "host" : "GPU") << " memory"
-                                            << (mixed ? ", mixed" : ""));
+          SCOPED_TRACE(::testing::Message() << rows << " rows, dtype " << WeightDTypeName(dtype) << ", place "
+                                            << static_cast<int>(where) << (mixed ? ", mixed" : ""));
           const SampleBatch original = RandomBatch(rows, seed++);
           SampleBatch fp32 = original;         // the fp32 path's batch
           fp32.hidden_in_weight_dtype = false;  // the engine rounds fp32 values
@@ -243,12 +255,14 @@ TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
           wire.hidden_in_weight_dtype = false;
           WireCopy first_copy, second_copy;
           if (mixed) {
-            const int other = where == kHostMemory ? 0 : kHostMemory;
-            wire.wire_hidden.push_back(ToWire(original.hidden, 1, 1, dtype, where, &first_copy, &fp32.hidden));
+            const Place next = static_cast<Place>((static_cast<int>(where) + 1) % 3);
             wire.wire_hidden.push_back(
-                ToWire(original.hidden, 2, rows - 3, dtype, other, &second_copy, &fp32.hidden));
+                ToWire(original.hidden, 1, 1, dtype, where, &first_copy, &fp32.hidden, cuda));
+            wire.wire_hidden.push_back(
+                ToWire(original.hidden, 2, rows - 3, dtype, next, &second_copy, &fp32.hidden, cuda));
           } else {
-            wire.wire_hidden.push_back(ToWire(original.hidden, 0, rows, dtype, where, &first_copy, &fp32.hidden));
+            wire.wire_hidden.push_back(
+                ToWire(original.hidden, 0, rows, dtype, where, &first_copy, &fp32.hidden, cuda));
           }
           // The engine must not read the fp32 values of wire rows.
           for (const WireHiddenRows& run : wire.wire_hidden) {
@@ -276,31 +290,53 @@ TEST(CudaEngine, ABadWireValueIsNamedAndTheEngineStaysHealthy) {
   const EnginePair engines = MakeEnginePair();
   ASSERT_NE(engines.cuda, nullptr);
   Engine* const cuda = engines.cuda.get();
-  for (int where : {kHostMemory, 0}) {
+  for (Place where : {Place::kHost, Place::kStaged, Place::kGpu}) {
     SampleBatch batch = RandomBatch(6, 7);
     HiddenStates values = batch.hidden;
-    values[4 * kHidden + 17] = where == kHostMemory ? INFINITY : std::nanf("");
+    values[4 * kHidden + 17] = where == Place::kGpu ? std::nanf("") : INFINITY;
     values[5 * kHidden + 3] = std::nanf("");
     WireCopy copy;
     HiddenStates ignored = values;
-    batch.wire_hidden.push_back(ToWire(values, 2, 4, WeightDType::kBFloat16, where, &copy, &ignored));
+    batch.wire_hidden.push_back(ToWire(values, 2, 4, WeightDType::kBFloat16, where, &copy, &ignored, cuda));
     const absl::StatusOr<SampleResult> bad = cuda->Sample(batch);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-    const std::string want = where == kHostMemory ? "hidden_states[4][17] is infinite" : "hidden_states[4][17] is NaN";
+    const std::string want = where == Place::kGpu ? "hidden_states[4][17] is NaN" : "hidden_states[4][17] is infinite";
     EXPECT_NE(bad.status().message().find(want), std::string::npos) << bad.status();
     EXPECT_TRUE(cuda->healthy());
   }
   // Another GPU, or rows outside the batch: refused before any launch.
   static const uint16_t kNeverRead[2 * kHidden] = {};
   SampleBatch elsewhere = RandomBatch(6, 8);
-  elsewhere.wire_hidden.push_back(WireHiddenRows{0, 2, kNeverRead, WeightDType::kBFloat16, 1, nullptr});
+  elsewhere.wire_hidden.push_back(WireHiddenRows{0, 2, kNeverRead, WeightDType::kBFloat16, 1, false, nullptr});
   EXPECT_EQ(cuda->Sample(elsewhere).status().code(), absl::StatusCode::kInvalidArgument);
-  elsewhere.wire_hidden.back() = WireHiddenRows{5, 2, kNeverRead, WeightDType::kBFloat16, kHostMemory, nullptr};
+  elsewhere.wire_hidden.back() = WireHiddenRows{5, 2, kNeverRead, WeightDType::kBFloat16, kHostMemory, false, nullptr};
   EXPECT_EQ(cuda->Sample(elsewhere).status().code(), absl::StatusCode::kInvalidArgument);
   // The engine serves the next batch.
   const absl::StatusOr<SampleResult> next = cuda->Sample(RandomBatch(6, 9));
   EXPECT_TRUE(next.ok()) << next.status();
   EXPECT_TRUE(cuda->healthy());
+}
+
+// The CUDA engine's host staging: pinned memory, reused once released, and
+// valid for as long as a caller holds it, also after the pool is dropped.
+TEST(PinnedHostStaging, ReusesReleasedBuffersAndOutlivesThePool) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  std::shared_ptr<HostStaging> pool = MakePinnedHostStaging(0, 1 << 20);
+  std::shared_ptr<void> a = pool->Allocate(100);
+  ASSERT_NE(a, nullptr);
+  cudaPointerAttributes attributes{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attributes, a.get()), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeHost);  // pinned, not pageable
+  void* const first = a.get();
+  a.reset();
+  std::shared_ptr<void> b = pool->Allocate(60000);  // the same 64 KiB size class
+  EXPECT_EQ(b.get(), first);
+  std::shared_ptr<void> c = pool->Allocate(70000);  // the 128 KiB class: another buffer
+  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c.get(), first);
+  pool.reset();
+  std::memset(c.get(), 1, 70000);  // still valid
+  EXPECT_EQ(static_cast<const char*>(c.get())[69999], 1);
 }
 
 }  // namespace

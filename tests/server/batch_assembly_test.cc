@@ -69,7 +69,7 @@ TEST(BatchAssembly, RowsInGpuMemoryJoinTheLaunchByReference) {
   SampleBatch b = Request(2, 4, false, false);
   static const uint16_t kDeviceRows[4 * kHidden] = {};  // stands for GPU memory: never read
   auto owner = std::make_shared<int>(7);
-  b.wire_hidden.push_back(WireHiddenRows{0, 4, kDeviceRows, WeightDType::kBFloat16, 3, owner});
+  b.wire_hidden.push_back(WireHiddenRows{0, 4, kDeviceRows, WeightDType::kBFloat16, 3, false, owner});
   const SampleBatch c = Request(3, 2, false, false);
   const SampleBatch launch = ConcatenateSlices({{&a, 0, 1}, {&b, 1, 3}, {&c, 0, 1}}, kHidden);
   EXPECT_EQ(launch.rows, 5);

@@ -191,7 +191,7 @@ TEST(CpuEngine, WireRowsAreRefused) {
   static const float kNeverRead = 0.0f;
   for (int device : {kHostMemory, 0}) {
     SampleBatch batch = RandomBatch(2, 1.0f, 1);
-    batch.wire_hidden.push_back(WireHiddenRows{0, 1, &kNeverRead, WeightDType::kBFloat16, device, nullptr});
+    batch.wire_hidden.push_back(WireHiddenRows{0, 1, &kNeverRead, WeightDType::kBFloat16, device, false, nullptr});
     const absl::Status s = (*engine)->Sample(batch).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("does not take hidden states in their wire dtype"), std::string::npos) << s;
@@ -202,7 +202,7 @@ TEST(CheckBatchLayout, WireRowsMustBeSortedDisjointInsideAndInHostMemoryOrOnTheE
   SampleBatch batch = RandomBatch(5, 1.0f, 1);
   static const float kNeverRead = 0.0f;
   const auto rows = [](int64_t first, int64_t n, int device) {
-    return WireHiddenRows{first, n, &kNeverRead, WeightDType::kBFloat16, device, nullptr};
+    return WireHiddenRows{first, n, &kNeverRead, WeightDType::kBFloat16, device, false, nullptr};
   };
   const auto check = [&batch](std::vector<WireHiddenRows> runs) {
     batch.wire_hidden = std::move(runs);
@@ -216,7 +216,7 @@ TEST(CheckBatchLayout, WireRowsMustBeSortedDisjointInsideAndInHostMemoryOrOnTheE
   EXPECT_EQ(check({rows(0, 3, 2), rows(2, 2, 2)}), absl::StatusCode::kInvalidArgument);  // overlapping
   EXPECT_EQ(check({rows(4, 2, 2)}), absl::StatusCode::kInvalidArgument);                 // past the end
   EXPECT_EQ(check({rows(1, 0, 2)}), absl::StatusCode::kInvalidArgument);                 // empty
-  batch.wire_hidden = {WireHiddenRows{0, 1, nullptr, WeightDType::kBFloat16, 2, nullptr}};
+  batch.wire_hidden = {WireHiddenRows{0, 1, nullptr, WeightDType::kBFloat16, 2, false, nullptr}};
   EXPECT_EQ(CheckBatchLayout(batch, kHidden, 8, "test engine", 2).code(), absl::StatusCode::kInvalidArgument);
   batch.wire_hidden = {rows(0, 1, kHostMemory)};
   EXPECT_EQ(CheckBatchLayout(batch, kHidden, 8, "test engine").code(), absl::StatusCode::kInvalidArgument);

@@ -510,8 +510,10 @@ TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
   slice->set_offset(256);
   slice->set_byte_size(5 * kHidden * sizeof(float));
   uint64_t seed = 1;
-  const auto parse = [&](bool keep_wire_dtype = true) {
-    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions, keep_wire_dtype);
+  const WireInput wire;  // an engine that widens, without host staging
+  const auto parse = [&](bool engine_widens = true) {
+    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions,
+                              engine_widens ? &wire : nullptr);
   };
 
   regions.SetCudaDevices({2, 3}, 3);
@@ -536,10 +538,27 @@ TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
   EXPECT_EQ(parse().status().code(), absl::StatusCode::kDataLoss);
 }
 
+// Host staging that hands out ordinary memory and counts what it gave;
+// `refuse` makes it give nothing (as a pinned pool that cannot allocate).
+class CountingStaging final : public HostStaging {
+ public:
+  explicit CountingStaging(bool refuse = false) : refuse_(refuse) {}
+  std::shared_ptr<void> Allocate(size_t bytes) override {
+    if (refuse_) return nullptr;
+    bytes_given += bytes;
+    return std::shared_ptr<char>(new char[bytes], std::default_delete<char[]>());
+  }
+  size_t bytes_given = 0;
+
+ private:
+  const bool refuse_;
+};
+
 // For an engine that widens hidden states itself, the bytes stay as they
-// arrived: a message's where they lie in the message (no copy), a shared
-// memory region's read once into a buffer the batch owns; the values are not
-// checked here (the engine checks them on the device).
+// arrived: copied into the engine's host staging when it has some, else
+// where they lie in the message (no copy) or, from a shared-memory region,
+// read once into a buffer the batch owns. The values are not checked here
+// (the engine checks them on the device).
 TEST_F(RequestParserRegions, AnEngineThatWidensGetsTheWireBytes) {
   std::vector<float> values(3 * kHidden);
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 1.0f;
@@ -547,33 +566,48 @@ TEST_F(RequestParserRegions, AnEngineThatWidensGetsTheWireBytes) {
   v1::SampleRequest bytes_request;
   *bytes_request.mutable_hidden_states() = MakeBf16(values, 3);
   bytes_request.add_params()->set_seed(7);
-  uint64_t seed = 1;
-  const auto parse = [&](const v1::SampleRequest& r) {
-    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions_, true);
-  };
-  absl::StatusOr<ParsedSampleRequest> from_bytes = parse(bytes_request);
-  ASSERT_TRUE(from_bytes.ok()) << from_bytes.status();
-  ASSERT_EQ(from_bytes->batch.wire_hidden.size(), 1u);
-  const WireHiddenRows& in_message = from_bytes->batch.wire_hidden[0];
-  EXPECT_EQ(in_message.data, bytes_request.hidden_states().data().data());
-  EXPECT_EQ(in_message.rows, 3);
-  EXPECT_EQ(in_message.dtype, WeightDType::kBFloat16);
-  EXPECT_EQ(in_message.device, kHostMemory);
-  EXPECT_EQ(in_message.owner, nullptr);
-  EXPECT_EQ(from_bytes->batch.hidden.size(), 3u * kHidden);
-
   const v1::SampleRequest region_request = MoveToRegion(bytes_request, 1000);
-  absl::StatusOr<ParsedSampleRequest> from_region = parse(region_request);
-  ASSERT_TRUE(from_region.ok()) << from_region.status();
-  ASSERT_EQ(from_region->batch.wire_hidden.size(), 1u);
-  const WireHiddenRows& read = from_region->batch.wire_hidden[0];
-  EXPECT_NE(read.owner, nullptr);
-  EXPECT_EQ(read.device, kHostMemory);
-  const std::string& want = bytes_request.hidden_states().data();
-  EXPECT_EQ(std::memcmp(read.data, want.data(), want.size()), 0);
+  const std::string want = bytes_request.hidden_states().data();
+  uint64_t seed = 1;
+  const auto parse = [&](const v1::SampleRequest& r, const WireInput& wire) {
+    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions_, &wire);
+  };
+  const auto expect_run = [&](const absl::StatusOr<ParsedSampleRequest>& parsed, bool staged) {
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->batch.hidden.size(), 3u * kHidden);
+    ASSERT_EQ(parsed->batch.wire_hidden.size(), 1u);
+    const WireHiddenRows& run = parsed->batch.wire_hidden[0];
+    EXPECT_EQ(run.first_row, 0);
+    EXPECT_EQ(run.rows, 3);
+    EXPECT_EQ(run.dtype, WeightDType::kBFloat16);
+    EXPECT_EQ(run.device, kHostMemory);
+    EXPECT_EQ(run.staged, staged);
+    EXPECT_EQ(std::memcmp(run.data, want.data(), want.size()), 0);
+  };
+
+  const auto staging = std::make_shared<CountingStaging>();
+  for (const WireInput& wire : {WireInput{}, WireInput{std::make_shared<CountingStaging>(true)}}) {
+    // No staging to be had: the message's own bytes, no copy.
+    absl::StatusOr<ParsedSampleRequest> in_message = parse(bytes_request, wire);
+    expect_run(in_message, false);
+    EXPECT_EQ(in_message->batch.wire_hidden[0].data, bytes_request.hidden_states().data().data());
+    EXPECT_EQ(in_message->batch.wire_hidden[0].owner, nullptr);
+    // A region's bytes read into memory the batch owns.
+    absl::StatusOr<ParsedSampleRequest> read = parse(region_request, wire);
+    expect_run(read, false);
+    EXPECT_NE(read->batch.wire_hidden[0].owner, nullptr);
+  }
+  // With staging, both are copied into it, once.
+  absl::StatusOr<ParsedSampleRequest> from_message = parse(bytes_request, WireInput{staging});
+  expect_run(from_message, true);
+  EXPECT_EQ(staging->bytes_given, want.size());
+  absl::StatusOr<ParsedSampleRequest> from_region = parse(region_request, WireInput{staging});
+  expect_run(from_region, true);
+  EXPECT_EQ(staging->bytes_given, 2 * want.size());
+  EXPECT_EQ(from_region->batch.wire_hidden[0].owner.get(), from_region->batch.wire_hidden[0].data);
   // Read once: later writes to the region do not reach the batch.
   std::memset(buffer_->data() + 1000, 0x7f, want.size());
-  EXPECT_EQ(std::memcmp(read.data, want.data(), want.size()), 0);
+  expect_run(from_region, true);
 }
 
 TEST_F(RequestParserRegions, ResultsAreWrittenPackedToTheOutputRegion) {
