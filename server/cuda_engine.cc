@@ -220,14 +220,15 @@ class CudaEngine final : public Engine {
       const void* source = run.data;
       if (run.device == kHostMemory) {
         // Across the bus at the wire's width (2 bytes per value for bf16),
-        // from pinned memory: the request thread's (run.staged, host_staging())
-        // as it is, else this thread copies the bytes into the fp32 staging
-        // of these rows (free, and at least as large) first; a pageable
-        // source would be staged by the driver, at a fraction of the bus.
+        // from pinned memory: run.data as it is when pinned (host_staging(),
+        // a registered region), else this thread copies the bytes into the
+        // fp32 staging of these rows (free, and at least as large) first; a
+        // pageable source would be staged by the driver, at a fraction of
+        // the bus.
         const size_t offset = static_cast<size_t>(run.first_row * d) * sizeof(float);
         const size_t bytes = static_cast<size_t>(run.rows * d * WeightDTypeSize(run.dtype));
         const void* pinned = run.data;
-        if (!run.staged) {
+        if (!run.pinned) {
           char* staged = static_cast<char*>(host_hidden_) + offset;
           std::memcpy(staged, run.data, bytes);
           pinned = staged;
@@ -261,13 +262,12 @@ class CudaEngine final : public Engine {
       const WireHiddenRows& run = batch.wire_hidden[k];
       // Read the element itself for the message (a few bytes, errors only).
       const int64_t elem = WeightDTypeSize(run.dtype);
+      // From the device copy: a pinned host source is never read by the CPU.
+      const char* source = run.device == kHostMemory
+                               ? static_cast<const char*>(wire_) + run.first_row * d * sizeof(float)
+                               : static_cast<const char*>(run.data);
       uint32_t bits = 0;
-      const char* at = static_cast<const char*>(run.data) + bad * elem;
-      if (run.device == kHostMemory) {
-        std::memcpy(&bits, at, elem);
-      } else {
-        FS_RETURN_IF_CUDA_ERROR(cudaMemcpy(&bits, at, elem, cudaMemcpyDeviceToHost));
-      }
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpy(&bits, source + bad * elem, elem, cudaMemcpyDeviceToHost));
       const float value = run.dtype == WeightDType::kFloat32    ? BitsToFloat(bits)
                           : run.dtype == WeightDType::kBFloat16 ? Bf16ToFloat(static_cast<uint16_t>(bits))
                                                                 : Fp16ToFloat(static_cast<uint16_t>(bits));

@@ -1,5 +1,6 @@
 // The CUDA IPC kind of MemoryRegion (server/memory_regions.h): a GPU buffer of
-// another process on this host, opened once with cudaIpcOpenMemHandle.
+// another process on this host, opened once with cudaIpcOpenMemHandle; and
+// the CUDA side of shared-memory regions, their mapping for device copies.
 //
 // Bounds: the driver reports the whole allocation the handle names
 // (cuMemGetAddressRange on the opened pointer), and the region must lie
@@ -12,6 +13,8 @@
 // stream) before it sends the request, as for any CUDA IPC consumer.
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -104,7 +107,46 @@ class CudaIpcRegion final : public MemoryRegion {
   const uint64_t byte_size_;
 };
 
+// DeviceCopyMapping (memory_regions.h): a read-only mapping registered with
+// cudaHostRegister. Read-only registration needs driver support; where it
+// is missing the mapping is writable (the fd is opened read-write), which
+// changes nothing for the server, whose CPU never touches it.
+class RegisteredMapping final : public DeviceCopyMapping {
+ public:
+  RegisteredMapping(void* base, size_t length, const char* data) : base_(base), length_(length), data_(data) {}
+  ~RegisteredMapping() override {
+    cudaHostUnregister(base_);
+    munmap(base_, length_);
+  }
+  const char* data() const override { return data_; }
+
+ private:
+  void* const base_;
+  const size_t length_;
+  const char* const data_;
+};
+
 }  // namespace
+
+std::unique_ptr<DeviceCopyMapping> MapForDeviceCopies(int fd, uint64_t start, uint64_t size, int device) {
+  if (size == 0 || cudaSetDevice(device) != cudaSuccess) return nullptr;
+  // mmap takes page-aligned offsets: map from the page that holds `start`.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t aligned = start / page * page;
+  const size_t length = static_cast<size_t>(start - aligned + size);
+  for (const bool read_only : {true, false}) {
+    void* base = mmap(nullptr, length, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                      static_cast<off_t>(aligned));
+    if (base == MAP_FAILED) return nullptr;
+    const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    if (cudaHostRegister(base, length, flags) == cudaSuccess) {
+      return std::make_unique<RegisteredMapping>(base, length, static_cast<const char*>(base) + (start - aligned));
+    }
+    cudaGetLastError();  // not sticky: clear it for this thread's later calls
+    munmap(base, length);
+  }
+  return nullptr;
+}
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> OpenCudaIpcRegion(const std::string& ipc_handle,
                                                                 int device_id, uint64_t offset,

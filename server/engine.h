@@ -89,9 +89,11 @@ struct WireHiddenRows {
   const void* data = nullptr;  // rows * hidden_size elements of `dtype`, row-major
   WeightDType dtype = WeightDType::kBFloat16;  // the element type (one of the three dtypes)
   int device = kHostMemory;    // or the CUDA ordinal whose memory holds `data`
-  // Host memory from the engine's HostStaging (pinned): copied to the device
-  // as it is, at bus speed, with no staging copy on the engine's thread.
-  bool staged = false;
+  // Pinned host memory (the engine's HostStaging, or a shared-memory region
+  // registered for device copies): copied to the device as it is, at bus
+  // speed, with no staging copy on the engine's thread; the engine's CPU code
+  // never reads it (a caller may shrink a region's object under it).
+  bool pinned = false;
   // Keeps `data` alive while any batch refers to it (a region, a buffer);
   // null where the caller guarantees it (the request message the bytes lie in).
   std::shared_ptr<const void> owner;

@@ -62,9 +62,18 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
  public:
   SystemSharedMemoryRegion(int fd, std::string key, uint64_t start, uint64_t byte_size)
       : fd_(fd), key_(std::move(key)), start_(start), byte_size_(byte_size) {}
-  ~SystemSharedMemoryRegion() override { close(fd_); }
+  ~SystemSharedMemoryRegion() override {
+    mapping_.reset();
+    close(fd_);
+  }
+
+  // Once, at registration (before the region is shared).
+  void MapForDevice(int device) { mapping_ = MapForDeviceCopies(fd_, start_, byte_size_, device); }
 
   uint64_t byte_size() const override { return byte_size_; }
+  const void* PinnedAddressOf(uint64_t offset) const override {
+    return mapping_ == nullptr ? nullptr : mapping_->data() + offset;
+  }
 
   absl::Status ReadPieces(uint64_t offset, uint64_t size, uint64_t granule,
                           const PieceConsumer& consume) const override {
@@ -121,6 +130,7 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
   const std::string key_;
   const uint64_t start_;
   const uint64_t byte_size_;
+  std::unique_ptr<DeviceCopyMapping> mapping_;
 };
 
 absl::Status OpenError(const std::string& key, int err) {
@@ -205,6 +215,7 @@ absl::Status MemoryRegions::RegisterSystemSharedMemory(const std::string& name, 
         "region [", offset, ", ", offset, " + ", byte_size, ") does not fit in shared-memory object ",
         key, " of ", object_size, " bytes"));
   }
+  if (const int device = in_place_device(); device >= 0) region->MapForDevice(device);
   return Add(RegionDescription{.name = name, .byte_size = byte_size,
                                .kind = RegionDescription::Kind::kSystemSharedMemory, .key = key,
                                .offset = offset},
@@ -285,6 +296,8 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> OpenCudaIpcRegion(const std::strin
                                                                 uint64_t) {
   return absl::FailedPreconditionError("this build of the server has no CUDA support");
 }
+
+std::unique_ptr<DeviceCopyMapping> MapForDeviceCopies(int, uint64_t, uint64_t, int) { return nullptr; }
 #endif
 
 }  // namespace flashsampler

@@ -4,10 +4,13 @@
 // A region is memory of another process on this host, through which a
 // request's hidden states and results travel instead of through gRPC:
 // - a POSIX shared-memory object, opened once at registration and afterwards
-//   read with pread and written with pwrite on that descriptor. It is never
-//   mapped: a caller that shrinks the object after registering it then gets
-//   a short read, which is an error, where a mapping would take SIGBUS and
-//   kill the server;
+//   read with pread and written with pwrite on that descriptor, never
+//   through a mapping the CPU reads: a caller that shrinks the object after
+//   registering it then gets a short read, which is an error, where a mapping
+//   would take SIGBUS and kill the server. On a server whose engine reads
+//   host bytes on a GPU (in_place_device), the region is also mapped for the
+//   GPU's copy engines (DeviceCopyMapping), which the requests' hidden states
+//   are copied from without a host copy;
 // - a GPU buffer shared by CUDA IPC (server/cuda_ipc_region.h), opened once
 //   with cudaIpcOpenMemHandle and copied with cudaMemcpy.
 //
@@ -64,6 +67,14 @@ class MemoryRegion {
   virtual DeviceAddress DeviceAddressOf(uint64_t offset) const {
     (void)offset;
     return {};
+  }
+  // For host memory registered for the GPU's copy engines (a shared-memory
+  // region mapped for device copies): the pinned address of `offset`, which
+  // an engine may copy to its device as it is; null otherwise. Never for the
+  // CPU to read: the caller may shrink the object under the mapping.
+  virtual const void* PinnedAddressOf(uint64_t offset) const {
+    (void)offset;
+    return nullptr;
   }
 
   // Copies [offset, offset + size) to host memory `dst` (by default through
@@ -160,6 +171,23 @@ class MemoryRegions {
   std::atomic<int> in_place_device_{-1};
   std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
 };
+
+// Host memory of a shared-memory object mapped for the GPU's copy engines:
+// [start, start + size) of the object mapped read-only and registered with
+// CUDA (pinned). Only device copies read it. Its pages stay pinned while it
+// lives, so a caller that shrinks the object afterwards leaves the copies
+// reading the old pages, not faulting: the server's CPU never touches the
+// mapping (a CPU read of a truncated mapping would take SIGBUS).
+class DeviceCopyMapping {
+ public:
+  virtual ~DeviceCopyMapping() = default;
+  virtual const char* data() const = 0;  // the object's byte `start`
+};
+
+// Maps `fd`'s [start, start + size) for copies to CUDA device `device`
+// (server/cuda_ipc_region.cc in CUDA builds); null where it cannot (no
+// CUDA, or the driver refuses), and the region is then read with pread.
+std::unique_ptr<DeviceCopyMapping> MapForDeviceCopies(int fd, uint64_t start, uint64_t size, int device);
 
 // Opens a CUDA IPC handle (server/cuda_ipc_region.cc in CUDA builds; in
 // others, FailedPrecondition). Exposed for MemoryRegions and tests.

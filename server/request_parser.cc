@@ -177,7 +177,7 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
       if (std::shared_ptr<void> staged = Stage(wire_input, want_bytes); staged != nullptr) {
         std::memcpy(staged.get(), t.data().data(), static_cast<size_t>(want_bytes));
         run.data = staged.get();
-        run.staged = true;
+        run.pinned = true;
         run.owner = std::move(staged);
       }
       wire->push_back(std::move(run));
@@ -202,20 +202,26 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
     if (wire_input != nullptr && base == 0) {
       // The engine widens and checks (SampleBatch::wire_hidden); `out` keeps
       // room for the rows, unwritten. GPU memory on the engine's device is
-      // read where it is; anything else is read once, at the wire's width,
-      // into the engine's staging (or ordinary memory without it).
+      // read where it is, and so is host memory mapped for device copies;
+      // anything else is read once, at the wire's width, into the engine's
+      // staging (or ordinary memory without it).
       const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset);
       if (device.data != nullptr && device.device == regions->in_place_device()) {
         wire->push_back(WireHiddenRows{0, *rows, device.data, WireToWeightDType(t.dtype()), device.device, false,
                                        slice->region});
         return *rows;
       }
+      if (const void* pinned = slice->region->PinnedAddressOf(slice->offset); pinned != nullptr) {
+        wire->push_back(WireHiddenRows{0, *rows, pinned, WireToWeightDType(t.dtype()), kHostMemory, true,
+                                       slice->region});
+        return *rows;
+      }
       std::shared_ptr<void> bytes = Stage(wire_input, want_bytes);
-      const bool staged = bytes != nullptr;
-      if (!staged) bytes = std::shared_ptr<char>(new char[static_cast<size_t>(want_bytes)], std::default_delete<char[]>());
+      const bool pinned = bytes != nullptr;
+      if (!pinned) bytes = std::shared_ptr<char>(new char[static_cast<size_t>(want_bytes)], std::default_delete<char[]>());
       if (absl::Status s = slice->Read(bytes.get()); !s.ok()) return s;
       wire->push_back(
-          WireHiddenRows{0, *rows, bytes.get(), WireToWeightDType(t.dtype()), kHostMemory, staged, bytes});
+          WireHiddenRows{0, *rows, bytes.get(), WireToWeightDType(t.dtype()), kHostMemory, pinned, bytes});
       return *rows;
     }
     if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, field, dst); !s.ok()) return s;

@@ -226,7 +226,7 @@ WireHiddenRows ToWire(const HiddenStates& values, int64_t first, int64_t rows, W
     EXPECT_NE(copy->staged, nullptr);
     std::memcpy(copy->staged.get(), copy->host.data(), copy->host.size());
     run.data = copy->staged.get();
-    run.staged = true;
+    run.pinned = true;
     run.owner = copy->staged;
   }
   return run;

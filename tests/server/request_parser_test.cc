@@ -538,6 +538,52 @@ TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
   EXPECT_EQ(parse().status().code(), absl::StatusCode::kDataLoss);
 }
 
+// A shared-memory region mapped for device copies hands the engine its
+// pinned address: no read through the host, no staging.
+class FakePinnedRegion final : public MemoryRegion {
+ public:
+  explicit FakePinnedRegion(const char* base) : base_(base) {}
+  uint64_t byte_size() const override { return 1 << 20; }
+  absl::Status ReadPieces(uint64_t, uint64_t, uint64_t, const PieceConsumer&) const override {
+    return absl::DataLossError("read through the host");
+  }
+  absl::Status Write(uint64_t, const void*, uint64_t) const override { return absl::OkStatus(); }
+  const void* PinnedAddressOf(uint64_t offset) const override { return base_ + offset; }
+
+ private:
+  const char* const base_;
+};
+
+TEST(RequestParserPinnedRegions, AMappedRegionIsCopiedToTheDeviceAsItIs) {
+  static const char kBase[1024] = {};  // stands for the mapping: never read here
+  MemoryRegions regions{MemoryRegionsOptions{}};
+  auto region = std::make_shared<FakePinnedRegion>(kBase);
+  RegionDescription description;
+  description.name = "host";
+  description.byte_size = region->byte_size();
+  ASSERT_TRUE(regions.Add(description, region).ok());
+  v1::SampleRequest r = ValidRequest(2);
+  r.mutable_hidden_states()->clear_data();
+  v1::RegionSlice* slice = r.mutable_hidden_states_region();
+  slice->set_region("host");
+  slice->set_offset(64);
+  slice->set_byte_size(2 * kHidden * sizeof(float));
+  uint64_t seed = 1;
+  const WireInput wire;
+  absl::StatusOr<ParsedSampleRequest> parsed =
+      ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions, &wire);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->batch.wire_hidden.size(), 1u);
+  const WireHiddenRows& run = parsed->batch.wire_hidden[0];
+  EXPECT_EQ(run.data, kBase + 64);
+  EXPECT_EQ(run.device, kHostMemory);
+  EXPECT_TRUE(run.pinned);
+  EXPECT_EQ(run.owner, region);
+  // An engine that widens nothing itself reads through the host.
+  EXPECT_EQ(ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 // Host staging that hands out ordinary memory and counts what it gave;
 // `refuse` makes it give nothing (as a pinned pool that cannot allocate).
 class CountingStaging final : public HostStaging {
@@ -581,7 +627,7 @@ TEST_F(RequestParserRegions, AnEngineThatWidensGetsTheWireBytes) {
     EXPECT_EQ(run.rows, 3);
     EXPECT_EQ(run.dtype, WeightDType::kBFloat16);
     EXPECT_EQ(run.device, kHostMemory);
-    EXPECT_EQ(run.staged, staged);
+    EXPECT_EQ(run.pinned, staged);
     EXPECT_EQ(std::memcmp(run.data, want.data(), want.size()), 0);
   };
 
