@@ -110,7 +110,7 @@ class CudaIpcRegion final : public MemoryRegion {
 // DeviceCopyMapping (memory_regions.h): a read-only mapping registered with
 // cudaHostRegister. Read-only registration needs driver support; where it
 // is missing the mapping is writable (the fd is opened read-write), which
-// changes nothing for the server, whose CPU never touches it.
+// changes nothing: the server's code never writes through it.
 class RegisteredMapping final : public DeviceCopyMapping {
  public:
   RegisteredMapping(void* base, size_t length, const char* data) : base_(base), length_(length), data_(data) {}

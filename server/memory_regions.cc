@@ -215,7 +215,9 @@ absl::Status MemoryRegions::RegisterSystemSharedMemory(const std::string& name, 
         "region [", offset, ", ", offset, " + ", byte_size, ") does not fit in shared-memory object ",
         key, " of ", object_size, " bytes"));
   }
-  if (const int device = in_place_device(); device >= 0) region->MapForDevice(device);
+  if (const int device = in_place_device(); device >= 0 && options_.map_shared_memory_for_device) {
+    region->MapForDevice(device);
+  }
   return Add(RegionDescription{.name = name, .byte_size = byte_size,
                                .kind = RegionDescription::Kind::kSystemSharedMemory, .key = key,
                                .offset = offset},

@@ -7,10 +7,12 @@
 //   read with pread and written with pwrite on that descriptor, never
 //   through a mapping the CPU reads: a caller that shrinks the object after
 //   registering it then gets a short read, which is an error, where a mapping
-//   would take SIGBUS and kill the server. On a server whose engine reads
-//   host bytes on a GPU (in_place_device), the region is also mapped for the
-//   GPU's copy engines (DeviceCopyMapping), which the requests' hidden states
-//   are copied from without a host copy;
+//   would take SIGBUS and kill the server. Opt-in
+//   (MemoryRegionsOptions::map_shared_memory_for_device), for trusted callers,
+//   on a server whose engine reads host bytes on a GPU (in_place_device), the
+//   region is also mapped for the GPU's copy engines (DeviceCopyMapping),
+//   which the requests' hidden states are copied from without a host copy,
+//   at the price of that SIGBUS;
 // - a GPU buffer shared by CUDA IPC (server/cuda_ipc_region.h), opened once
 //   with cudaIpcOpenMemHandle and copied with cudaMemcpy.
 //
@@ -110,6 +112,12 @@ struct MemoryRegionsOptions {
   // Registrations beyond this many are ResourceExhausted; 0 turns the
   // feature off (every Register is FailedPrecondition).
   int max_regions = 64;
+  // Map shared-memory regions for device copies (DeviceCopyMapping) when the
+  // engine reads host bytes on a GPU. Off by default: the CUDA driver reads
+  // small copies' sources with the CPU, so a caller that shrinks a
+  // registered object under the mapping kills the server with SIGBUS
+  // (measured). Only for trusted callers.
+  bool map_shared_memory_for_device = false;
 };
 
 class MemoryRegions {
@@ -174,10 +182,10 @@ class MemoryRegions {
 
 // Host memory of a shared-memory object mapped for the GPU's copy engines:
 // [start, start + size) of the object mapped read-only and registered with
-// CUDA (pinned). Only device copies read it. Its pages stay pinned while it
-// lives, so a caller that shrinks the object afterwards leaves the copies
-// reading the old pages, not faulting: the server's CPU never touches the
-// mapping (a CPU read of a truncated mapping would take SIGBUS).
+// CUDA (pinned). The server's own code never reads it, but the CUDA driver
+// reads the source of a small host-to-device copy with the CPU, so a caller
+// that shrinks the object under the mapping makes that read take SIGBUS
+// (measured on an H200 with a 2 KiB copy): hence opt-in.
 class DeviceCopyMapping {
  public:
   virtual ~DeviceCopyMapping() = default;

@@ -28,6 +28,7 @@ struct ServerConfig {
   int64_t max_queue_delay_us = 0;
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
   int max_regions = 64;             // registered memory regions (0: the feature is off)
+  bool shm_device_copies = false;   // map shared-memory regions for device copies (--shm_device_copies)
   int completion_threads = 4;       // threads answering finished requests
   int64_t idle_spin_us = -1;        // batcher worker's idle poll; -1: by backend
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off

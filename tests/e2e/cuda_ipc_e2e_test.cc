@@ -174,16 +174,16 @@ TEST_F(CudaIpcE2E, ANonFiniteValueInTheGpuBufferIsRefusedWithItsPlace) {
   EXPECT_TRUE(server_->running());
 }
 
-// A shared-memory region on the CUDA server is mapped for the GPU's copy
-// engines: the hidden states go from the object to the GPU with no host copy,
-// with the gRPC path's results; a NaN is refused with its place; and a
-// client that shrinks the object under a registered region leaves the server
-// up (the copies read pinned pages, the CPU never touches the mapping).
-TEST_F(CudaIpcE2E, SharedMemoryOnTheCudaServerGivesTheGrpcPathsResults) {
+// Shared-memory regions on the CUDA server, read into pinned staging (the
+// default) or, with --shm_device_copies, copied from the object to the GPU
+// with no host copy: the gRPC path's results either way, and a NaN refused
+// with its place. With the default, a client that shrinks the object under a
+// registered region leaves the server up (the server only preads it).
+void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool truncate) {
   const std::string key = absl::StrCat("/fs-cuda-shm-", getpid());
   absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> shm = SharedMemoryBuffer::Create(key, 4 << 20);
   ASSERT_TRUE(shm.ok()) << shm.status();
-  ASSERT_TRUE(client_->RegisterSystemSharedMemory("host", key, 0, 4 << 20).ok());
+  ASSERT_TRUE(client->RegisterSystemSharedMemory("host", key, 4 << 20).ok());
   const uint64_t out_offset = 3 << 20;
   const auto through_shm = [&](v1::SampleRequest request) {
     const std::string& data = request.hidden_states().data();
@@ -203,9 +203,9 @@ TEST_F(CudaIpcE2E, SharedMemoryOnTheCudaServerGivesTheGrpcPathsResults) {
            {1, v1::DTYPE_BF16}, {64, v1::DTYPE_BF16}, {256, v1::DTYPE_BF16}, {5, v1::DTYPE_FP32}}) {
     SCOPED_TRACE(::testing::Message() << rows << " rows of " << v1::DType_Name(dtype));
     const v1::SampleRequest bytes = BytesRequest(rows, 300 + rows, dtype);
-    absl::StatusOr<v1::SampleResponse> want = client_->Sample(bytes);
+    absl::StatusOr<v1::SampleResponse> want = client->Sample(bytes);
     ASSERT_TRUE(want.ok()) << want.status();
-    absl::StatusOr<v1::SampleResponse> got = client_->Sample(through_shm(bytes));
+    absl::StatusOr<v1::SampleResponse> got = client->Sample(through_shm(bytes));
     ASSERT_TRUE(got.ok()) << got.status();
     std::vector<int32_t> tokens(rows);
     std::vector<float> logz(rows);
@@ -217,20 +217,40 @@ TEST_F(CudaIpcE2E, SharedMemoryOnTheCudaServerGivesTheGrpcPathsResults) {
   v1::SampleRequest bad = through_shm(BytesRequest(4, 5));
   const uint16_t bf16_nan = 0x7fc0;
   std::memcpy((*shm)->data() + 4096 + (3 * kHidden + 7) * 2, &bf16_nan, 2);
-  const absl::Status s = client_->Sample(bad).status();
+  const absl::Status s = client->Sample(bad).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("hidden_states[3][7] is NaN"));
+  if (truncate) {
+    // (This process must not touch its own mapping from here on: SIGBUS.)
+    const v1::SampleRequest after_truncation = through_shm(BytesRequest(4, 6));
+    const int fd = shm_open(key.c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 0), 0);
+    close(fd);
+    const absl::Status truncated = client->Sample(after_truncation).status();
+    EXPECT_EQ(truncated.code(), absl::StatusCode::kInvalidArgument) << truncated;
+    EXPECT_THAT(std::string(truncated.message()), HasSubstr("truncated after registration"));
+    EXPECT_TRUE(client->GetModelInfo().ok());
+    EXPECT_TRUE(server->running());
+  }
+  EXPECT_TRUE(client->UnregisterRegion("host").ok());
+}
 
-  // Shrink the object under the registered region: the server stays up.
-  const int fd = shm_open(key.c_str(), O_RDWR, 0);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 0), 0);
-  close(fd);
-  const absl::StatusCode after = client_->Sample(through_shm(BytesRequest(4, 6))).status().code();
-  (void)after;  // OK (stale pinned pages) or an error: either way, answered
-  EXPECT_TRUE(client_->GetModelInfo().ok());
-  EXPECT_TRUE(server_->running());
-  EXPECT_TRUE(client_->UnregisterRegion("host").ok());
+TEST_F(CudaIpcE2E, SharedMemoryOnTheCudaServerGivesTheGrpcPathsResults) {
+  CheckSharedMemory(client_.get(), server_.get(), /*truncate=*/true);
+}
+
+TEST(CudaSharedMemoryE2E, DeviceCopiesFromSharedMemoryGiveTheGrpcPathsResults) {
+  ServerProcess server({"--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
+                        "--max_request_rows=256", "--shm_device_copies"});
+  const absl::Status started = server.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  {
+    SamplerClient client(server.address());
+    CheckSharedMemory(&client, &server, /*truncate=*/false);
+  }
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
+  EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
 }
 
 // Over gRPC the CUDA server also widens on the GPU, from the bytes where they
