@@ -472,6 +472,18 @@ TEST_F(RequestParserRegions, RegionInputErrorsAreClear) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A valid fp32 request of `rows` rows whose hidden states are the slice of
+// region `name` at `offset` (the region's contents are not written).
+v1::SampleRequest RequestFromRegion(const std::string& name, uint64_t offset, int64_t rows) {
+  v1::SampleRequest r = ValidRequest(rows);
+  r.mutable_hidden_states()->clear_data();
+  v1::RegionSlice* slice = r.mutable_hidden_states_region();
+  slice->set_region(name);
+  slice->set_offset(offset);
+  slice->set_byte_size(rows * kHidden * sizeof(float));
+  return r;
+}
+
 // A region of GPU memory, as a CUDA IPC region reports itself: reading it
 // through the host fails, so a test sees which way the parser went.
 class FakeGpuRegion final : public MemoryRegion {
@@ -503,12 +515,7 @@ TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
   description.kind = RegionDescription::Kind::kCudaIpc;
   description.device_id = 3;
   ASSERT_TRUE(regions.Add(description, region).ok());
-  v1::SampleRequest r = ValidRequest(5);
-  r.mutable_hidden_states()->clear_data();
-  v1::RegionSlice* slice = r.mutable_hidden_states_region();
-  slice->set_region("gpu");
-  slice->set_offset(256);
-  slice->set_byte_size(5 * kHidden * sizeof(float));
+  const v1::SampleRequest r = RequestFromRegion("gpu", 256, 5);
   uint64_t seed = 1;
   const WireInput wire;  // an engine that widens, without host staging
   const auto parse = [&](bool engine_widens = true) {
@@ -562,12 +569,7 @@ TEST(RequestParserPinnedRegions, AMappedRegionIsCopiedToTheDeviceAsItIs) {
   description.name = "host";
   description.byte_size = region->byte_size();
   ASSERT_TRUE(regions.Add(description, region).ok());
-  v1::SampleRequest r = ValidRequest(2);
-  r.mutable_hidden_states()->clear_data();
-  v1::RegionSlice* slice = r.mutable_hidden_states_region();
-  slice->set_region("host");
-  slice->set_offset(64);
-  slice->set_byte_size(2 * kHidden * sizeof(float));
+  const v1::SampleRequest r = RequestFromRegion("host", 64, 2);
   uint64_t seed = 1;
   const WireInput wire;
   absl::StatusOr<ParsedSampleRequest> parsed =
