@@ -5,6 +5,7 @@ flashsampler-kernel-bench --backend=cuda (same shapes, batches, inputs' law).
     python3 kernels/bench/peers.py [--shapes=4096x151936,8192x128256]
         [--batches=1,2,4,8,16,32,64,128,256] [--iterations=100] [--warmup=10]
         [--json=peers.json] [--no-compile] [--compile-budget-s=120] [--commit=REV]
+        [--paper-ref=../shared/peers/flashsampling-ref]
 
 Inputs: W ~ N(0, logit_std^2 / D) in bf16 [V, D], H ~ N(0, 1) in bf16 [B, D],
 temperature --temperature (1 by default). Variants, each from H to a token per
@@ -26,6 +27,11 @@ row (except the matmuls):
   mm_fp32out   torch.mm(H, W^T, out_dtype=torch.float32) alone (fp32 logits, the
                output cublasGemmEx writes in the C++ bench), where this PyTorch
                has out_dtype; otherwise reported as unavailable.
+  paper_triton with --paper-ref=DIR: the FlashSampling paper's fused Triton
+               kernel, fused_mm_sample_triton(W, H, 1, T, seed) from DIR (the
+               reference package in ../shared/peers/flashsampling-ref, imported
+               at bench time, never copied into the project). Its autotuner
+               runs during the warm-up.
 
 With --controls (all, or a comma list of top_p, top_k, top_k_top_p, min_p) the
 script times instead vLLM's way of applying sampling filters, written here
@@ -250,6 +256,8 @@ def main():
                     help="time vLLM's sort-based filters instead (all, or top_p,top_k,top_k_top_p,min_p)")
     ap.add_argument("--commit", default="",
                     help="commit recorded in the JSON (default: git describe, where git works)")
+    ap.add_argument("--paper-ref", default="",
+                    help="folder of the FlashSampling reference package (with stubs/): time its Triton kernel too")
     args = ap.parse_args()
     if args.iterations < 100:
         sys.exit("peers.py: --iterations must be at least 100")
@@ -309,6 +317,13 @@ def main():
         result["triton"] = triton.__version__
     except Exception:
         pass
+    paper_sample = None
+    if args.paper_ref:
+        sys.path[:0] = [os.path.join(args.paper_ref, "stubs"), args.paper_ref]
+        from fused_mm_sampling.core import fused_mm_sample_triton as paper_sample
+        result["variants"]["paper_triton"] = ("FlashSampling reference: fused_mm_sample_triton(W, H, 1, T, seed) "
+                                              f"from {args.paper_ref}")
+        paper_temperature = torch.tensor(args.temperature if args.temperature > 0 else 1.0, device="cuda")
 
     def write_json():
         if args.json:
@@ -353,6 +368,8 @@ def main():
             "vllm_race": lambda w: vllm_race(h, w, inv_t),
             "mm_bf16": lambda w: mm_bf16(h, w),
         }
+        if paper_sample is not None:
+            variants["paper_triton"] = lambda w: paper_sample(w, h, 1, paper_temperature, seed=0)
         if have_fp32_out:
             try:
                 out = mm_fp32_out(h, ws[0])
@@ -362,8 +379,8 @@ def main():
                 have_fp32_out = False
                 result["mm_fp32out_unavailable"] = f"{type(e).__name__}: {str(e)[:200]}"
         # -- sanity: every sampler's tokens are in range
-        for name in ("compiled", "vllm_race"):
-            tok = variants[name](ws[0]).view(-1)
+        for name in [n for n in ("compiled", "vllm_race", "paper_triton") if n in variants]:
+            tok = variants[name](ws[0]).reshape(-1)
             torch.cuda.synchronize()
             lo, hi = int(tok.min()), int(tok.max())
             if tok.numel() != b or lo < 0 or hi >= v:
@@ -424,7 +441,7 @@ def main():
     print(f"copy bandwidth {bw * 1e-12:.3f} TB/s ((read + write) bytes / time, "
           f"{args.copy_mib} MiB D2D copy); floor_ms = bf16 W bytes / copy bandwidth; "
           f"median of {args.iterations} runs, CUDA events; T={args.temperature}")
-    cols = ["compiled", "vllm_race", "mm_bf16", "mm_fp32out"]
+    cols = ["compiled", "vllm_race", "mm_bf16", "mm_fp32out"] + (["paper_triton"] if paper_sample else [])
     print(f"{'DxV':<12} {'B':>4} {'floor_ms':>8} " + " ".join(f"{c + '_ms':>13}" for c in cols)
           + f" {'race%fl':>7} {'mmbf%fl':>7} {'compile_s':>9}  note")
     def pct(r, c):
