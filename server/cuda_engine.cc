@@ -1,9 +1,10 @@
 // The CUDA Engine: W resident on one GPU, one stream, pinned host staging.
 //
 // Per batch: the fp32 hidden states and RowParams are copied into pinned
-// buffers and uploaded asynchronously (rows already in GPU memory, a caller's
-// CUDA IPC buffer, are widened and checked on the device instead:
-// SampleBatch::wire_hidden), one sampler launch runs (PlanCudaSamplerPath,
+// buffers and uploaded asynchronously (wire rows, SampleBatch::wire_hidden,
+// cross the bus in the caller's dtype, or not at all for a CUDA IPC buffer on
+// this GPU, and are widened, rounded and checked on the device), one sampler
+// launch runs (PlanCudaSamplerPath,
 // cuda_controlled_runner.h: batches with sampling controls take the fused or
 // the materialized controlled path; plain ones the fused kernel up to --cuda_fused_max_rows
 // rows, the cuBLAS-materialized path above: whichever measured faster for that
