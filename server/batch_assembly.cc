@@ -48,8 +48,9 @@ SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidde
       launch.hidden.insert(launch.hidden.end(), b.hidden.begin() + s.first_row * hidden_size,
                            b.hidden.begin() + (s.first_row + s.rows) * hidden_size);
     } else {
-      // The request's rows stay in GPU memory: the launch refers to them, and
-      // its host rows for them stay unwritten (no copy of values never read).
+      // The request's rows are wire rows (one run covering them all, as the
+      // parser makes them): the launch refers to them, and its fp32 rows for
+      // them stay unwritten (no copy of values never read).
       const WireHiddenRows& d = b.wire_hidden.front();
       const int64_t row_bytes = hidden_size * WeightDTypeSize(d.dtype);
       WireHiddenRows part = d;

@@ -70,8 +70,8 @@ std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64
 
 // One SampleBatch holding every slice's rows, in slice order. `hidden_size` is
 // the model's D (each request's hidden has rows * D values). A request whose
-// hidden states are in GPU memory has one WireHiddenRows covering all its
-// rows; its slice becomes a WireHiddenRows of the launch (no copy).
+// hidden states are wire rows has one WireHiddenRows covering all its rows;
+// its slice becomes a WireHiddenRows of the launch (no copy).
 SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size);
 
 // A result for the whole of `request`, sized for its rows and for the outputs

@@ -118,7 +118,7 @@ class CudaEngine final : public Engine {
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_drafts_, rows * sizeof(int32_t)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_draft_logprobs_, rows * sizeof(float)));
-    // One first-bad index per run of device rows; a batch has at most one run per row.
+    // One first-bad index per run of wire rows; a batch has at most one run per row.
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&first_bad_, rows * sizeof(unsigned long long)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_first_bad_, rows * sizeof(unsigned long long)));
 

@@ -47,17 +47,14 @@ DynamicBatcher::~DynamicBatcher() { Stop(); }
 void DynamicBatcher::SetEngine(std::unique_ptr<Engine> engine) {
   absl::MutexLock lock(&mu_);
   engine_ = std::move(engine);
-  if (engine_ != nullptr && engine_->reads_wire_hidden(kHostMemory)) {
-    engine_wire_input_ = WireInput{engine_->host_staging()};
-  } else {
-    engine_wire_input_.reset();
-  }
 }
 
 DynamicBatcher::EngineInput DynamicBatcher::engine_input() const {
   absl::MutexLock lock(&mu_);
   if (engine_ == nullptr) return {};
-  return EngineInput{engine_->shape(), engine_wire_input_};
+  EngineInput input{engine_->shape(), std::nullopt};
+  if (engine_->reads_wire_hidden(kHostMemory)) input.wire = WireInput{engine_->host_staging()};
+  return input;
 }
 
 bool DynamicBatcher::ready() const {

@@ -115,8 +115,8 @@ class DynamicBatcher {
   // The engine's shape, backend and device memory; empty until an engine is set.
   ModelShape shape() const;
   // What a request parser needs to know of the engine, in one call: its
-  // shape, and how it takes hidden states (request_parser.h's WireInput:
-  // unset for an engine that takes fp32 only, or none yet).
+  // shape, and how it takes hidden states (WireInput, engine.h; unset for an
+  // engine that takes fp32 only, or before an engine is set).
   struct EngineInput {
     ModelShape shape;
     std::optional<WireInput> wire;
@@ -173,7 +173,6 @@ class DynamicBatcher {
   const std::function<void()> on_engine_failure_;
   mutable absl::Mutex mu_;
   std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(mu_);
-  std::optional<WireInput> engine_wire_input_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

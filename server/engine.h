@@ -73,10 +73,10 @@ using HiddenStates = std::vector<float, UninitializedAllocator<float>>;
 
 // Rows of a batch whose hidden states the engine takes as they arrived, in
 // the caller's dtype, and widens itself on the device
-// (kernels/cuda/hidden_states.h): host bytes (a gRPC payload where it lies in
-// the request message, or a shared-memory region's bytes read once), which
-// then cross the bus at their own width, or GPU memory (a caller's CUDA IPC
-// buffer), which never visits the host at all. The request parser checked
+// (kernels/cuda/hidden_states.h): host bytes (a gRPC payload or a
+// shared-memory slice, usually copied by the request thread into the
+// engine's HostStaging), which then cross the bus at their own width, or GPU
+// memory (a caller's CUDA IPC buffer), which never visits the host at all. The request parser checked
 // the shape and bounds but not the values: the engine checks them on the
 // device and fails the batch with InvalidArgument naming the first bad
 // element (row and column within the batch) when one is not finite, or, for

@@ -62,10 +62,7 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
  public:
   SystemSharedMemoryRegion(int fd, std::string key, uint64_t start, uint64_t byte_size)
       : fd_(fd), key_(std::move(key)), start_(start), byte_size_(byte_size) {}
-  ~SystemSharedMemoryRegion() override {
-    mapping_.reset();
-    close(fd_);
-  }
+  ~SystemSharedMemoryRegion() override { close(fd_); }  // a mapping outlives its descriptor
 
   // Once, at registration (before the region is shared).
   void MapForDevice(int device) { mapping_ = MapForDeviceCopies(fd_, start_, byte_size_, device); }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -148,6 +149,9 @@ absl::StatusOr<int64_t> CheckHiddenShape(const v1::Tensor& t, const std::string&
 // fp32, NaN/Inf rejected and rounded to `weight_dtype`, to `out`. The bytes
 // are the tensor's data, or, when `region` is given, the slice of a
 // registered region it names (the tensor then gives dtype and shape only).
+// With `wire_input` (an engine that widens itself; `out` must then be empty,
+// as for a Sample request's one tensor) the values are not decoded: `out`
+// gets room for them, unwritten, and `wire` one run covering every row.
 // Returns B.
 absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& field, int64_t hidden_size,
                                      int64_t max_rows, WeightDType weight_dtype,
@@ -160,30 +164,13 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
   // rows <= max_rows and cols is the model's D, so this cannot overflow.
   const int64_t want_bytes = *rows * cols * WireDTypeSize(t.dtype());
   const int64_t n = *rows * cols;
-  const size_t base = out->size();
-  float* dst = nullptr;
+  std::optional<RegionSlice> slice;
   if (region == nullptr) {
     if (static_cast<int64_t>(t.data().size()) != want_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".data has ", t.data().size(), " bytes, but shape [", *rows, ", ", cols,
           "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
     }
-    out->resize(base + static_cast<size_t>(n));
-    dst = out->data() + base;
-    if (wire_input != nullptr && base == 0) {
-      // In the wire dtype, in the engine's staging, or else where the bytes
-      // lie in the message; `out` keeps room for the rows, unwritten.
-      WireHiddenRows run{0, *rows, t.data().data(), WireToWeightDType(t.dtype()), kHostMemory, false, nullptr};
-      if (std::shared_ptr<void> staged = Stage(wire_input, want_bytes); staged != nullptr) {
-        std::memcpy(staged.get(), t.data().data(), static_cast<size_t>(want_bytes));
-        run.data = staged.get();
-        run.pinned = true;
-        run.owner = std::move(staged);
-      }
-      wire->push_back(std::move(run));
-      return *rows;
-    }
-    if (!WidenHidden(t.data().data(), t.dtype(), n, dst)) return FirstNonFinite(dst, n, cols, field);
   } else {
     if (!t.data().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -194,37 +181,51 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
           field, "_region.byte_size is ", region->byte_size(), ", but shape [", *rows, ", ", cols,
           "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
     }
-    absl::StatusOr<RegionSlice> slice =
+    absl::StatusOr<RegionSlice> resolved =
         regions->Resolve(region->region(), region->offset(), region->byte_size(), field + "_region");
-    if (!slice.ok()) return slice.status();
-    out->resize(base + static_cast<size_t>(n));
-    dst = out->data() + base;
-    if (wire_input != nullptr && base == 0) {
-      // The engine widens and checks (SampleBatch::wire_hidden); `out` keeps
-      // room for the rows, unwritten. GPU memory on the engine's device is
-      // read where it is, and so is host memory mapped for device copies;
-      // anything else is read once, at the wire's width, into the engine's
-      // staging (or ordinary memory without it).
+    if (!resolved.ok()) return resolved.status();
+    slice = *std::move(resolved);
+  }
+  const size_t base = out->size();
+  out->resize(base + static_cast<size_t>(n));
+  float* const dst = out->data() + base;
+
+  if (wire_input != nullptr) {
+    const auto add_run = [&](const void* data, int device, bool pinned, std::shared_ptr<const void> owner) {
+      wire->push_back(WireHiddenRows{0, *rows, data, WireToWeightDType(t.dtype()), device, pinned, std::move(owner)});
+      return *rows;
+    };
+    if (slice.has_value()) {
+      // GPU memory on the engine's device, and host memory mapped for device
+      // copies, are read where they are.
       const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset);
       if (device.data != nullptr && device.device == regions->in_place_device()) {
-        wire->push_back(WireHiddenRows{0, *rows, device.data, WireToWeightDType(t.dtype()), device.device, false,
-                                       slice->region});
-        return *rows;
+        return add_run(device.data, device.device, false, slice->region);
       }
       if (const void* pinned = slice->region->PinnedAddressOf(slice->offset); pinned != nullptr) {
-        wire->push_back(WireHiddenRows{0, *rows, pinned, WireToWeightDType(t.dtype()), kHostMemory, true,
-                                       slice->region});
-        return *rows;
+        return add_run(pinned, kHostMemory, true, slice->region);
       }
-      std::shared_ptr<void> bytes = Stage(wire_input, want_bytes);
-      const bool pinned = bytes != nullptr;
-      if (!pinned) bytes = std::shared_ptr<char>(new char[static_cast<size_t>(want_bytes)], std::default_delete<char[]>());
-      if (absl::Status s = slice->Read(bytes.get()); !s.ok()) return s;
-      wire->push_back(
-          WireHiddenRows{0, *rows, bytes.get(), WireToWeightDType(t.dtype()), kHostMemory, pinned, bytes});
-      return *rows;
     }
-    if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, field, dst); !s.ok()) return s;
+    // Host bytes go once, at the wire's width, into the engine's staging;
+    // without staging, a message's bytes stay where they lie and a region's
+    // are read into memory the batch owns.
+    std::shared_ptr<void> bytes = Stage(wire_input, want_bytes);
+    const bool pinned = bytes != nullptr;
+    if (!slice.has_value() && !pinned) return add_run(t.data().data(), kHostMemory, false, nullptr);
+    if (!pinned) bytes = std::shared_ptr<char>(new char[static_cast<size_t>(want_bytes)], std::default_delete<char[]>());
+    void* const data = bytes.get();  // read before `bytes` moves into the run
+    if (!slice.has_value()) {
+      std::memcpy(data, t.data().data(), static_cast<size_t>(want_bytes));
+    } else if (absl::Status s = slice->Read(data); !s.ok()) {
+      return s;
+    }
+    return add_run(data, kHostMemory, pinned, std::move(bytes));
+  }
+
+  if (!slice.has_value()) {
+    if (!WidenHidden(t.data().data(), t.dtype(), n, dst)) return FirstNonFinite(dst, n, cols, field);
+  } else if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, field, dst); !s.ok()) {
+    return s;
   }
   if (absl::Status s = RoundToWeights(t.dtype(), weight_dtype, dst, n); !s.ok()) return s;
   return *rows;

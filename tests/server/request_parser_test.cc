@@ -484,17 +484,24 @@ v1::SampleRequest RequestFromRegion(const std::string& name, uint64_t offset, in
   return r;
 }
 
-// A region of GPU memory, as a CUDA IPC region reports itself: reading it
-// through the host fails, so a test sees which way the parser went.
-class FakeGpuRegion final : public MemoryRegion {
+// A region that an engine may read in place: GPU memory on `device` (as a
+// CUDA IPC region reports itself), or, with device -1, host memory mapped for
+// device copies. Reading it through the host fails, so a test sees which way
+// the parser went.
+class FakeInPlaceRegion final : public MemoryRegion {
  public:
-  FakeGpuRegion(const char* base, int device) : base_(base), device_(device) {}
+  FakeInPlaceRegion(const char* base, int device) : base_(base), device_(device) {}
   uint64_t byte_size() const override { return 1 << 20; }
   absl::Status ReadPieces(uint64_t, uint64_t, uint64_t, const PieceConsumer&) const override {
     return absl::DataLossError("read through the host");
   }
   absl::Status Write(uint64_t, const void*, uint64_t) const override { return absl::OkStatus(); }
-  DeviceAddress DeviceAddressOf(uint64_t offset) const override { return {base_ + offset, device_}; }
+  DeviceAddress DeviceAddressOf(uint64_t offset) const override {
+    return device_ >= 0 ? DeviceAddress{base_ + offset, device_} : DeviceAddress{};
+  }
+  const void* PinnedAddressOf(uint64_t offset) const override {
+    return device_ >= 0 ? nullptr : base_ + offset;
+  }
 
  private:
   const char* const base_;
@@ -508,7 +515,7 @@ class FakeGpuRegion final : public MemoryRegion {
 TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
   static const char kBase[1024] = {};  // stands for a device address: never read
   MemoryRegions regions{MemoryRegionsOptions{}};
-  auto region = std::make_shared<FakeGpuRegion>(kBase, 3);
+  auto region = std::make_shared<FakeInPlaceRegion>(kBase, 3);
   RegionDescription description;
   description.name = "gpu";
   description.byte_size = region->byte_size();
@@ -547,24 +554,10 @@ TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
 
 // A shared-memory region mapped for device copies hands the engine its
 // pinned address: no read through the host, no staging.
-class FakePinnedRegion final : public MemoryRegion {
- public:
-  explicit FakePinnedRegion(const char* base) : base_(base) {}
-  uint64_t byte_size() const override { return 1 << 20; }
-  absl::Status ReadPieces(uint64_t, uint64_t, uint64_t, const PieceConsumer&) const override {
-    return absl::DataLossError("read through the host");
-  }
-  absl::Status Write(uint64_t, const void*, uint64_t) const override { return absl::OkStatus(); }
-  const void* PinnedAddressOf(uint64_t offset) const override { return base_ + offset; }
-
- private:
-  const char* const base_;
-};
-
 TEST(RequestParserPinnedRegions, AMappedRegionIsCopiedToTheDeviceAsItIs) {
   static const char kBase[1024] = {};  // stands for the mapping: never read here
   MemoryRegions regions{MemoryRegionsOptions{}};
-  auto region = std::make_shared<FakePinnedRegion>(kBase);
+  auto region = std::make_shared<FakeInPlaceRegion>(kBase, -1);
   RegionDescription description;
   description.name = "host";
   description.byte_size = region->byte_size();
