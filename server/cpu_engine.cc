@@ -1,4 +1,5 @@
-// The CPU Engine: widens the LM head to fp32 once and runs CpuTiledSampler for
+// The CPU Engine: lays the LM head out once as fp32 token panels (the layout
+// of kernels/cpu/fixed_order_logits.h) and runs CpuTiledSampler for
 // plain rows and CpuControlledSampler (path chosen by PlanCpuControlledPath)
 // for rows with sampling controls. A batch without controls takes the plain
 // sampler exactly as before; a mixed batch is split into its plain rows and
@@ -16,40 +17,52 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common/half_precision.h"
 #include "kernels/cpu/controlled_sampler.h"
+#include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/tiled_sampler.h"
 #include "server/engine.h"
 
 namespace flashsampler {
 namespace {
 
-// fp32 view of the weights: the mapping itself for F32 files, else one widened
-// copy (the only copy of the weights this process makes).
-std::vector<float> WidenToFloat(const LmHead& head) {
-  const int64_t n = head.vocab_size() * head.hidden_size();
-  std::vector<float> out(static_cast<size_t>(n));
+// W widened to fp32 (exactly: every bf16 and fp16 value is an fp32 value) in
+// the token-panel layout, 4 * V * D bytes: the only copy of the weights the
+// CPU backend keeps (the head's mapping is released once it is packed). 16
+// rows at a time are widened into a scratch block and scattered into their
+// panel.
+std::vector<float> PackWeightPanels(const LmHead& head) {
+  const int64_t vocab = head.vocab_size(), d = head.hidden_size();
+  std::vector<float> panels(static_cast<size_t>(kernels::TokenPanelFloats(vocab, d)), 0.0f);
+  std::vector<float> block(static_cast<size_t>(kernels::kTokenPanelWidth * d));
   const auto* src = static_cast<const unsigned char*>(head.data());
-  // The mapping gives no alignment guarantee for 16-bit elements: load via memcpy.
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, src + 2 * i, sizeof bits);
-    out[i] = head.dtype() == WeightDType::kBFloat16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
+  const bool fp32 = head.dtype() == WeightDType::kFloat32;
+  const bool bf16 = head.dtype() == WeightDType::kBFloat16;
+  for (int64_t t0 = 0; t0 < vocab; t0 += kernels::kTokenPanelWidth) {
+    const int64_t count = std::min<int64_t>(kernels::kTokenPanelWidth, vocab - t0);
+    // The mapping gives no alignment guarantee: load via memcpy.
+    for (int64_t i = 0; i < count * d; ++i) {
+      const int64_t at = t0 * d + i;
+      if (fp32) {
+        std::memcpy(&block[i], src + 4 * at, sizeof(float));
+        continue;
+      }
+      uint16_t bits;
+      std::memcpy(&bits, src + 2 * at, sizeof bits);
+      block[i] = bf16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
+    }
+    kernels::PackTokenPanels(block.data(), t0, count, d, panels.data());
   }
-  return out;
+  return panels;
 }
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(LmHead head, std::vector<float> widened, const ModelShape& shape,
-            const CpuEngineOptions& options)
-      : head_(std::move(head)),
-        widened_(std::move(widened)),
+  CpuEngine(std::vector<float> panels, const ModelShape& shape, const CpuEngineOptions& options)
+      : panels_(std::move(panels)),
         shape_(shape),
-        sampler_(widened_.empty() ? static_cast<const float*>(head_.data()) : widened_.data(),
-                 shape.vocab_size, shape.valid_vocab, shape.hidden_size,
-                 kernels::CpuSamplerConfig{options.num_threads, options.tile_rows, options.batch_invariant}),
-        controlled_(widened_.empty() ? static_cast<const float*>(head_.data()) : widened_.data(),
-                    shape.vocab_size, shape.valid_vocab, shape.hidden_size,
-                    kernels::CpuSamplerConfig{options.num_threads, options.tile_rows, options.batch_invariant}) {}
+        sampler_(panels_.data(), shape.vocab_size, shape.valid_vocab, shape.hidden_size,
+                 kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}),
+        controlled_(panels_.data(), shape.vocab_size, shape.valid_vocab, shape.hidden_size,
+                    kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}) {}
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
     if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size,
@@ -180,8 +193,7 @@ class CpuEngine final : public Engine {
     return result;
   }
 
-  LmHead head_;
-  std::vector<float> widened_;
+  std::vector<float> panels_;  // W, PackWeightPanels
   ModelShape shape_;
   kernels::CpuTiledSampler sampler_;
   kernels::CpuControlledSampler controlled_;
@@ -200,15 +212,8 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
   if (options.tile_rows <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("tile_rows must be > 0, got ", options.tile_rows));
   }
-  std::vector<float> widened;
-  if (head.dtype() != WeightDType::kFloat32) {
-    widened = WidenToFloat(head);
-  } else if (reinterpret_cast<uintptr_t>(head.data()) % alignof(float) != 0) {
-    // An fp32 tensor at an unaligned file offset cannot be handed to BLAS in place.
-    widened.resize(static_cast<size_t>(head.vocab_size() * head.hidden_size()));
-    std::memcpy(widened.data(), head.data(), widened.size() * sizeof(float));
-  }
-  return std::unique_ptr<Engine>(new CpuEngine(std::move(head), std::move(widened), *shape, options));
+  std::vector<float> panels = PackWeightPanels(head);
+  return std::unique_ptr<Engine>(new CpuEngine(std::move(panels), *shape, options));
 }
 
 }  // namespace flashsampler

@@ -223,9 +223,6 @@ class Engine {
 struct CpuEngineOptions {
   int num_threads = 0;       // 0: all hardware threads
   int64_t tile_rows = 1024;
-  // Every output of a row bit-identical in any batch (kernels/cpu/
-  // fixed_order_logits.h); false: OpenBLAS logits (faster at >= 16 rows).
-  bool batch_invariant = false;
 };
 
 struct CudaEngineOptions {

@@ -290,7 +290,6 @@ int main(int argc, char** argv) {
     }
     options.cpu.num_threads = config->threads;
     options.cpu.tile_rows = config->tile_rows;
-    options.cpu.batch_invariant = config->batch_invariant;
     absl::StatusOr<std::unique_ptr<flashsampler::Engine>> engine =
         flashsampler::MakeEngine(config->backend, *std::move(head), options);
     if (!engine.ok()) {

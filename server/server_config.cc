@@ -24,11 +24,6 @@ ABSL_FLAG(int64_t, valid_vocab, 0,
           "Sample only token ids below N; rows >= N are padding (0: the whole vocabulary)");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend worker threads (0: all hardware threads)");
 ABSL_FLAG(int64_t, tile_rows, 1024, "CPU backend vocabulary tile, in tokens");
-ABSL_FLAG(bool, batch_invariant, false,
-          "CPU backend: compute every logit in one fixed summation order, so that a row's token, "
-          "log Z, logprobs, top logprobs and Verify probabilities are bit-identical in every "
-          "batch it is part of and on any thread count (for a given --tile_rows). Off: OpenBLAS "
-          "logits, whose order follows the batch's shape (faster from ~16 rows, slower at 1)");
 ABSL_FLAG(int64_t, max_request_rows, 1024,
           "Largest B one request may carry; the gRPC message size limit follows from it");
 // The dynamic batcher.
@@ -109,7 +104,6 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.valid_vocab = absl::GetFlag(FLAGS_valid_vocab);
   c.threads = absl::GetFlag(FLAGS_threads);
   c.tile_rows = absl::GetFlag(FLAGS_tile_rows);
-  c.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   c.max_request_rows = absl::GetFlag(FLAGS_max_request_rows);
   c.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   c.max_regions = absl::GetFlag(FLAGS_max_regions);

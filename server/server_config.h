@@ -21,7 +21,6 @@ struct ServerConfig {
   int64_t valid_vocab = 0;   // 0 = whole vocabulary
   int threads = 0;           // CPU backend threads; 0 = all
   int64_t tile_rows = 1024;  // CPU backend vocabulary tile
-  bool batch_invariant = false;  // CPU backend: fixed-order logits
   int64_t max_request_rows = 1024;  // largest B one request may carry
   // Dynamic batcher (server/dynamic_batcher.h).
   int64_t max_batch_rows = 256;     // rows per engine launch

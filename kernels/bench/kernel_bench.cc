@@ -23,7 +23,8 @@
 // and the materialized baseline for every shape and batch: cuda_bench.cc.
 //
 // CPU variants (same B, V, D, threads, inputs and temperature):
-//   fused            CpuTiledSampler::Sample, tokens only.
+//   fused            CpuTiledSampler::Sample, tokens only (W in token panels,
+//                    fixed-order logits: kernels/cpu/fixed_order_logits.h).
 //   fused+logz       the same, also returning logz and logprobs.
 //   materialized     the baseline a framework runs: ONE multi-threaded
 //                    cblas_sgemm writes the full [B, V] logits, then a separate
@@ -63,6 +64,7 @@
 #include "absl/flags/parse.h"
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/row_params.h"
+#include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/tiled_sampler.h"
 #include "kernels/cpu/worker_pool.h"
 #include "nlohmann/json.hpp"
@@ -83,9 +85,6 @@ ABSL_FLAG(int64_t, vocab, 32000, "vocabulary V");
 ABSL_FLAG(int64_t, hidden, 1024, "hidden size D");
 ABSL_FLAG(int, threads, 0, "CPU threads for every variant (0: all hardware threads)");
 ABSL_FLAG(int64_t, tile_rows, 1024, "tokens per tile of the fused CPU sampler");
-ABSL_FLAG(bool, batch_invariant, false,
-          "cpu: the fused sampler's logits in the fixed order (kernels/cpu/fixed_order_logits.h) "
-          "instead of OpenBLAS sgemm");
 ABSL_FLAG(int, iterations, 0,
           "timed runs per variant (0: 50 for cpu, at least 20; 100 for cuda, at least 100)");
 ABSL_FLAG(int, warmup, 5, "untimed runs per variant before timing");
@@ -235,7 +234,6 @@ int RunCpu() {
   const int64_t vocab = absl::GetFlag(FLAGS_vocab);
   const int64_t hidden = absl::GetFlag(FLAGS_hidden);
   const int64_t tile_rows = absl::GetFlag(FLAGS_tile_rows);
-  const bool batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   const int iterations =
       absl::GetFlag(FLAGS_iterations) == 0 ? 50 : absl::GetFlag(FLAGS_iterations);
   const int warmup = absl::GetFlag(FLAGS_warmup);
@@ -267,7 +265,9 @@ int RunCpu() {
     }
   };
 
-  CpuTiledSampler fused(w.data(), vocab, vocab, hidden, {threads, tile_rows, batch_invariant});
+  std::vector<float> panels(static_cast<size_t>(TokenPanelFloats(vocab, hidden)), 0.0f);
+  PackTokenPanels(w.data(), 0, vocab, hidden, panels.data());
+  CpuTiledSampler fused(panels.data(), vocab, vocab, hidden, {threads, tile_rows});
   MaterializedSampler materialized(w.data(), vocab, hidden, batch, threads);
   std::vector<int32_t> tokens(batch);
   std::vector<float> logz(batch), logprobs(batch), base_logz(batch);
@@ -308,11 +308,11 @@ int RunCpu() {
   const std::string cpu = CpuModel();
   const std::string date = UtcNow();
   std::printf("flashsampler-kernel-bench backend=cpu  %s  %s\n", cpu.c_str(), date.c_str());
-  std::printf("B=%lld V=%lld D=%lld threads=%d tile_rows=%lld batch_invariant=%d T=%g "
-              "logit_std=%g iterations=%d warmup=%d\n",
+  std::printf("B=%lld V=%lld D=%lld threads=%d tile_rows=%lld T=%g logit_std=%g "
+              "iterations=%d warmup=%d\n",
               static_cast<long long>(batch), static_cast<long long>(vocab),
               static_cast<long long>(hidden), threads, static_cast<long long>(tile_rows),
-              batch_invariant ? 1 : 0, temperature, logit_std, iterations, warmup);
+              temperature, logit_std, iterations, warmup);
   std::printf("%-36s %12s %12s %14s\n", "variant", "median_ms", "min_ms", "vs_materialized");
   for (const Timing& t : results) {
     std::printf("%-36s %12.3f %12.3f %13.2fx\n", t.name.c_str(), t.median_ms, t.min_ms,
@@ -330,7 +330,6 @@ int RunCpu() {
     j["shapes"] = {{"batch", batch}, {"vocab", vocab}, {"hidden", hidden}};
     j["threads"] = threads;
     j["tile_rows"] = tile_rows;
-    j["batch_invariant"] = batch_invariant;
     j["temperature"] = temperature;
     j["logit_std"] = logit_std;
     j["iterations"] = iterations;

@@ -69,7 +69,6 @@ struct CpuControlledSampler::Impl {
         valid_vocab(vv),
         hidden(d),
         tile_rows(std::min(config.tile_rows, vv)),
-        batch_invariant(config.batch_invariant),
         config_ok(ValidSamplerShape(w, v, vv, d, config)),
         pool(ResolveSamplerThreads(config.num_threads)) {}
 
@@ -86,7 +85,6 @@ struct CpuControlledSampler::Impl {
   int64_t valid_vocab;
   int64_t hidden;
   int64_t tile_rows;
-  bool batch_invariant;
   bool config_ok;
   WorkerPool pool;
 
@@ -122,7 +120,7 @@ KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, in
       const int64_t token0 = t * tile_rows;
       const int64_t n = std::min(tile_rows, valid_vocab - token0);
       float* buf = logits[w].data();
-      TileLogits(block_hidden, rows, weight, token0, n, hidden, batch_invariant, buf);
+      TileLogits(block_hidden, rows, weight, token0, n, hidden, buf);
       for (int64_t r = 0; r < rows; ++r) {
         if (!fused) {
           std::memcpy(block_logits.data() + r * valid_vocab + token0, buf + r * n,
@@ -228,7 +226,6 @@ KernelStatus CpuControlledSampler::Impl::Sample(const float* hidden_states, int6
   } catch (const std::bad_alloc&) {
     return KernelStatus::kOutOfMemory;
   }
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   for (int64_t row0 = 0; row0 < batch; row0 += block) {
     const int64_t rows = std::min(block, batch - row0);
     if (KernelStatus s =

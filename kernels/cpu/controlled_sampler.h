@@ -2,7 +2,7 @@
 // (kernels/common/row_controls.h) on the CPU, by one of two paths that a
 // planner picks per batch:
 //
-//  - kFused: the vocabulary is walked in BLAS tiles as in CpuTiledSampler;
+//  - kFused: the vocabulary is walked in logit tiles as in CpuTiledSampler;
 //    each tile's transformed logits l' go into the worker's running top-k of
 //    the row (k = top_k <= kCpuFusedMaxTopK); the workers' lists are merged
 //    into the global top-k and min_p / top_p / the samples are taken within
@@ -60,8 +60,9 @@ struct CpuControlledOutputs {
 
 class CpuControlledSampler {
  public:
-  // weight: [vocab, hidden] fp32 row-major, outliving the sampler.
-  CpuControlledSampler(const float* weight, int64_t vocab, int64_t valid_vocab, int64_t hidden,
+  // weight_panels: W [vocab, hidden] fp32 in the token-panel layout of
+  // fixed_order_logits.h (PackTokenPanels), outliving the sampler.
+  CpuControlledSampler(const float* weight_panels, int64_t vocab, int64_t valid_vocab, int64_t hidden,
                        CpuSamplerConfig config);
   ~CpuControlledSampler();
   CpuControlledSampler(const CpuControlledSampler&) = delete;

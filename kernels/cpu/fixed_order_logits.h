@@ -1,33 +1,55 @@
-// FixedOrderLogits: the CPU backend's logits, out[r * n + j] = h_r . w_j for
-// r < rows, j < n (h [rows, hidden] and w [n, hidden], both row-major fp32),
-// where every dot product is summed in ONE order that depends on nothing but
-// `hidden`: not on `rows`, `n`, the tile, the thread or the instruction set.
+// FixedOrderLogits: the CPU backend's logits, out[r * n + j] = h_r . w_{token0+j}
+// for r < rows, j < n, where every dot product is summed in ONE order that
+// depends on nothing but `hidden`: not on `rows`, `n`, `token0`, the tile, the
+// thread or the instruction set. This is what makes the CPU backend
+// batch-invariant by construction: a row's logits, and so its token, log Z,
+// logprobs, top logprobs and draft log-probability, are bit-identical in every
+// batch (the RNG contract already makes its noise so).
 //
 // The order (the contract; tests/kernels/fixed_order_logits_test.cc pins it):
-//   - the row is zero-padded to a multiple of kFixedOrderLanes = 16 elements;
-//   - element k goes to lane k % 16, and each lane accumulates its products in
-//     increasing k with fused multiply-adds from +0: lane = fma(h_k, w_k, lane);
-//   - the 16 lanes are summed as a tree: l_i += l_{i+8} (i < 8), then
-//     l_i += l_{i+4}, l_i += l_{i+2}, l_0 += l_1.
-// A BLAS sgemm instead picks its kernel, blocking and so its summation order
-// by the matrix shape, so a row's logits (and, at a near-tie, its token, and
-// always its log Z and logprobs bits) changed with the rest of its batch.
-// Here a row's logits are bit-identical in every batch, which makes the CPU
-// backend batch-invariant by construction (the RNG contract already makes
-// its noise so).
+// one chain of fused multiply-adds in increasing k, starting from +0:
+//   acc = +0;  for k = 0 .. hidden-1:  acc = fma(h[k], w[k], acc);
+// No split of k, no lanes, no tree: the parallelism is across rows and tokens,
+// never across k, so no blocking of the batch or the vocabulary can regroup a
+// sum. (A BLAS sgemm picks its kernel, blocking and so its summation order by
+// the matrix shape; a row's logits changed with the rest of its batch.)
 //
-// Every ISA variant computes exactly these operations: AVX2 holds lanes 0-7
-// and 8-15 in two registers and uses vfmadd; the scalar variant uses
-// std::fma. IEEE fma and add are correctly rounded, so the bits agree.
+// W lives in TOKEN PANELS, laid out once when the engine loads the head: the
+// vocabulary is cut into panels of kTokenPanelWidth = 16 consecutive tokens,
+// and panel p stores its tokens k-major,
+//   panels[(p * hidden + k) * 16 + t] = W[16 p + t][k]   (t < 16),
+// with the tokens past the vocabulary zero. One k step of a panel is then 16
+// contiguous floats: two AVX2 registers, one AVX-512 register, loaded once and
+// multiplied by a broadcast h[r][k] for several rows at a time (a GEMM
+// micro-kernel, with W packed once for the life of the process instead of on
+// every call).
 //
-// Thread safety: pure functions; `out` is the only memory written.
+// Every ISA variant computes exactly these operations: the AVX2 variant keeps
+// one fp32 chain per (row, token) in a register lane and uses vfmadd; the
+// scalar variant uses std::fma. Both are correctly rounded IEEE operations on
+// the same operands in the same order, so the bits agree. Blocking over k
+// stores a chain to memory and reloads it, which is exact.
+//
+// Thread safety: pure functions; `out` (and `panels` for PackTokenPanels) is
+// the only memory written. Concurrent calls on disjoint outputs are safe.
 #pragma once
 
 #include <cstdint>
 
 namespace flashsampler::kernels {
 
-inline constexpr int kFixedOrderLanes = 16;
+inline constexpr int kTokenPanelWidth = 16;
+
+// Floats of the token-panel layout of a [vocab, hidden] W (vocab rounded up to
+// a whole panel).
+int64_t TokenPanelFloats(int64_t vocab, int64_t hidden);
+
+// Copies `count` rows of W (row-major [count, hidden], tokens first_token ..
+// first_token + count - 1) into their places in `panels`, which holds
+// TokenPanelFloats(vocab, hidden) floats, zero-initialised by the caller (the
+// padding tokens of the last panel must read as 0).
+void PackTokenPanels(const float* rows, int64_t first_token, int64_t count, int64_t hidden,
+                     float* panels);
 
 enum class DotIsa {
   kScalar,  // any CPU
@@ -38,13 +60,15 @@ enum class DotIsa {
 DotIsa BestDotIsa();
 const char* DotIsaName(DotIsa isa);
 
-// out[r * n + j] = h[r, :] . w[j, :] in the order above. `isa` must be one the
-// CPU runs (BestDotIsa() or kScalar); tests pass both to compare their bits.
-void FixedOrderLogits(const float* h, int64_t rows, const float* w, int64_t n, int64_t hidden,
-                      float* out, DotIsa isa);
-inline void FixedOrderLogits(const float* h, int64_t rows, const float* w, int64_t n,
-                             int64_t hidden, float* out) {
-  FixedOrderLogits(h, rows, w, n, hidden, out, BestDotIsa());
+// out[r * n + j] = h[r, :] . W[token0 + j, :] in the order above; h is
+// row-major [rows, hidden], `panels` W in the token-panel layout, and tokens
+// token0 .. token0 + n - 1 must lie inside it. `isa` must be one the CPU runs
+// (BestDotIsa() or kScalar); tests pass both to compare their bits.
+void FixedOrderLogits(const float* h, int64_t rows, const float* panels, int64_t token0, int64_t n,
+                      int64_t hidden, float* out, DotIsa isa);
+inline void FixedOrderLogits(const float* h, int64_t rows, const float* panels, int64_t token0,
+                             int64_t n, int64_t hidden, float* out) {
+  FixedOrderLogits(h, rows, panels, token0, n, hidden, out, BestDotIsa());
 }
 
 }  // namespace flashsampler::kernels

@@ -6,8 +6,6 @@
 // Thread safety: pure functions (TileLogits writes only `out`).
 #pragma once
 
-#include <cblas.h>
-
 #include <cmath>
 #include <cstring>
 #include <cstdint>
@@ -26,7 +24,7 @@ inline bool ValidSamplerTemperature(float t) {
   return t == 0.0f || (t > 0.0f && std::isfinite(t) && std::isfinite(1.0f / t));
 }
 
-// W's sizes fit the int BLAS interface and the configuration is usable.
+// W's sizes fit int32 token ids and the configuration is usable.
 inline bool ValidSamplerShape(const float* weight, int64_t vocab, int64_t valid_vocab,
                               int64_t hidden, const CpuSamplerConfig& config) {
   return weight != nullptr && vocab > 0 && vocab <= kMaxInt32 && valid_vocab > 0 &&
@@ -55,20 +53,13 @@ inline bool AllFinite(const float* x, int64_t n) {
   return bad == 0;
 }
 
-// out[r * n + j] = h_r . w_{token0 + j} for r < rows, j < n. With
-// batch_invariant, each dot product in the fixed order of
-// fixed_order_logits.h (a row's logits do not depend on the other rows of the
-// call, the tile or the thread); else one single-threaded cblas_sgemm, whose
-// blocking and so summation order follow (rows, n).
-inline void TileLogits(const float* h, int64_t rows, const float* weight, int64_t token0,
-                       int64_t n, int64_t hidden, bool batch_invariant, float* out) {
-  if (batch_invariant) {
-    FixedOrderLogits(h, rows, weight + token0 * hidden, n, hidden, out);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
-              static_cast<int>(hidden), 1.0f, h, static_cast<int>(hidden), weight + token0 * hidden,
-              static_cast<int>(hidden), 0.0f, out, static_cast<int>(n));
+// out[r * n + j] = h_r . w_{token0 + j} for r < rows, j < n, each dot product
+// in the one fixed order of fixed_order_logits.h: a row's logits do not depend
+// on the other rows of the call, the tile or the thread. (No BLAS here: an
+// sgemm's summation order follows the call's shape.)
+inline void TileLogits(const float* h, int64_t rows, const float* weight_panels, int64_t token0,
+                       int64_t n, int64_t hidden, float* out) {
+  FixedOrderLogits(h, rows, weight_panels, token0, n, hidden, out);
 }
 
 }  // namespace flashsampler::kernels

@@ -2,16 +2,15 @@
 //
 // Work split: the vocabulary [0, valid_vocab) is cut into tiles of tile_rows
 // tokens and the batch into blocks of at most kMaxRowsPerGemm rows. A work item
-// is one (tile, row block): one TileLogits call (a single-threaded
-// cblas_sgemm, or with batch_invariant FixedOrderLogits) writes its
+// is one (tile, row block): one TileLogits call (FixedOrderLogits) writes its
 // [rows, tile] logits into the worker's own buffer, then every row of the block
 // reduces the tile to a SampleSummary stored at summaries[tile][row]. Workers
 // claim items from an atomic counter; after all items are done each row merges
 // its tile summaries in tile order. The logits are fully determined by the
 // (tile, row block) call, whichever thread makes it, and the merge order is
-// fixed, so outputs are bit-identical for any thread count. With
-// batch_invariant a row's logits depend on its own hidden state alone
-// (fixed_order_logits.h), so its outputs are also the same in every batch.
+// fixed, so outputs are bit-identical for any thread count. A row's logits
+// depend on its own hidden state alone (fixed_order_logits.h), so its outputs
+// are also the same in every batch.
 //
 // Exact pruning (never changes a result): each worker keeps, per row, the best
 // score it has seen so far in this call (a real score of a real token of that
@@ -32,14 +31,8 @@
 // logit to -inf in its own buffer for sampled rows, so x can neither win nor
 // raise the pruning threshold; -inf + noise stays -inf and loses to any finite
 // score. Exactly one item writes each row's draft logit.
-//
-// BLAS threads: OpenBLAS's thread count is process-wide. The workers are our
-// threads, so every Sample() makes sure OpenBLAS runs single-threaded inside
-// them (a multi-threaded sgemm inside each worker would oversubscribe the cores
-// and serialise on OpenBLAS's internal queue).
 #include "kernels/cpu/tiled_sampler.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -184,7 +177,6 @@ struct CpuTiledSampler::Impl {
         valid_vocab(vv),
         hidden(d),
         tile_rows(std::min(config.tile_rows, vv)),
-        batch_invariant(config.batch_invariant),
         config_ok(ValidSamplerShape(w, v, vv, d, config)),
         pool(ResolveSamplerThreads(config.num_threads)) {}
 
@@ -198,7 +190,6 @@ struct CpuTiledSampler::Impl {
   int64_t valid_vocab;
   int64_t hidden;
   int64_t tile_rows;
-  bool batch_invariant;
   bool config_ok;
   WorkerPool pool;
   GumbelBucketBound bound;
@@ -224,7 +215,7 @@ void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidde
   const int64_t n = std::min(tile_rows, valid_vocab - token0);
   float* buf = logits[worker].data();
   // buf[r * n + j] = h_{row0 + r} . w_{token0 + j}
-  TileLogits(hidden_states + row0 * hidden, rows, weight, token0, n, hidden, batch_invariant, buf);
+  TileLogits(hidden_states + row0 * hidden, rows, weight, token0, n, hidden, buf);
   float* best = row_best[worker].data();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = row0 + r;
@@ -285,8 +276,6 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
   } catch (const std::bad_alloc&) {
     return KernelStatus::kOutOfMemory;
   }
-
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 
   // Draft rows need log Z for log p(x).
   const bool want_lse =

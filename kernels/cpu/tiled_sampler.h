@@ -1,15 +1,19 @@
 // CpuTiledSampler: exact fused LM-head sampling on the CPU (FlashSampling's
-// algorithm with BLAS tiles). The embedded default backend and the reference
+// algorithm with fixed-order logit tiles). The embedded default backend and the reference
 // every GPU path is tested against.
 //
 // For each row b it returns token = argmax_i (s_b * (h_b . w_i) + g_b(i)) over
 // i < valid_vocab, with s_b = LogitScale(params[b]) and g the Gumbel noise of the
 // RNG contract (no noise for greedy rows), which is an exact sample of
 // softmax(s_b * H W^T). The vocabulary is walked in tiles of `tile_rows` tokens:
-// one sgemm computes the [B, tile] logits into a small per-thread buffer, then
-// each row keeps the tile's SampleSummary. Threads take tiles; tile summaries are
-// merged in tile order, so tokens, logz and logprobs are bit-identical for any
-// thread count. The [B, V] logits are never allocated.
+// FixedOrderLogits computes the [B, tile] logits into a small per-thread
+// buffer, then each row keeps the tile's SampleSummary. Threads take tiles;
+// tile summaries are merged in tile order, so tokens, logz and logprobs are
+// bit-identical for any thread count; and each logit is summed in one order
+// whatever the batch (kernels/cpu/fixed_order_logits.h), so they are
+// bit-identical in any batch too (log Z and logprobs: for a given tile_rows,
+// which fixes how the tiles' sums are merged). The [B, V] logits are never
+// allocated.
 //
 // Draft rows (speculative verification, server/engine.h's contract): with
 // draft_tokens[b] = x >= 0, a sampled row (T > 0) takes its argmax over
@@ -25,8 +29,6 @@
 //
 // Thread safety: Sample() may not be called concurrently on one object (it owns
 // the worker threads and the scratch buffers); distinct objects are independent.
-// Sample() sets OpenBLAS's process-wide thread count to 1 (its workers are the
-// parallelism); a caller that wants a multi-threaded BLAS elsewhere sets it back.
 // Outcomes: kOk with outputs written; kInvalidArgument (outputs untouched) for
 // null pointers, sizes out of range (checked at construction, reported here),
 // a temperature that is negative, non-finite or whose reciprocal overflows,
@@ -46,11 +48,6 @@ struct CpuSamplerConfig {
   int num_threads = 0;       // 0: std::thread::hardware_concurrency()
   // Tokens per tile; multiples of 64 avoid drawing a noise chunk twice at tile edges.
   int64_t tile_rows = 1024;
-  // Logits from FixedOrderLogits (fixed_order_logits.h): every output of a
-  // row is bit-identical in any batch, whatever the rows, threads or tile
-  // (log Z: for a given tile_rows). False: OpenBLAS sgemm, whose summation
-  // order follows the batch's shape (faster at 16 rows and more, slower at 1).
-  bool batch_invariant = false;
 };
 
 struct CpuSampleOutputs {
@@ -64,9 +61,10 @@ struct CpuSampleOutputs {
 
 class CpuTiledSampler {
  public:
-  // weight: [vocab, hidden] fp32 row-major; it must outlive the sampler.
+  // weight_panels: W [vocab, hidden] fp32 in the token-panel layout of
+  // fixed_order_logits.h (PackTokenPanels); it must outlive the sampler.
   // Rows >= valid_vocab are never sampled (their logits count as -inf).
-  CpuTiledSampler(const float* weight, int64_t vocab, int64_t valid_vocab, int64_t hidden,
+  CpuTiledSampler(const float* weight_panels, int64_t vocab, int64_t valid_vocab, int64_t hidden,
                   CpuSamplerConfig config);
   ~CpuTiledSampler();
   CpuTiledSampler(const CpuTiledSampler&) = delete;

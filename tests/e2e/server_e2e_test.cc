@@ -688,14 +688,14 @@ TEST(ServerLifecycle, SigtermClosesAnIdleStreamAtOnce) {
   EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
 }
 
-// --batch_invariant (CPU backend): 17 Verify sequences answered alone and
+// The CPU backend is batch-invariant: 17 Verify sequences answered alone and
 // then together in one request get the same bits: tokens, acceptance
-// probabilities and log Z. (Without it, OpenBLAS's summation order follows the
-// batch's shape, and the acceptance probabilities of most sequences moved in
-// their last bits: an acceptance decision could flip with the neighbours.)
+// probabilities and log Z. (With the OpenBLAS logits it used before, whose
+// summation order follows the batch's shape, the acceptance probabilities of
+// most sequences moved in their last bits: an acceptance decision could flip
+// with the neighbours.)
 TEST(ServerBatchInvariance, VerifySequencesGetTheSameBitsAloneAndTogether) {
-  ServerProcess server({"--backend=cpu", "--demo_vocab=1000", "--demo_hidden=64", "--threads=2",
-                        "--batch_invariant"});
+  ServerProcess server({"--backend=cpu", "--demo_vocab=1000", "--demo_hidden=64", "--threads=2"});
   ASSERT_TRUE(server.Start().ok());
   SamplerClient client(server.address());
   constexpr int kSequences = 17;

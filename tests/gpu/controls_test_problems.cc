@@ -8,6 +8,7 @@
 #include <random>
 
 #include "kernels/cpu/controlled_sampler.h"
+#include "tests/common/token_panels.h"
 
 namespace flashsampler::kernels::controls_test {
 
@@ -87,7 +88,8 @@ Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
                const std::vector<int32_t>* drafts) {
   const int64_t vocab = static_cast<int64_t>(w.size());
   const int64_t rows = static_cast<int64_t>(h.size());
-  CpuControlledSampler sampler(w.data(), vocab, vocab, 1, {2, 1024});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), vocab, vocab, 1, {2, 1024});
   Outputs out;
   out.tokens.assign(rows, -7);
   out.logz.assign(rows, NAN);

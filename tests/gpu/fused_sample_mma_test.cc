@@ -20,6 +20,7 @@
 #include "kernels/cpu/tiled_sampler.h"
 #include "kernels/cuda/fused_sample.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/common/token_panels.h"
 
 namespace flashsampler::kernels {
 namespace {
@@ -35,7 +36,8 @@ constexpr int64_t kVocab = 2100, kValidVocab = 2050;  // 17 tiles, the last part
 
 SampleOutputs RunCpu(const HostWeights& w, int64_t valid_vocab, const std::vector<float>& hidden,
                      const std::vector<RowParams>& params) {
-  CpuTiledSampler cpu(w.values.data(), w.vocab, valid_vocab, w.hidden, {4, 1024});
+  const std::vector<float> cpu_panels = testing::TokenPanelsOf(w.values, w.hidden);
+  CpuTiledSampler cpu(cpu_panels.data(), w.vocab, valid_vocab, w.hidden, {4, 1024});
   SampleOutputs out;
   out.tokens.assign(params.size(), -7);
   out.logz.assign(params.size(), NAN);

@@ -28,6 +28,7 @@
 
 #include "kernels/cpu/tiled_sampler.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/common/token_panels.h"
 
 namespace flashsampler::kernels {
 namespace {
@@ -51,7 +52,8 @@ float WeightStddev(int64_t hidden) { return 3.0f / std::sqrt(static_cast<float>(
 // The CPU backend on the same problem (fp32 weights = the exact widened values).
 SampleOutputs RunCpu(const HostWeights& w, int64_t valid_vocab, const std::vector<float>& hidden,
                      const std::vector<RowParams>& params) {
-  CpuTiledSampler cpu(w.values.data(), w.vocab, valid_vocab, w.hidden, {4, 1024});
+  const std::vector<float> cpu_panels = testing::TokenPanelsOf(w.values, w.hidden);
+  CpuTiledSampler cpu(cpu_panels.data(), w.vocab, valid_vocab, w.hidden, {4, 1024});
   SampleOutputs out;
   out.tokens.assign(params.size(), -7);
   out.logz.assign(params.size(), NAN);

@@ -25,6 +25,7 @@
 #include "tests/common/controls_fit_cases.h"
 #include "tests/common/controls_reference.h"
 #include "tests/common/goodness_of_fit.h"
+#include "tests/common/token_panels.h"
 
 namespace flashsampler::kernels {
 namespace {
@@ -62,7 +63,8 @@ std::vector<int64_t> Counts(const std::vector<float>& logits, float temperature,
                             CpuControlledPath path, int64_t samples, int64_t tile_rows = 8) {
   const int64_t v = static_cast<int64_t>(logits.size());
   const int64_t rows = kRowsPerCall / kSamplesPerRow;
-  CpuControlledSampler sampler(logits.data(), v, v, 1, {kThreads, tile_rows});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), v, v, 1, {kThreads, tile_rows});
   const std::vector<float> h(rows, 1.0f);
   std::vector<RowParams> params(rows);
   c.num_samples = kSamplesPerRow;
@@ -183,7 +185,8 @@ TEST(ControlledSampler, FusedAndMaterializedPathsAgreeBitForBit) {
   const int64_t vocab = 500, hidden = 16, rows = 48;
   const RandomBatch b = MakeRandomBatch(vocab, hidden, rows, 5);
   ASSERT_EQ(PlanCpuControlledPath(b.controls.data(), rows), CpuControlledPath::kFused);
-  CpuControlledSampler sampler(b.w.data(), vocab, vocab, hidden, {kThreads, 64});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(b.w, hidden);
+  CpuControlledSampler sampler(sampler_panels.data(), vocab, vocab, hidden, {kThreads, 64});
   const Outputs fused = RunSampler(sampler, b.h, b.params, b.controls, CpuControlledPath::kFused);
   const Outputs materialized = RunSampler(sampler, b.h, b.params, b.controls, CpuControlledPath::kMaterialized);
   ExpectSameOutputs(fused, materialized);
@@ -191,7 +194,8 @@ TEST(ControlledSampler, FusedAndMaterializedPathsAgreeBitForBit) {
   // the worker making it changes. (The tile size is not part of this check:
   // it changes the sgemm shapes, and OpenBLAS 0.3.21's Haswell kernels round
   // some elements of [rows, 96] tiles differently from [rows, 64] ones.)
-  CpuControlledSampler one_thread(b.w.data(), vocab, vocab, hidden, {1, 64});
+  const std::vector<float> one_thread_panels = testing::TokenPanelsOf(b.w, hidden);
+  CpuControlledSampler one_thread(one_thread_panels.data(), vocab, vocab, hidden, {1, 64});
   ExpectSameOutputs(fused, RunSampler(one_thread, b.h, b.params, b.controls, CpuControlledPath::kFused));
 }
 
@@ -214,10 +218,12 @@ TEST(ControlledSampler, TopKOneIsGreedy) {
     sampled[r] = RowParams{0.5f + 0.01f * r, 9u, static_cast<uint64_t>(r), static_cast<uint32_t>(r)};
     greedy[r] = RowParams{0.0f, 9u, 0, 0};
   }
-  CpuTiledSampler plain(logits.data(), vocab, vocab, 1, {kThreads, 64});
+  const std::vector<float> plain_panels = testing::TokenPanelsOf(logits, 1);
+  CpuTiledSampler plain(plain_panels.data(), vocab, vocab, 1, {kThreads, 64});
   std::vector<int32_t> want(rows);
   ASSERT_EQ(plain.Sample(h.data(), rows, greedy.data(), {want.data()}), KernelStatus::kOk);
-  CpuControlledSampler sampler(logits.data(), vocab, vocab, 1, {kThreads, 64});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), vocab, vocab, 1, {kThreads, 64});
   const std::vector<RowControls> top1(rows, Controls(1, 1.0f, 0.0f));
   for (CpuControlledPath path : {CpuControlledPath::kFused, CpuControlledPath::kMaterialized}) {
     EXPECT_EQ(RunSampler(sampler, h, sampled, top1, path).tokens, want);
@@ -232,11 +238,13 @@ TEST(ControlledSampler, NeutralTopPAndMinPChangeNothing) {
   for (int64_t r = 0; r < rows; ++r) {
     params[r] = RowParams{r % 5 == 0 ? 0.0f : 0.9f, 31u, 2u, static_cast<uint32_t>(r)};
   }
-  CpuTiledSampler plain(logits.data(), vocab, vocab, 1, {kThreads, 64});
+  const std::vector<float> plain_panels = testing::TokenPanelsOf(logits, 1);
+  CpuTiledSampler plain(plain_panels.data(), vocab, vocab, 1, {kThreads, 64});
   std::vector<int32_t> want(rows);
   std::vector<float> want_logz(rows);
   ASSERT_EQ(plain.Sample(h.data(), rows, params.data(), {want.data(), want_logz.data()}), KernelStatus::kOk);
-  CpuControlledSampler sampler(logits.data(), vocab, vocab, 1, {kThreads, 64});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), vocab, vocab, 1, {kThreads, 64});
   RowControls neutral = Controls(0, 1.0f, 0.0f);
   neutral.top_logprobs = 1;  // a control, so the row takes the controlled path
   const Outputs out = RunSampler(sampler, h, params, std::vector<RowControls>(rows, neutral),
@@ -262,7 +270,8 @@ TEST(ControlledSampler, TopKBoundaryTiesGoToTheLowerId) {
   for (int64_t r = 0; r < rows; ++r) params[r] = RowParams{3.0f, 5u, 0, static_cast<uint32_t>(r)};
   RowControls c = Controls(4, 1.0f, 0.0f);
   c.top_logprobs = 6;
-  CpuControlledSampler sampler(logits.data(), 40, 40, 1, {kThreads, 4});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), 40, 40, 1, {kThreads, 4});
   for (CpuControlledPath path : {CpuControlledPath::kFused, CpuControlledPath::kMaterialized}) {
     const Outputs out = RunSampler(sampler, h, params, std::vector<RowControls>(rows, c), path);
     std::set<int32_t> seen(out.tokens.begin(), out.tokens.end());
@@ -278,7 +287,8 @@ TEST(ControlledSampler, TopKBoundaryTiesGoToTheLowerId) {
 
 TEST(ControlledSampler, RowWithEveryTokenMaskedFailsPrecondition) {
   const std::vector<float> logits = TestLogits();
-  CpuControlledSampler sampler(logits.data(), 24, 24, 1, {kThreads, 8});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), 24, 24, 1, {kThreads, 8});
   RowControls masked;
   masked.allowed_bitmask = {1u << 3};
   masked.banned_token_ids = {3};
@@ -300,7 +310,8 @@ TEST(ControlledSampler, SamplesOfARowAreIndependentAndSampleZeroIsTheSingleSampl
   RowControls pair = single;
   pair.num_samples = 2;
   const testing::ReferenceResult ref = testing::ReferenceControlledDistribution(logits, 24, 1.0f, single);
-  CpuControlledSampler sampler(logits.data(), 24, 24, 1, {kThreads, 8});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), 24, 24, 1, {kThreads, 8});
   const std::vector<float> h(kRowsPerCall, 1.0f);
   std::vector<RowParams> params(kRowsPerCall);
   std::vector<int64_t> joint(24 * 24, 0);
@@ -329,7 +340,8 @@ TEST(ControlledSampler, SamplesOfARowAreIndependentAndSampleZeroIsTheSingleSampl
 
 TEST(ControlledSampler, TopLogprobsAndRanksInBothModes) {
   const std::vector<float> logits = TestLogits();
-  CpuControlledSampler sampler(logits.data(), 24, 24, 1, {kThreads, 8});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), 24, 24, 1, {kThreads, 8});
   RowControls c = Controls(0, 0.9f, 0.0f);
   c.logit_bias = {{20, 1.0f}};
   c.top_logprobs = 5;
@@ -390,7 +402,8 @@ TEST(ControlledSampler, TopLogprobsAndRanksInBothModes) {
 
 TEST(ControlledSampler, RejectsBadArguments) {
   const std::vector<float> logits = TestLogits();
-  CpuControlledSampler sampler(logits.data(), 24, 24, 1, {kThreads, 8});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuControlledSampler sampler(sampler_panels.data(), 24, 24, 1, {kThreads, 8});
   const std::vector<float> h(1, 1.0f);
   const std::vector<RowParams> params = {RowParams{1.0f, 1, 0, 0}};
   // kFused for a row it cannot serve.

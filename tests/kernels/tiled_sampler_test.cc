@@ -23,6 +23,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "tests/common/goodness_of_fit.h"
+#include "tests/common/token_panels.h"
 
 namespace flashsampler::kernels {
 namespace {
@@ -130,7 +131,8 @@ std::vector<int64_t> SampleCounts(const std::vector<float>& logits, int64_t vali
                                   int64_t calls = kCalls) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   // D = 1, H = 1: the logits are W itself, exactly.
-  CpuTiledSampler sampler(logits.data(), vocab, valid_vocab, 1, {kThreads, tile_rows});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(logits, 1);
+  CpuTiledSampler sampler(sampler_panels.data(), vocab, valid_vocab, 1, {kThreads, tile_rows});
   const std::vector<float> h(kRowsPerCall, 1.0f);
   std::vector<RowParams> params(kRowsPerCall);
   std::vector<int32_t> tokens(kRowsPerCall);
@@ -239,7 +241,8 @@ TEST(TiledSamplerTest, TokensEqualBruteForceArgmax) {
       params[b] = RowParams{temps[b % 6], 1000 + static_cast<uint64_t>(b % 7),
                             static_cast<uint64_t>(b / 7), static_cast<uint32_t>(b)};
     }
-    CpuTiledSampler sampler(w.data(), c.vocab, c.valid_vocab, 1, {c.threads, c.tile_rows});
+    const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 1);
+    CpuTiledSampler sampler(sampler_panels.data(), c.vocab, c.valid_vocab, 1, {c.threads, c.tile_rows});
     const Outputs out = RunSampler(sampler, h, batch, params);
     for (int64_t b = 0; b < batch; ++b) {
       ASSERT_EQ(out.tokens[b], ReferenceToken(w.data(), c.valid_vocab, params[b]))
@@ -266,7 +269,8 @@ TEST(TiledSamplerTest, LogZAndLogprobsMatchFloat64) {
   for (int64_t b = 0; b < kBatch; ++b) {
     params[b] = RowParams{temps[b % 4], 31, 4, static_cast<uint32_t>(b)};
   }
-  CpuTiledSampler sampler(w.data(), kVocab, kVocab, kHidden, {kThreads, 64});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, kHidden);
+  CpuTiledSampler sampler(sampler_panels.data(), kVocab, kVocab, kHidden, {kThreads, 64});
   const Outputs out = RunSampler(sampler, h, kBatch, params);
   for (int64_t b = 0; b < kBatch; ++b) {
     const float* row = logits.data() + b * kVocab;
@@ -306,7 +310,8 @@ TEST(TiledSamplerTest, GreedyIsArgmaxWithLowestIndexTies) {
   w[999] = 5.0f;
   for (int threads : {1, 3}) {
     for (int64_t tile : {1, 7, 64, 2000}) {
-      CpuTiledSampler sampler(w.data(), kVocab, kVocab, 1, {threads, tile});
+      const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 1);
+      CpuTiledSampler sampler(sampler_panels.data(), kVocab, kVocab, 1, {threads, tile});
       const std::vector<float> h = {1.0f, 1.0f, 1.0f};
       const std::vector<RowParams> params = {{0.0f, 1, 0, 0}, {0.0f, 99, 5, 1}, {0.0f, 7, 7, 7}};
       const Outputs out = RunSampler(sampler, h, 3, params);
@@ -314,7 +319,8 @@ TEST(TiledSamplerTest, GreedyIsArgmaxWithLowestIndexTies) {
     }
   }
   // With the first maximum masked away, the next one wins.
-  CpuTiledSampler masked(w.data(), kVocab, 700, 1, {kThreads, 64});
+  const std::vector<float> masked_panels = testing::TokenPanelsOf(w, 1);
+  CpuTiledSampler masked(masked_panels.data(), kVocab, 700, 1, {kThreads, 64});
   std::vector<float> h1 = {1.0f};
   std::vector<RowParams> greedy = {{0.0f, 0, 0, 0}};
   const Outputs out = RunSampler(masked, h1, 1, greedy);
@@ -350,8 +356,10 @@ TEST(TiledSamplerTest, DraftRowsSampleTheResidualAndScoreTheDraft) {
   const double ref_logz_t1 = m + std::log(sum);
   for (int threads : {1, 3}) {
     for (int64_t tile : {7, 64, 1024}) {
-      CpuTiledSampler sampler(w.data(), kVocab, kVocab, 1, {threads, tile});
-      CpuTiledSampler without(w_without.data(), kVocab, kVocab, 1, {threads, tile});
+      const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 1);
+      CpuTiledSampler sampler(sampler_panels.data(), kVocab, kVocab, 1, {threads, tile});
+      const std::vector<float> without_panels = testing::TokenPanelsOf(w_without, 1);
+      CpuTiledSampler without(without_panels.data(), kVocab, kVocab, 1, {threads, tile});
       const Outputs plain = RunSampler(sampler, h, kBatch, params);
       const Outputs excluded = RunSampler(without, h, kBatch, params);
       std::vector<int32_t> tokens(kBatch, -7);
@@ -377,7 +385,8 @@ TEST(TiledSamplerTest, DraftRowsSampleTheResidualAndScoreTheDraft) {
     }
   }
   // A draft outside [0, valid_vocab), or drafts without the output, is refused.
-  CpuTiledSampler sampler(w.data(), kVocab, 200, 1, {kThreads, 64});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 1);
+  CpuTiledSampler sampler(sampler_panels.data(), kVocab, 200, 1, {kThreads, 64});
   std::vector<int32_t> tokens(1);
   std::vector<float> lp(1);
   const RowParams p{1.0f, 1, 0, 0};
@@ -387,7 +396,8 @@ TEST(TiledSamplerTest, DraftRowsSampleTheResidualAndScoreTheDraft) {
   EXPECT_EQ(sampler.Sample(h.data(), 1, &p, &ok, {tokens.data(), nullptr, nullptr, nullptr}),
             KernelStatus::kInvalidArgument);
   // A vocabulary of x alone: no residual, x is returned with p(x) = 1.
-  CpuTiledSampler single(w.data(), kVocab, 1, 1, {kThreads, 64});
+  const std::vector<float> single_panels = testing::TokenPanelsOf(w, 1);
+  CpuTiledSampler single(single_panels.data(), kVocab, 1, 1, {kThreads, 64});
   const int32_t zero = 0;
   ASSERT_EQ(single.Sample(h.data(), 1, &p, &zero, {tokens.data(), nullptr, nullptr, lp.data()}),
             KernelStatus::kOk);
@@ -410,7 +420,8 @@ TEST(TiledSamplerTest, BitIdenticalForAnyThreadCount) {
   }
   Outputs reference;
   for (int threads : {1, 2, 3}) {
-    CpuTiledSampler sampler(w.data(), kVocab, 4990, kHidden, {threads, 256});
+    const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, kHidden);
+    CpuTiledSampler sampler(sampler_panels.data(), kVocab, 4990, kHidden, {threads, 256});
     EXPECT_EQ(sampler.num_threads(), threads);
     const Outputs out = RunSampler(sampler, h, kBatch, params);
     if (threads == 1) {
@@ -437,7 +448,8 @@ TEST(TiledSamplerTest, TokensIndependentOfTileSize) {
   }
   std::vector<int32_t> reference;
   for (int64_t tile : {1, 3, 50, 64, 1000, 4096}) {
-    CpuTiledSampler sampler(w.data(), kVocab, kVocab, kHidden, {kThreads, tile});
+    const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, kHidden);
+    CpuTiledSampler sampler(sampler_panels.data(), kVocab, kVocab, kHidden, {kThreads, tile});
     const Outputs out = RunSampler(sampler, h, kBatch, params);
     if (reference.empty()) {
       reference = out.tokens;
@@ -461,7 +473,8 @@ TEST(TiledSamplerTest, RowIndependentOfBatchAndReplayable) {
   for (int64_t b = 0; b < kBatch; ++b) {
     params[b] = RowParams{1.0f, 123 + static_cast<uint64_t>(b), 0, 0};
   }
-  CpuTiledSampler sampler(w.data(), kVocab, kVocab, kHidden, {kThreads, 512});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, kHidden);
+  CpuTiledSampler sampler(sampler_panels.data(), kVocab, kVocab, kHidden, {kThreads, 512});
   const Outputs batched = RunSampler(sampler, h, kBatch, params);
   for (int64_t b : {0, 1, 77, 128, 149}) {
     const std::vector<float> row(h.begin() + b * kHidden, h.begin() + (b + 1) * kHidden);
@@ -492,7 +505,8 @@ TEST(TiledSamplerTest, MaskedTokensNeverSampledAndNotInLogZ) {
   for (int64_t b = 0; b < kBatch; ++b) {
     params[b] = RowParams{b == 0 ? 0.0f : 5.0f, 8, 0, static_cast<uint32_t>(b)};
   }
-  CpuTiledSampler sampler(w.data(), kVocab, kValid, 1, {kThreads, 64});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 1);
+  CpuTiledSampler sampler(sampler_panels.data(), kVocab, kValid, 1, {kThreads, 64});
   const Outputs out = RunSampler(sampler, h, kBatch, params);
   for (int64_t b = 0; b < kBatch; ++b) ASSERT_LT(out.tokens[b], kValid) << b;
   double logz = 0.0;
@@ -536,7 +550,8 @@ TEST(TiledSamplerTest, RejectsBadArguments) {
     expect_invalid(s, h.data(), 2, params.data(), outs);
   }
 
-  CpuTiledSampler sampler(w.data(), 100, 100, 4, {2, 64});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 4);
+  CpuTiledSampler sampler(sampler_panels.data(), 100, 100, 4, {2, 64});
   expect_invalid(sampler, nullptr, 2, params.data(), outs);
   expect_invalid(sampler, h.data(), 2, nullptr, outs);
   expect_invalid(sampler, h.data(), 2, params.data(), {nullptr, logz, nullptr});
@@ -556,7 +571,8 @@ TEST(TiledSamplerTest, RejectsBadArguments) {
   // Weights whose logits are all NaN leave a row without a winner.
   std::vector<float> nan_w = w;
   for (float& x : nan_w) x = NAN;
-  CpuTiledSampler nan_sampler(nan_w.data(), 100, 100, 4, {2, 64});
+  const std::vector<float> nan_sampler_panels = testing::TokenPanelsOf(nan_w, 4);
+  CpuTiledSampler nan_sampler(nan_sampler_panels.data(), 100, 100, 4, {2, 64});
   expect_invalid(nan_sampler, h.data(), 2, params.data(), outs);
   // And the first sampler still works.
   EXPECT_EQ(sampler.Sample(h.data(), 2, params.data(), outs), KernelStatus::kOk);
@@ -565,7 +581,8 @@ TEST(TiledSamplerTest, RejectsBadArguments) {
 
 TEST(TiledSamplerTest, DefaultThreadCountIsHardwareConcurrency) {
   const std::vector<float> w(16, 1.0f);
-  CpuTiledSampler sampler(w.data(), 16, 16, 1, {0, 4});
+  const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, 1);
+  CpuTiledSampler sampler(sampler_panels.data(), 16, 16, 1, {0, 4});
   EXPECT_EQ(sampler.num_threads(),
             std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
 }

@@ -295,13 +295,13 @@ TEST(CpuEngine, RowWithNoFiniteLogitIsFailedPrecondition) {
 }  // namespace flashsampler
 
 // ---------------------------------------------------------------------------
-// Batch invariance by construction (batch_invariant: kernels/cpu/
-// fixed_order_logits.h): a row's token, log Z, logprob, sampled list, top
-// logprobs and draft log-probability (Verify's acceptance probabilities come
-// from it) are bit-identical whether it runs alone or inside batches of 2, 3,
-// 17, 128 and 1000 rows of random companions, whose controls send them down
-// every CPU path, on 1 or 2 threads. (With OpenBLAS logits this test fails:
-// 38 rows differ in batches of 17, 128 and 1000.)
+// Batch invariance by construction (kernels/cpu/fixed_order_logits.h): a
+// row's token, log Z, logprob, sampled list, top logprobs and draft
+// log-probability (Verify's acceptance probabilities come from it) are
+// bit-identical whether it runs alone or inside batches of 2, 3, 17, 128 and
+// 1000 rows of random companions, whose controls send them down every CPU
+// path, on 1 or 2 threads. (With the OpenBLAS logits the CPU backend used
+// before, this test failed: 38 rows differed in batches of 17, 128 and 1000.)
 namespace flashsampler {
 namespace {
 namespace batch_invariance {
@@ -390,7 +390,6 @@ std::unique_ptr<Engine> CpuEngineWith(int threads, int64_t tile_rows) {
   EngineOptions options;
   options.cpu.num_threads = threads;
   options.cpu.tile_rows = tile_rows;
-  options.cpu.batch_invariant = true;
   absl::StatusOr<std::unique_ptr<Engine>> engine = MakeEngine("cpu", LmHead::Demo(kV, kD, 5), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
