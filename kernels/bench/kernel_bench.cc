@@ -33,6 +33,10 @@
 //                    sample by inverse CDF. Rows of that pass are spread over the
 //                    same number of threads; OpenBLAS runs with --threads threads.
 //   sgemm only       the baseline's matmul alone, for reference.
+//   tile logits      one tile's logits ([B, tile_rows]) on one thread: the
+//                    CPU backend's FixedOrderLogits, and OpenBLAS sgemm (one
+//                    thread) on the same tile, which the backend used before.
+//                    The fused sampler runs one such call per (tile, row block).
 // Each variant is warmed up, then all are timed --iterations times, round-robin
 // (one run of each per round), with std::chrono::steady_clock; the table shows
 // the median and the minimum per variant.
@@ -271,6 +275,8 @@ int RunCpu() {
   MaterializedSampler materialized(w.data(), vocab, hidden, batch, threads);
   std::vector<int32_t> tokens(batch);
   std::vector<float> logz(batch), logprobs(batch), base_logz(batch);
+  const int64_t tile = std::min(tile_rows, vocab);
+  std::vector<float> tile_out(static_cast<size_t>(batch * tile));
 
   const std::vector<Variant> variants = {
       {"fused (tokens)",
@@ -294,6 +300,16 @@ int RunCpu() {
          materialized.Sample(h.data(), batch, params.data(), tokens.data(), base_logz.data());
        }},
       {"materialized: sgemm only", [&] { materialized.Logits(h.data(), batch); }},
+      {"tile logits, 1 thread: fixed order",
+       [&] { FixedOrderLogits(h.data(), batch, panels.data(), 0, tile, hidden, tile_out.data()); }},
+      {"tile logits, 1 thread: sgemm",
+       [&] {
+         openblas_set_num_threads(1);
+         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(batch),
+                     static_cast<int>(tile), static_cast<int>(hidden), 1.0f, h.data(),
+                     static_cast<int>(hidden), w.data(), static_cast<int>(hidden), 0.0f,
+                     tile_out.data(), static_cast<int>(tile));
+       }},
   };
   const std::vector<Timing> results = TimeInterleaved(variants, warmup, iterations);
   openblas_set_num_threads(1);

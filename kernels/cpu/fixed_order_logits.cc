@@ -15,11 +15,13 @@
 // Speed (2-core AMD EPYC, Zen 3, one thread, a 1024-token tile, D = 1024):
 // 89-95 GFLOP/s from 6 to 128 rows, against OpenBLAS sgemm's 26-80 on the
 // same tile (so 1.1x at 128 rows, 1.6x at 16, 3.6x at 6, 4.6x at 1: sgemm
-// packs W on every call). The micro-kernel holds 6 rows x 16 tokens in 12
-// accumulators, plus 2 registers of W and 1 broadcast: 15 of the 16 ymm
-// registers. Per k step it issues 12 fma for 8 loads, so it is fma-bound.
-// Blocking k by 512 keeps a row block's slice of h and a panel's slice of W
-// in L1/L2: at D = 4096 and 128 rows it took the kernel from 65 to 84 GFLOP/s.
+// packs W on every call). The AVX2 micro-kernel holds 6 rows x 16 tokens in
+// 12 accumulators, plus 2 registers of W and 1 broadcast: 15 of the 16 ymm
+// registers; per k step it issues 12 fma for 8 loads, so it is fma-bound. The
+// AVX-512 one holds 12 rows x 2 panels in 24 zmm accumulators (24 fma for 14
+// loads). Blocking k by 512 keeps a row block's slice of h and a panel's
+// slice of W in L1/L2: at D = 4096 and 128 rows it took the AVX2 kernel from
+// 65 to 84 GFLOP/s.
 //
 // Highway or intrinsics: the kernel needs only broadcast, load, store and fma
 // on 8-float vectors; in raw AVX2 intrinsics it is a 30-line template. A
@@ -59,78 +61,48 @@ void ScalarLogits(const float* h, int64_t rows, const float* panels, int64_t tok
   }
 }
 
-// ------------------------------------------------------------------ AVX2 ----
-#if defined(__x86_64__)
+// ------------------------------------------------- blocked SIMD driver ----
+//
+// One pass of an ISA's micro-kernels: rows of h (at stride ldh) against
+// `panels` consecutive panel slices (at stride panel_stride) of kc k steps,
+// into chains at c[r * ldc + t] (t < 16 * panels), started from +0 (resume
+// false) or continued.
+using PanelSliceFn = void (*)(const float* h, int64_t rows, int64_t ldh, const float* panel,
+                              int64_t panel_stride, int panels, int64_t kc, float* c, int64_t ldc,
+                              bool resume);
 
-#define FS_AVX2 __attribute__((target("avx2,fma")))
+struct SimdKernel {
+  PanelSliceFn slice;
+  int row_block;   // rows per micro-tile
+  int max_panels;  // panels one call may take
+};
 
-constexpr int kRowBlock = 6;      // rows per micro-tile (register budget above)
+constexpr int kMaxRowBlock = 12;
 constexpr int64_t kKBlock = 512;  // k per pass over the tile
-
-// MR rows x one panel's 16 tokens, over k in [0, kc) of the slices given:
-// h rows at stride ldh, the panel's k-major slice, and the chains in
-// c[r * ldc + t], which are started from +0 (resume false) or continued.
-template <int MR>
-FS_AVX2 void Avx2MicroTile(const float* h, int64_t ldh, const float* panel, int64_t kc, float* c,
-                           int64_t ldc, bool resume) {
-  __m256 lo[MR], hi[MR];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    lo[r] = resume ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
-    hi[r] = resume ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m256 w_lo = _mm256_loadu_ps(panel + k * kPanel);
-    const __m256 w_hi = _mm256_loadu_ps(panel + k * kPanel + 8);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 hk = _mm256_broadcast_ss(h + r * ldh + k);
-      lo[r] = _mm256_fmadd_ps(hk, w_lo, lo[r]);
-      hi[r] = _mm256_fmadd_ps(hk, w_hi, hi[r]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(c + r * ldc, lo[r]);
-    _mm256_storeu_ps(c + r * ldc + 8, hi[r]);
-  }
-}
-
-// Every row of h (in blocks of kRowBlock, the last one smaller) against one
-// panel slice.
-FS_AVX2 void Avx2PanelSlice(const float* h, int64_t rows, int64_t ldh, const float* panel,
-                            int64_t kc, float* c, int64_t ldc, bool resume) {
-  for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-    const float* hb = h + r0 * ldh;
-    float* cb = c + r0 * ldc;
-    switch (std::min<int64_t>(kRowBlock, rows - r0)) {
-      case 6: Avx2MicroTile<6>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 5: Avx2MicroTile<5>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 4: Avx2MicroTile<4>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 3: Avx2MicroTile<3>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 2: Avx2MicroTile<2>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      default: Avx2MicroTile<1>(hb, ldh, panel, kc, cb, ldc, resume); break;
-    }
-  }
-}
 
 // Panels wholly inside [token0, token0 + n) write their chains straight into
 // `out` (row stride n), k block by k block, so one block of h and one slice
 // of a panel are reused from cache. A panel the range cuts (at most the first
-// and the last) runs row block by row block into a 6 x 16 scratch tile, and
-// only its tokens in range are copied out.
-FS_AVX2 void Avx2Logits(const float* h, int64_t rows, const float* panels, int64_t token0,
-                        int64_t n, int64_t hidden, float* out) {
+// and the last) runs row block by row block into a scratch tile, and only its
+// tokens in range are copied out.
+[[maybe_unused]] void BlockedLogits(const SimdKernel& kernel, const float* h, int64_t rows, const float* panels,
+                   int64_t token0, int64_t n, int64_t hidden, float* out) {
   const int64_t end = token0 + n;
   const int64_t first_panel = token0 / kPanel;
   const int64_t end_panel = (end + kPanel - 1) / kPanel;
+  const int64_t panel_stride = hidden * kPanel;
   auto whole = [&](int64_t p) { return p * kPanel >= token0 && (p + 1) * kPanel <= end; };
   for (int64_t k0 = 0; k0 < hidden; k0 += kKBlock) {
     const int64_t kc = std::min(kKBlock, hidden - k0);
-    for (int64_t p = first_panel; p < end_panel; ++p) {
-      if (!whole(p)) continue;
-      Avx2PanelSlice(h + k0, rows, hidden, panels + (p * hidden + k0) * kPanel, kc,
-                     out + (p * kPanel - token0), n, k0 > 0);
+    for (int64_t p = first_panel; p < end_panel;) {
+      if (!whole(p)) {
+        ++p;
+        continue;
+      }
+      const int np = kernel.max_panels >= 2 && p + 1 < end_panel && whole(p + 1) ? 2 : 1;
+      kernel.slice(h + k0, rows, hidden, panels + p * panel_stride + k0 * kPanel, panel_stride, np,
+                   kc, out + (p * kPanel - token0), n, k0 > 0);
+      p += np;
     }
   }
   int64_t cut[2];
@@ -140,12 +112,12 @@ FS_AVX2 void Avx2Logits(const float* h, int64_t rows, const float* panels, int64
   for (int i = 0; i < cuts; ++i) {
     const int64_t p = cut[i];
     const int64_t lo = std::max(token0, p * kPanel), hi = std::min(end, (p + 1) * kPanel);
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      const int64_t mr = std::min<int64_t>(kRowBlock, rows - r0);
-      alignas(32) float tile[kRowBlock * kPanel];
+    for (int64_t r0 = 0; r0 < rows; r0 += kernel.row_block) {
+      const int64_t mr = std::min<int64_t>(kernel.row_block, rows - r0);
+      alignas(64) float tile[kMaxRowBlock * kPanel];
       for (int64_t k0 = 0; k0 < hidden; k0 += kKBlock) {
-        Avx2PanelSlice(h + r0 * hidden + k0, mr, hidden, panels + (p * hidden + k0) * kPanel,
-                       std::min(kKBlock, hidden - k0), tile, kPanel, k0 > 0);
+        kernel.slice(h + r0 * hidden + k0, mr, hidden, panels + p * panel_stride + k0 * kPanel,
+                     panel_stride, 1, std::min(kKBlock, hidden - k0), tile, kPanel, k0 > 0);
       }
       for (int64_t r = 0; r < mr; ++r) {
         for (int64_t t = lo; t < hi; ++t) {
@@ -156,7 +128,130 @@ FS_AVX2 void Avx2Logits(const float* h, int64_t rows, const float* panels, int64
   }
 }
 
+#if defined(__x86_64__)
+// ------------------------------------------------------------------ AVX2 ----
+
+#define FS_AVX2 __attribute__((target("avx2,fma")))
+
+// MR rows x one panel's 16 tokens (two 8-lane registers per row).
+template <int MR>
+FS_AVX2 void Avx2MicroTile(const float* h, int64_t ldh, const float* panel, int64_t kc, float* c,
+                           int64_t ldc, bool resume) {
+  __m256 lo[MR], hi[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    lo[r] = resume ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
+    hi[r] = resume ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 w_lo = _mm256_loadu_ps(panel + k * kPanel);
+    const __m256 w_hi = _mm256_loadu_ps(panel + k * kPanel + 8);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m256 hk = _mm256_broadcast_ss(h + r * ldh + k);
+      lo[r] = _mm256_fmadd_ps(hk, w_lo, lo[r]);
+      hi[r] = _mm256_fmadd_ps(hk, w_hi, hi[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(c + r * ldc, lo[r]);
+    _mm256_storeu_ps(c + r * ldc + 8, hi[r]);
+  }
+}
+
+// 6 rows x 16 tokens: 12 accumulators + 2 of W + 1 broadcast = 15 of the 16
+// ymm registers; one panel per call.
+constexpr int kAvx2RowBlock = 6;
+static_assert(kAvx2RowBlock <= kMaxRowBlock);
+
+FS_AVX2 void Avx2PanelSlice(const float* h, int64_t rows, int64_t ldh, const float* panel,
+                            int64_t /*panel_stride*/, int /*panels: always 1*/, int64_t kc, float* c,
+                            int64_t ldc, bool resume) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kAvx2RowBlock) {
+    const float* hb = h + r0 * ldh;
+    float* cb = c + r0 * ldc;
+    switch (std::min<int64_t>(kAvx2RowBlock, rows - r0)) {
+      case 6: Avx2MicroTile<6>(hb, ldh, panel, kc, cb, ldc, resume); break;
+      case 5: Avx2MicroTile<5>(hb, ldh, panel, kc, cb, ldc, resume); break;
+      case 4: Avx2MicroTile<4>(hb, ldh, panel, kc, cb, ldc, resume); break;
+      case 3: Avx2MicroTile<3>(hb, ldh, panel, kc, cb, ldc, resume); break;
+      case 2: Avx2MicroTile<2>(hb, ldh, panel, kc, cb, ldc, resume); break;
+      default: Avx2MicroTile<1>(hb, ldh, panel, kc, cb, ldc, resume); break;
+    }
+  }
+}
+
 #undef FS_AVX2
+
+// --------------------------------------------------------------- AVX-512 ----
+
+#define FS_AVX512 __attribute__((target("avx512f")))
+
+// MR rows x NP panels (one 16-lane register per row and panel).
+template <int MR, int NP>
+FS_AVX512 void Avx512MicroTile(const float* h, int64_t ldh, const float* panel,
+                               int64_t panel_stride, int64_t kc, float* c, int64_t ldc,
+                               bool resume) {
+  __m512 acc[MR][NP];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 2
+    for (int q = 0; q < NP; ++q) {
+      acc[r][q] = resume ? _mm512_loadu_ps(c + r * ldc + q * kPanel) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 w[NP];
+#pragma GCC unroll 2
+    for (int q = 0; q < NP; ++q) w[q] = _mm512_loadu_ps(panel + q * panel_stride + k * kPanel);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 hk = _mm512_set1_ps(h[r * ldh + k]);
+#pragma GCC unroll 2
+      for (int q = 0; q < NP; ++q) acc[r][q] = _mm512_fmadd_ps(hk, w[q], acc[r][q]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 2
+    for (int q = 0; q < NP; ++q) _mm512_storeu_ps(c + r * ldc + q * kPanel, acc[r][q]);
+  }
+}
+
+template <int NP>
+FS_AVX512 void Avx512RowBlock(int64_t mr, const float* h, int64_t ldh, const float* panel,
+                              int64_t panel_stride, int64_t kc, float* c, int64_t ldc,
+                              bool resume) {
+  switch (mr) {
+#define FS_CASE(M) \
+  case M: Avx512MicroTile<M, NP>(h, ldh, panel, panel_stride, kc, c, ldc, resume); break;
+    FS_CASE(12) FS_CASE(11) FS_CASE(10) FS_CASE(9) FS_CASE(8) FS_CASE(7)
+    FS_CASE(6) FS_CASE(5) FS_CASE(4) FS_CASE(3) FS_CASE(2)
+#undef FS_CASE
+    default: Avx512MicroTile<1, NP>(h, ldh, panel, panel_stride, kc, c, ldc, resume); break;
+  }
+}
+
+// 12 rows x 2 panels: 24 accumulators + 2 of W + 1 broadcast = 27 of the 32
+// zmm registers; 24 fma for 14 loads per k step.
+constexpr int kAvx512RowBlock = 12;
+static_assert(kAvx512RowBlock <= kMaxRowBlock);
+
+FS_AVX512 void Avx512PanelSlice(const float* h, int64_t rows, int64_t ldh, const float* panel,
+                                int64_t panel_stride, int panels, int64_t kc, float* c,
+                                int64_t ldc, bool resume) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kAvx512RowBlock) {
+    const int64_t mr = std::min<int64_t>(kAvx512RowBlock, rows - r0);
+    if (panels == 2) {
+      Avx512RowBlock<2>(mr, h + r0 * ldh, ldh, panel, panel_stride, kc, c + r0 * ldc, ldc, resume);
+    } else {
+      Avx512RowBlock<1>(mr, h + r0 * ldh, ldh, panel, panel_stride, kc, c + r0 * ldc, ldc, resume);
+    }
+  }
+}
+
+#undef FS_AVX512
 #endif  // __x86_64__
 
 }  // namespace
@@ -175,25 +270,46 @@ void PackTokenPanels(const float* rows, int64_t first_token, int64_t count, int6
   }
 }
 
-DotIsa BestDotIsa() {
+bool DotIsaSupported(DotIsa isa) {
+  switch (isa) {
+    case DotIsa::kScalar:
+      return true;
 #if defined(__x86_64__)
-  static const DotIsa best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
-                                 ? DotIsa::kAvx2
-                                 : DotIsa::kScalar;
-  return best;
-#else
-  return DotIsa::kScalar;
+    case DotIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case DotIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f");
 #endif
+    default:
+      return false;
+  }
 }
 
-const char* DotIsaName(DotIsa isa) { return isa == DotIsa::kAvx2 ? "avx2" : "scalar"; }
+DotIsa BestDotIsa() {
+  static const DotIsa best = DotIsaSupported(DotIsa::kAvx512) ? DotIsa::kAvx512
+                             : DotIsaSupported(DotIsa::kAvx2) ? DotIsa::kAvx2
+                                                              : DotIsa::kScalar;
+  return best;
+}
+
+const char* DotIsaName(DotIsa isa) {
+  switch (isa) {
+    case DotIsa::kAvx2: return "avx2";
+    case DotIsa::kAvx512: return "avx512";
+    default: return "scalar";
+  }
+}
 
 void FixedOrderLogits(const float* h, int64_t rows, const float* panels, int64_t token0, int64_t n,
                       int64_t hidden, float* out, DotIsa isa) {
   if (rows <= 0 || n <= 0 || hidden <= 0) return;
 #if defined(__x86_64__)
+  if (isa == DotIsa::kAvx512) {
+    BlockedLogits({Avx512PanelSlice, kAvx512RowBlock, 2}, h, rows, panels, token0, n, hidden, out);
+    return;
+  }
   if (isa == DotIsa::kAvx2) {
-    Avx2Logits(h, rows, panels, token0, n, hidden, out);
+    BlockedLogits({Avx2PanelSlice, kAvx2RowBlock, 1}, h, rows, panels, token0, n, hidden, out);
     return;
   }
 #endif

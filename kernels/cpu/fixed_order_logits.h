@@ -24,9 +24,9 @@
 // micro-kernel, with W packed once for the life of the process instead of on
 // every call).
 //
-// Every ISA variant computes exactly these operations: the AVX2 variant keeps
-// one fp32 chain per (row, token) in a register lane and uses vfmadd; the
-// scalar variant uses std::fma. Both are correctly rounded IEEE operations on
+// Every ISA variant computes exactly these operations: the AVX2 and AVX-512
+// variants keep one fp32 chain per (row, token) in a register lane and use
+// vfmadd; the scalar variant uses std::fma. Both are correctly rounded IEEE operations on
 // the same operands in the same order, so the bits agree. Blocking over k
 // stores a chain to memory and reloads it, which is exact.
 //
@@ -54,16 +54,18 @@ void PackTokenPanels(const float* rows, int64_t first_token, int64_t count, int6
 enum class DotIsa {
   kScalar,  // any CPU
   kAvx2,    // x86-64 with AVX2 and FMA
+  kAvx512,  // x86-64 with AVX-512F
 };
 
-// The widest variant this CPU runs (checked once).
+// Whether this CPU runs `isa`; the widest such variant (checked once).
+bool DotIsaSupported(DotIsa isa);
 DotIsa BestDotIsa();
 const char* DotIsaName(DotIsa isa);
 
 // out[r * n + j] = h[r, :] . W[token0 + j, :] in the order above; h is
 // row-major [rows, hidden], `panels` W in the token-panel layout, and tokens
 // token0 .. token0 + n - 1 must lie inside it. `isa` must be one the CPU runs
-// (BestDotIsa() or kScalar); tests pass both to compare their bits.
+// (DotIsaSupported); tests pass each to compare their bits.
 void FixedOrderLogits(const float* h, int64_t rows, const float* panels, int64_t token0, int64_t n,
                       int64_t hidden, float* out, DotIsa isa);
 inline void FixedOrderLogits(const float* h, int64_t rows, const float* panels, int64_t token0,

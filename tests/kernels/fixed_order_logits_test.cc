@@ -44,9 +44,13 @@ float ContractDot(const float* a, const float* b, int64_t hidden) {
   return acc;
 }
 
+// Every variant this CPU runs (the CI machine: scalar and AVX2; the GPU
+// hosts: AVX-512 too).
 std::vector<DotIsa> Variants() {
-  std::vector<DotIsa> v = {DotIsa::kScalar};
-  if (BestDotIsa() != DotIsa::kScalar) v.push_back(BestDotIsa());
+  std::vector<DotIsa> v;
+  for (DotIsa isa : {DotIsa::kScalar, DotIsa::kAvx2, DotIsa::kAvx512}) {
+    if (DotIsaSupported(isa)) v.push_back(isa);
+  }
   return v;
 }
 
@@ -69,16 +73,16 @@ TEST(FixedOrderLogits, PanelsHoldSixteenTokensKMajorAndZeroPadding) {
 
 TEST(FixedOrderLogits, EveryVariantComputesTheContractBitForBit) {
   // Hidden sizes around the kernel's k blocks of 512, rows around its row
-  // blocks of 6, and token ranges that start and end inside a panel, on a
+  // blocks (6 for AVX2, 12 for AVX-512), and token ranges that start and end inside a panel, on a
   // panel edge, and inside one panel.
   constexpr int64_t kVocab = 70;
   for (int64_t hidden : {1, 7, 16, 17, 100, 511, 512, 513, 1100}) {
     const std::vector<float> w = Spread(kVocab * hidden, 2 + static_cast<uint32_t>(hidden));
     const std::vector<float> panels = TokenPanelsOf(w, hidden);
-    for (int64_t rows : {1, 2, 5, 6, 7, 13}) {
+    for (int64_t rows : {1, 2, 5, 6, 7, 12, 13, 25}) {
       const std::vector<float> h = Spread(rows * hidden, 1 + static_cast<uint32_t>(hidden));
       for (int64_t token0 : {0, 3, 16, 21}) {
-        for (int64_t n : {1, 5, 13, 16, 29, 48}) {
+        for (int64_t n : {1, 5, 13, 16, 29, 48}) {  // 48: pairs of whole panels
           for (DotIsa isa : Variants()) {
             std::vector<float> out(static_cast<size_t>(rows * n), NAN);
             FixedOrderLogits(h.data(), rows, panels.data(), token0, n, hidden, out.data(), isa);
