@@ -23,10 +23,16 @@
 // slice of W in L1/L2: at D = 4096 and 128 rows it took the AVX2 kernel from
 // 65 to 84 GFLOP/s.
 //
-// Highway or intrinsics: the kernel needs only broadcast, load, store and fma
-// on 8-float vectors; in raw AVX2 intrinsics it is a 30-line template. A
-// Highway version was no shorter and added a dependency, so the ISA dispatch
-// here is one __builtin_cpu_supports check.
+// Highway or intrinsics: a Highway version (libhwy-dev 1.0.3, foreach_target
+// + HWY_DYNAMIC_DISPATCH, written and run on the dev machine, not kept; its
+// AVX2 target gave the contract's bits) needs one micro-kernel template
+// instead of our two, but still per-target row blocks under
+// #if HWY_TARGET, the foreach_target re-inclusion, and a new dependency.
+// And it breaks the contract on its own: on targets without FMA (SSE4,
+// forced with SetSupportedTargetsForTest) hn::MulAdd is a multiply and an
+// add, two roundings, and 54% of the logits differed from the fma chain; so
+// those targets must be disabled and our std::fma scalar variant kept anyway.
+// The intrinsics version says exactly which instruction runs: it stays.
 #include "kernels/cpu/fixed_order_logits.h"
 
 #include <algorithm>
