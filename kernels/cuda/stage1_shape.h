@@ -8,7 +8,7 @@
 // reads at the fraction of peak its blocks fill. A vocabulary shard of about
 // 76k tokens at hidden_dim 4096 is 594 blocks of 128 tokens: 2.25 waves of
 // 264 on the CUDA cores, 1.5 waves of 396 on the tensor cores at B <= 16
-// (BENCHMARKS.md, "the half-vocabulary kernel loses its last wave").
+// (docs/benchmark-log.md, "the half-vocabulary kernel loses its last wave").
 //
 // 1. CUDA-core tile: 64 or 128 tokens per block (CudaCoreTileTokens).
 // A block's bytes in flight do not depend on its tile (each warp streams 4 W

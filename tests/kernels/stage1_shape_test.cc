@@ -2,7 +2,7 @@
 // 64- or 128-token tiles and the tensor-core stage 1's pipeline depth at
 // B <= 16 (pure host arithmetic, so they run in CI). The shapes and waves
 // (132 SMs: 264 one-row CUDA-core blocks, 396 tensor-core blocks) are those
-// measured in BENCHMARKS.md ("64-token tiles for the CUDA-core stage 1",
+// measured in docs/benchmark-log.md ("64-token tiles for the CUDA-core stage 1",
 // "a deeper tensor-core pipeline"): the rules pick what was measured faster.
 #include "kernels/cuda/stage1_shape.h"
 

@@ -7,7 +7,7 @@
 #
 # A record: it ran binaries of commit 92e2e3b (the tile cut, reverted in the
 # next commit) on 2026-11-25; flashsampler-kernel-bench no longer has
-# --tile_parts. See BENCHMARKS.md, "Tried: a balanced stage-1 grid".
+# --tile_parts. See docs/benchmark-log.md, "Tried: a balanced stage-1 grid".
 #
 #   base:  BASE_BENCH (a flashsampler-kernel-bench built before the cut, when given)
 #   whole: this build, --tile_parts=INT64_MAX (one block per tile, as before)
