@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -80,7 +81,7 @@ using PanelSliceFn = void (*)(const float* h, int64_t rows, int64_t ldh, const f
 struct SimdKernel {
   PanelSliceFn slice;
   int row_block;   // rows per micro-tile
-  int max_panels;  // panels one call may take
+  int max_panels;  // consecutive panels one call may take
 };
 
 constexpr int kMaxRowBlock = 12;
@@ -91,8 +92,9 @@ constexpr int64_t kKBlock = 512;  // k per pass over the tile
 // of a panel are reused from cache. A panel the range cuts (at most the first
 // and the last) runs row block by row block into a scratch tile, and only its
 // tokens in range are copied out.
-[[maybe_unused]] void BlockedLogits(const SimdKernel& kernel, const float* h, int64_t rows, const float* panels,
-                   int64_t token0, int64_t n, int64_t hidden, float* out) {
+[[maybe_unused]] void BlockedLogits(const SimdKernel& kernel, const float* h, int64_t rows,
+                                   const float* panels, int64_t token0, int64_t n, int64_t hidden,
+                                   float* out) {
   const int64_t end = token0 + n;
   const int64_t first_panel = token0 / kPanel;
   const int64_t end_panel = (end + kPanel - 1) / kPanel;
@@ -105,7 +107,8 @@ constexpr int64_t kKBlock = 512;  // k per pass over the tile
         ++p;
         continue;
       }
-      const int np = kernel.max_panels >= 2 && p + 1 < end_panel && whole(p + 1) ? 2 : 1;
+      int np = 1;
+      while (np < kernel.max_panels && p + np < end_panel && whole(p + np)) ++np;
       kernel.slice(h + k0, rows, hidden, panels + p * panel_stride + k0 * kPanel, panel_stride, np,
                    kc, out + (p * kPanel - token0), n, k0 > 0);
       p += np;
@@ -139,51 +142,82 @@ constexpr int64_t kKBlock = 512;  // k per pass over the tile
 
 #define FS_AVX2 __attribute__((target("avx2,fma")))
 
-// MR rows x one panel's 16 tokens (two 8-lane registers per row).
-template <int MR>
-FS_AVX2 void Avx2MicroTile(const float* h, int64_t ldh, const float* panel, int64_t kc, float* c,
-                           int64_t ldc, bool resume) {
-  __m256 lo[MR], hi[MR];
+// MR rows x NP panels of 16 tokens (two 8-lane registers per row and panel).
+// Few rows take several panels at once: a chain advances one fma per k step,
+// and an fma waits for the previous one (4 cycles on Zen 3), so one row
+// against one panel (2 chains) would leave the fma units idle; 1 row x 4
+// panels keeps 8 chains in flight.
+template <int MR, int NP>
+FS_AVX2 void Avx2MicroTile(const float* h, int64_t ldh, const float* panel, int64_t panel_stride,
+                           int64_t kc, float* c, int64_t ldc, bool resume) {
+  __m256 lo[MR][NP], hi[MR][NP];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
-    lo[r] = resume ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
-    hi[r] = resume ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; ++q) {
+      const float* cq = c + r * ldc + q * kPanel;
+      lo[r][q] = resume ? _mm256_loadu_ps(cq) : _mm256_setzero_ps();
+      hi[r][q] = resume ? _mm256_loadu_ps(cq + 8) : _mm256_setzero_ps();
+    }
   }
   for (int64_t k = 0; k < kc; ++k) {
-    const __m256 w_lo = _mm256_loadu_ps(panel + k * kPanel);
-    const __m256 w_hi = _mm256_loadu_ps(panel + k * kPanel + 8);
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; ++q) {
+      const __m256 w_lo = _mm256_loadu_ps(panel + q * panel_stride + k * kPanel);
+      const __m256 w_hi = _mm256_loadu_ps(panel + q * panel_stride + k * kPanel + 8);
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m256 hk = _mm256_broadcast_ss(h + r * ldh + k);
-      lo[r] = _mm256_fmadd_ps(hk, w_lo, lo[r]);
-      hi[r] = _mm256_fmadd_ps(hk, w_hi, hi[r]);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 hk = _mm256_broadcast_ss(h + r * ldh + k);
+        lo[r][q] = _mm256_fmadd_ps(hk, w_lo, lo[r][q]);
+        hi[r][q] = _mm256_fmadd_ps(hk, w_hi, hi[r][q]);
+      }
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(c + r * ldc, lo[r]);
-    _mm256_storeu_ps(c + r * ldc + 8, hi[r]);
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; ++q) {
+      _mm256_storeu_ps(c + r * ldc + q * kPanel, lo[r][q]);
+      _mm256_storeu_ps(c + r * ldc + q * kPanel + 8, hi[r][q]);
+    }
   }
 }
 
-// 6 rows x 16 tokens: 12 accumulators + 2 of W + 1 broadcast = 15 of the 16
-// ymm registers; one panel per call.
+// Row blocks of 6 x 1 panel: 12 accumulators + 2 of W + 1 broadcast = 15 of
+// the 16 ymm registers. A last block of 1 or 2 rows takes 4 or 2 panels at a
+// time (8 accumulators).
 constexpr int kAvx2RowBlock = 6;
+constexpr int kAvx2MaxPanels = 4;
 static_assert(kAvx2RowBlock <= kMaxRowBlock);
 
+template <int MR, int NP>
+FS_AVX2 void Avx2Panels(const float* h, int64_t ldh, const float* panel, int64_t panel_stride,
+                        int panels, int64_t kc, float* c, int64_t ldc, bool resume) {
+  int q = 0;
+  for (; q + NP <= panels; q += NP) {
+    Avx2MicroTile<MR, NP>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc,
+                          resume);
+  }
+  for (; q < panels; ++q) {
+    Avx2MicroTile<MR, 1>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc,
+                         resume);
+  }
+}
+
 FS_AVX2 void Avx2PanelSlice(const float* h, int64_t rows, int64_t ldh, const float* panel,
-                            int64_t /*panel_stride*/, int /*panels: always 1*/, int64_t kc, float* c,
-                            int64_t ldc, bool resume) {
+                            int64_t panel_stride, int panels, int64_t kc, float* c, int64_t ldc,
+                            bool resume) {
   for (int64_t r0 = 0; r0 < rows; r0 += kAvx2RowBlock) {
     const float* hb = h + r0 * ldh;
     float* cb = c + r0 * ldc;
+    const auto args = std::make_tuple(hb, ldh, panel, panel_stride, panels, kc, cb, ldc, resume);
     switch (std::min<int64_t>(kAvx2RowBlock, rows - r0)) {
-      case 6: Avx2MicroTile<6>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 5: Avx2MicroTile<5>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 4: Avx2MicroTile<4>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 3: Avx2MicroTile<3>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      case 2: Avx2MicroTile<2>(hb, ldh, panel, kc, cb, ldc, resume); break;
-      default: Avx2MicroTile<1>(hb, ldh, panel, kc, cb, ldc, resume); break;
+      case 6: std::apply(Avx2Panels<6, 1>, args); break;
+      case 5: std::apply(Avx2Panels<5, 1>, args); break;
+      case 4: std::apply(Avx2Panels<4, 1>, args); break;
+      case 3: std::apply(Avx2Panels<3, 1>, args); break;
+      case 2: std::apply(Avx2Panels<2, 2>, args); break;
+      default: std::apply(Avx2Panels<1, kAvx2MaxPanels>, args); break;
     }
   }
 }
@@ -202,57 +236,70 @@ FS_AVX512 void Avx512MicroTile(const float* h, int64_t ldh, const float* panel,
   __m512 acc[MR][NP];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int q = 0; q < NP; ++q) {
       acc[r][q] = resume ? _mm512_loadu_ps(c + r * ldc + q * kPanel) : _mm512_setzero_ps();
     }
   }
   for (int64_t k = 0; k < kc; ++k) {
     __m512 w[NP];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int q = 0; q < NP; ++q) w[q] = _mm512_loadu_ps(panel + q * panel_stride + k * kPanel);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 hk = _mm512_set1_ps(h[r * ldh + k]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int q = 0; q < NP; ++q) acc[r][q] = _mm512_fmadd_ps(hk, w[q], acc[r][q]);
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int q = 0; q < NP; ++q) _mm512_storeu_ps(c + r * ldc + q * kPanel, acc[r][q]);
   }
 }
 
-template <int NP>
-FS_AVX512 void Avx512RowBlock(int64_t mr, const float* h, int64_t ldh, const float* panel,
-                              int64_t panel_stride, int64_t kc, float* c, int64_t ldc,
-                              bool resume) {
-  switch (mr) {
-#define FS_CASE(M) \
-  case M: Avx512MicroTile<M, NP>(h, ldh, panel, panel_stride, kc, c, ldc, resume); break;
-    FS_CASE(12) FS_CASE(11) FS_CASE(10) FS_CASE(9) FS_CASE(8) FS_CASE(7)
-    FS_CASE(6) FS_CASE(5) FS_CASE(4) FS_CASE(3) FS_CASE(2)
-#undef FS_CASE
-    default: Avx512MicroTile<1, NP>(h, ldh, panel, panel_stride, kc, c, ldc, resume); break;
+// Row blocks of 12 x 2 panels: 24 accumulators + 2 of W + 1 broadcast = 27
+// of the 32 zmm registers; 24 fma for 14 loads per k step. A last block of
+// at most 3 rows takes 4 panels at a time (<= 12 accumulators), for the
+// same reason as on AVX2: enough chains in flight.
+constexpr int kAvx512RowBlock = 12;
+constexpr int kAvx512MaxPanels = 4;
+static_assert(kAvx512RowBlock <= kMaxRowBlock);
+
+template <int MR, int NP>
+FS_AVX512 void Avx512Panels(const float* h, int64_t ldh, const float* panel, int64_t panel_stride,
+                            int panels, int64_t kc, float* c, int64_t ldc, bool resume) {
+  int q = 0;
+  for (; q + NP <= panels; q += NP) {
+    Avx512MicroTile<MR, NP>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel,
+                            ldc, resume);
+  }
+  for (; q < panels; ++q) {
+    Avx512MicroTile<MR, 1>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc,
+                           resume);
   }
 }
-
-// 12 rows x 2 panels: 24 accumulators + 2 of W + 1 broadcast = 27 of the 32
-// zmm registers; 24 fma for 14 loads per k step.
-constexpr int kAvx512RowBlock = 12;
-static_assert(kAvx512RowBlock <= kMaxRowBlock);
 
 FS_AVX512 void Avx512PanelSlice(const float* h, int64_t rows, int64_t ldh, const float* panel,
                                 int64_t panel_stride, int panels, int64_t kc, float* c,
                                 int64_t ldc, bool resume) {
   for (int64_t r0 = 0; r0 < rows; r0 += kAvx512RowBlock) {
-    const int64_t mr = std::min<int64_t>(kAvx512RowBlock, rows - r0);
-    if (panels == 2) {
-      Avx512RowBlock<2>(mr, h + r0 * ldh, ldh, panel, panel_stride, kc, c + r0 * ldc, ldc, resume);
-    } else {
-      Avx512RowBlock<1>(mr, h + r0 * ldh, ldh, panel, panel_stride, kc, c + r0 * ldc, ldc, resume);
+    const auto args = std::make_tuple(h + r0 * ldh, ldh, panel, panel_stride, panels, kc,
+                                      c + r0 * ldc, ldc, resume);
+    switch (std::min<int64_t>(kAvx512RowBlock, rows - r0)) {
+      case 12: std::apply(Avx512Panels<12, 2>, args); break;
+      case 11: std::apply(Avx512Panels<11, 2>, args); break;
+      case 10: std::apply(Avx512Panels<10, 2>, args); break;
+      case 9: std::apply(Avx512Panels<9, 2>, args); break;
+      case 8: std::apply(Avx512Panels<8, 2>, args); break;
+      case 7: std::apply(Avx512Panels<7, 2>, args); break;
+      case 6: std::apply(Avx512Panels<6, 2>, args); break;
+      case 5: std::apply(Avx512Panels<5, 2>, args); break;
+      case 4: std::apply(Avx512Panels<4, 2>, args); break;
+      case 3: std::apply(Avx512Panels<3, 4>, args); break;
+      case 2: std::apply(Avx512Panels<2, 4>, args); break;
+      default: std::apply(Avx512Panels<1, kAvx512MaxPanels>, args); break;
     }
   }
 }
@@ -311,11 +358,13 @@ void FixedOrderLogits(const float* h, int64_t rows, const float* panels, int64_t
   if (rows <= 0 || n <= 0 || hidden <= 0) return;
 #if defined(__x86_64__)
   if (isa == DotIsa::kAvx512) {
-    BlockedLogits({Avx512PanelSlice, kAvx512RowBlock, 2}, h, rows, panels, token0, n, hidden, out);
+    BlockedLogits({Avx512PanelSlice, kAvx512RowBlock, kAvx512MaxPanels}, h, rows, panels, token0,
+                  n, hidden, out);
     return;
   }
   if (isa == DotIsa::kAvx2) {
-    BlockedLogits({Avx2PanelSlice, kAvx2RowBlock, 1}, h, rows, panels, token0, n, hidden, out);
+    BlockedLogits({Avx2PanelSlice, kAvx2RowBlock, kAvx2MaxPanels}, h, rows, panels, token0, n,
+                  hidden, out);
     return;
   }
 #endif
