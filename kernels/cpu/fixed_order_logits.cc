@@ -85,6 +85,25 @@ struct SimdKernel {
 };
 
 constexpr int kMaxRowBlock = 12;
+
+// A micro-tile: MR rows (MR and the panel count are its template arguments)
+// against consecutive panel slices at stride panel_stride.
+using MicroTileFn = void (*)(const float* h, int64_t ldh, const float* panel, int64_t panel_stride,
+                             int64_t kc, float* c, int64_t ldc, bool resume);
+
+// One row block against `panels` panels: Group (NP panels at a time), then
+// Single (one panel) for what is left.
+template <MicroTileFn Group, int NP, MicroTileFn Single>
+void PanelGroups(const float* h, int64_t ldh, const float* panel, int64_t panel_stride, int panels,
+                 int64_t kc, float* c, int64_t ldc, bool resume) {
+  int q = 0;
+  for (; q + NP <= panels; q += NP) {
+    Group(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc, resume);
+  }
+  for (; q < panels; ++q) {
+    Single(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc, resume);
+  }
+}
 constexpr int64_t kKBlock = 512;  // k per pass over the tile
 
 // Panels wholly inside [token0, token0 + n) write their chains straight into
@@ -186,23 +205,12 @@ FS_AVX2 void Avx2MicroTile(const float* h, int64_t ldh, const float* panel, int6
 // Row blocks of 6 x 1 panel: 12 accumulators + 2 of W + 1 broadcast = 15 of
 // the 16 ymm registers. A last block of 1 or 2 rows takes 4 or 2 panels at a
 // time (8 accumulators).
+template <int MR, int NP>
+constexpr auto Avx2Panels = PanelGroups<Avx2MicroTile<MR, NP>, NP, Avx2MicroTile<MR, 1>>;
+
 constexpr int kAvx2RowBlock = 6;
 constexpr int kAvx2MaxPanels = 4;
 static_assert(kAvx2RowBlock <= kMaxRowBlock);
-
-template <int MR, int NP>
-FS_AVX2 void Avx2Panels(const float* h, int64_t ldh, const float* panel, int64_t panel_stride,
-                        int panels, int64_t kc, float* c, int64_t ldc, bool resume) {
-  int q = 0;
-  for (; q + NP <= panels; q += NP) {
-    Avx2MicroTile<MR, NP>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc,
-                          resume);
-  }
-  for (; q < panels; ++q) {
-    Avx2MicroTile<MR, 1>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc,
-                         resume);
-  }
-}
 
 FS_AVX2 void Avx2PanelSlice(const float* h, int64_t rows, int64_t ldh, const float* panel,
                             int64_t panel_stride, int panels, int64_t kc, float* c, int64_t ldc,
@@ -263,23 +271,12 @@ FS_AVX512 void Avx512MicroTile(const float* h, int64_t ldh, const float* panel,
 // of the 32 zmm registers; 24 fma for 14 loads per k step. A last block of
 // at most 3 rows takes 4 panels at a time (<= 12 accumulators), for the
 // same reason as on AVX2: enough chains in flight.
+template <int MR, int NP>
+constexpr auto Avx512Panels = PanelGroups<Avx512MicroTile<MR, NP>, NP, Avx512MicroTile<MR, 1>>;
+
 constexpr int kAvx512RowBlock = 12;
 constexpr int kAvx512MaxPanels = 4;
 static_assert(kAvx512RowBlock <= kMaxRowBlock);
-
-template <int MR, int NP>
-FS_AVX512 void Avx512Panels(const float* h, int64_t ldh, const float* panel, int64_t panel_stride,
-                            int panels, int64_t kc, float* c, int64_t ldc, bool resume) {
-  int q = 0;
-  for (; q + NP <= panels; q += NP) {
-    Avx512MicroTile<MR, NP>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel,
-                            ldc, resume);
-  }
-  for (; q < panels; ++q) {
-    Avx512MicroTile<MR, 1>(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc,
-                           resume);
-  }
-}
 
 FS_AVX512 void Avx512PanelSlice(const float* h, int64_t rows, int64_t ldh, const float* panel,
                                 int64_t panel_stride, int panels, int64_t kc, float* c,
