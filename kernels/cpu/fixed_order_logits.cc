@@ -104,6 +104,7 @@ void PanelGroups(const float* h, int64_t ldh, const float* panel, int64_t panel_
     Single(h, ldh, panel + q * panel_stride, panel_stride, kc, c + q * kPanel, ldc, resume);
   }
 }
+
 constexpr int64_t kKBlock = 512;  // k per pass over the tile
 
 // Panels wholly inside [token0, token0 + n) write their chains straight into
