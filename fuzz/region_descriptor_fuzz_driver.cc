@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_check.h"
 #include "fuzz/fuzz_input_reader.h"
-#include "server/memory_regions.h"
-#include "server/request_parser.h"
+#include "server/regions/memory_regions.h"
+#include "server/api/request_parser.h"
 
 namespace flashsampler::fuzz {
 namespace {

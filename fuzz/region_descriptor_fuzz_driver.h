@@ -1,7 +1,7 @@
 // Fuzz driver for memory-region descriptors: registration (name, shm key,
 // offset, size, limit), the slices requests name (Resolve, and a Sample
 // request's hidden_states_region through ParseSampleRequest), unregistering
-// and listing (server/memory_regions.h). Shared by the libFuzzer target
+// and listing (server/regions/memory_regions.h). Shared by the libFuzzer target
 // (fuzz/region_descriptor_fuzz.cc) and the replay test
 // (tests/fuzz/region_descriptor_fuzz_driver_test.cc).
 //

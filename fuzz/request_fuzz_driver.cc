@@ -9,9 +9,9 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/fuzz_input_reader.h"
 #include "kernels/common/half_precision.h"
-#include "server/request_parser.h"
-#include "server/row_controls_parser.h"
-#include "server/verify_request.h"
+#include "server/api/request_parser.h"
+#include "server/api/row_controls_parser.h"
+#include "server/api/verify_request.h"
 
 namespace flashsampler::fuzz {
 namespace {
@@ -55,7 +55,7 @@ absl::StatusOr<ParsedSampleRequest> Parse(const v1::SampleRequest& request) {
                             regions);
 }
 
-// The parser's contract for one request (see server/request_parser.h).
+// The parser's contract for one request (see server/api/request_parser.h).
 void ValidateAndCheck(const v1::SampleRequest& request) {
   absl::StatusOr<ParsedSampleRequest> parsed = Parse(request);
   if (!parsed.ok()) {
@@ -98,7 +98,7 @@ void ValidateAndCheck(const v1::SampleRequest& request) {
   FUZZ_CHECK(response.request_id() == request.request_id(), "request id not echoed");
 }
 
-// ParseVerifyRequest's contract (server/verify_request.h) for one request,
+// ParseVerifyRequest's contract (server/api/verify_request.h) for one request,
 // then FillVerifyResponse over a fake engine result.
 void ValidateAndCheckVerify(const v1::VerifyRequest& request) {
   uint64_t next_seed = 2000;

@@ -1,4 +1,4 @@
-// Fuzz drivers for request validation (server/request_parser.h): untrusted
+// Fuzz drivers for request validation (server/api/request_parser.h): untrusted
 // SampleRequests go through ParseSampleRequest exactly as the service calls
 // it, and every outcome is checked against the parser's contract. Shared by the
 // libFuzzer targets (fuzz/*_fuzz.cc) and the replay tests

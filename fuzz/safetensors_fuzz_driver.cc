@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_check.h"
-#include "server/lm_head.h"
-#include "server/safetensors_file.h"
+#include "server/model/lm_head.h"
+#include "server/model/safetensors_file.h"
 
 namespace flashsampler::fuzz {
 namespace {

@@ -1,5 +1,5 @@
-// Fuzz driver for the weights loaders (server/safetensors_file.h,
-// server/lm_head.h): arbitrary bytes are written as a .safetensors file and
+// Fuzz driver for the weights loaders (server/model/safetensors_file.h,
+// server/model/lm_head.h): arbitrary bytes are written as a .safetensors file and
 // opened, every tensor is fetched, and the file is loaded as an LM head under
 // the default names and under each of its tensor names. Shared by the
 // libFuzzer target and the replay test (tests/fuzz/), so a crash input replays

@@ -17,10 +17,10 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/fuzz_input_reader.h"
 #include "kernels/cpu/controlled_sampler.h"
-#include "server/batch_assembly.h"
-#include "server/engine.h"
-#include "server/request_parser.h"
-#include "server/row_controls_parser.h"
+#include "server/batching/batch_assembly.h"
+#include "server/engine/engine.h"
+#include "server/api/request_parser.h"
+#include "server/api/row_controls_parser.h"
 
 namespace flashsampler::fuzz {
 namespace {
@@ -70,7 +70,7 @@ Engine* EngineFor(int shape_index) {
 
 // ---- Reading the program -------------------------------------------------
 
-// Boundary values of every float range in row_controls_parser.h, plus the
+// Boundary values of every float range in server/api/row_controls_parser.h, plus the
 // IEEE specials.
 constexpr float kInf = std::numeric_limits<float>::infinity();
 const float kNiceFloats[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, 2.0f, -2.0f, 2.0000002f, -2.0000002f,

@@ -1,9 +1,9 @@
 // Fuzz driver for the sampling-params planner: the code that resolves each
 // SamplingParams entry (temperature, seed, offset and every sampling control)
-// into per-row RowParams / RowControls (server/request_parser.h,
-// server/row_controls_parser.h), and the launch planning that groups the rows
+// into per-row RowParams / RowControls (server/api/request_parser.h,
+// server/api/row_controls_parser.h), and the launch planning that groups the rows
 // of queued requests into engine launches and hands the results back
-// (server/batch_assembly.h). Shared by the libFuzzer target
+// (server/batching/batch_assembly.h). Shared by the libFuzzer target
 // (fuzz/sampling_params_fuzz.cc) and the replay test
 // (tests/fuzz/sampling_params_fuzz_driver_test.cc).
 //

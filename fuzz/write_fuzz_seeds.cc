@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "fuzz/request_fuzz_driver.h"
-#include "server/lm_head.h"
-#include "server/safetensors_writer.h"
+#include "server/model/lm_head.h"
+#include "server/model/safetensors_writer.h"
 
 namespace flashsampler::fuzz {
 namespace {

@@ -22,7 +22,7 @@ struct ServerConfig {
   int threads = 0;           // CPU backend threads; 0 = all
   int64_t tile_rows = 1024;  // CPU backend vocabulary tile
   int64_t max_request_rows = 1024;  // largest B one request may carry
-  // Dynamic batcher (server/dynamic_batcher.h).
+  // Dynamic batcher (server/batching/dynamic_batcher.h).
   int64_t max_batch_rows = 256;     // rows per engine launch
   int64_t max_queue_delay_us = 0;
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows

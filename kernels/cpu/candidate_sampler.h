@@ -17,7 +17,7 @@
 // top_p keeps sorted token j when the float64 mass before it is < top_p times
 // the total; logz is max + log(sum exp(l' - max)) in float64, rounded to fp32.
 //
-// Draft token (speculative verification, server/engine.h): with draft x >= 0,
+// Draft token (speculative verification, server/engine/engine.h): with draft x >= 0,
 // *draft_logprob = l'_x - logz when x is kept (else -inf: p(x) = 0), every
 // sample of a sampled row (T > 0) is drawn from the kept tokens other than x
 // (the residual), and greedy rows sample as usual. A kept set of x alone has no

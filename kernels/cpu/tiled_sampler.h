@@ -15,7 +15,7 @@
 // which fixes how the tiles' sums are merged). The [B, V] logits are never
 // allocated.
 //
-// Draft rows (speculative verification, server/engine.h's contract): with
+// Draft rows (speculative verification, server/engine/engine.h's contract): with
 // draft_tokens[b] = x >= 0, a sampled row (T > 0) takes its argmax over
 // i != x (a sample of the residual softmax restricted to i != x), a greedy row
 // its usual argmax, and draft_logprobs[b] = l'_x - log Z with log Z over every

@@ -38,7 +38,7 @@
 //      is below the thread's best score skips its noise (exact pruning).
 //   logz = max + log(sum over kept of exp(double(l') - max)) (float64, a
 //   fixed-shape block reduction: deterministic), logprobs = l'_token - logz.
-//   Draft rows (speculative verification, server/engine.h; controls.draft_tokens
+//   Draft rows (speculative verification, server/engine/engine.h; controls.draft_tokens
 //   set and draft x >= 0): draft_logprobs = l'_x - logz when x is kept, else
 //   -inf (p(x) = 0); the samples of a sampled row (T > 0) are drawn from the
 //   kept tokens other than x (the residual), or are x when x is all that is

@@ -107,7 +107,7 @@ struct FusedSampleArgs {
   float* logprobs = nullptr;           // device [batch], optional
   void* workspace = nullptr;           // device, >= FusedSampleWorkspaceBytes, 16-byte aligned
   size_t workspace_bytes = 0;
-  // Speculative verification (server/engine.h's draft_tokens), optional.
+  // Speculative verification (server/engine/engine.h's draft_tokens), optional.
   // draft_tokens: device [batch], a greedy draft token x per row or -1 for a
   // plain row. For a sampled row (T > 0) with x in [0, valid_vocab) the sample
   // excludes x: token = argmax_{i != x} (l'_i + g_i), a sample of the residual

@@ -3,7 +3,7 @@
 // rounded to the LM head's dtype and checked, in one pass on the device.
 //
 // This is the device half of what the request parser does on the host for
-// hidden states that arrive as bytes (server/request_parser.cc): the same
+// hidden states that arrive as bytes (server/api/request_parser.cc): the same
 // conversions (kernels/common/half_precision.h, compiled for both sides), so a
 // row's fp32 input, and hence its token, is bit-identical whichever way it came.
 //

@@ -27,7 +27,7 @@
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/safetensors_writer.h"
+#include "server/model/safetensors_writer.h"
 #include "tests/common/http_get.h"
 #include "tests/common/scoped_temp_dir.h"
 #include "tests/common/metrics_text.h"

@@ -6,7 +6,7 @@
 
 #include "fuzz/fuzz_check.h"
 #include "gtest/gtest.h"
-#include "server/verify_request.h"
+#include "server/api/verify_request.h"
 #include "tests/fuzz/replay_inputs.h"
 
 namespace flashsampler::fuzz {

@@ -51,7 +51,7 @@ using gpu_test::GpuTest;
 // The controlled sampler on a [vocab, 1] fp32 LM head `w` (valid_vocab =
 // vocab) with hidden values h [rows]: flattens the controls, uploads
 // everything, launches LaunchControlledSample, downloads and assembles the
-// details as the engine does (cuda_controlled_runner.cc).
+// details as the engine does (server/engine/cuda_controlled_runner.cc).
 class ControlledSampleTest : public GpuTest {
  protected:
   void SetUp() override {

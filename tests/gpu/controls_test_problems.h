@@ -59,7 +59,7 @@ Outputs RunCpu(const std::vector<float>& w, const std::vector<float>& h,
 void ExpectAgrees(const Outputs& gpu, const Outputs& cpu, const RandomProblem& p);
 
 // Device outputs of one controlled launch (poisoned with 0xff bytes), and
-// their download assembled as the engine does (cuda_controlled_runner.cc).
+// their download assembled as the engine does (server/engine/cuda_controlled_runner.cc).
 class DeviceOutputs {
  public:
   DeviceOutputs(int64_t rows, int64_t samples);

@@ -1,4 +1,4 @@
-// The CUDA Engine with sampling controls (server/cuda_controlled_runner.h)
+// The CUDA Engine with sampling controls (server/engine/cuda_controlled_runner.h)
 // against the CPU Engine on the same demo LM head: same seeds give the same
 // tokens on >= 99.9% of rows with random controls, plain and controlled rows
 // mixed, batches above the fused limit and the controlled chunk size; a row
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/cuda_controlled_runner.h"
-#include "server/engine.h"
-#include "server/safetensors_writer.h"
+#include "server/engine/cuda_controlled_runner.h"
+#include "server/engine/engine.h"
+#include "server/model/safetensors_writer.h"
 #include "tests/common/scoped_temp_dir.h"
 #include "tests/gpu/engine_test_batches.h"
 
@@ -170,7 +170,7 @@ TEST(CudaEngineControls, DraftRowsWithControlsMatchTheCpuEngine) {
 }
 
 // Plain draft rows on the sharded engine take the controlled kernel with
-// neutral controls (sharded_cuda_engine.cc). That is sound only if the
+// neutral controls (server/engine/sharded_cuda_engine.cc). That is sound only if the
 // controlled kernel verifies a draft on a row with neutral controls exactly
 // as the plain kernels do. Here row 0 has a control (top_k = 5), which sends
 // the batch to the controlled path, and every other row has neutral controls

@@ -1,4 +1,4 @@
-// The CUDA Engine (server/cuda_engine.cc) against the CPU Engine on the same
+// The CUDA Engine (server/engine/cuda_engine.cc) against the CPU Engine on the same
 // demo LM head: same seeds give the same tokens on >= 99.9% of random rows,
 // through both the fused and the cuBLAS-materialized paths; logz agrees to fp32
 // rounding. Speculative-verification rows (draft_tokens) likewise: same
@@ -15,8 +15,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/common/half_precision.h"
-#include "server/engine.h"
-#include "server/pinned_host_staging.h"
+#include "server/engine/engine.h"
+#include "server/engine/pinned_host_staging.h"
 #include "tests/gpu/engine_test_batches.h"
 
 namespace flashsampler {

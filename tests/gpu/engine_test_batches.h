@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <random>
 
-#include "server/engine.h"
+#include "server/engine/engine.h"
 
 namespace flashsampler::testing {
 

@@ -1,4 +1,4 @@
-// The sharded CUDA Engine (server/sharded_cuda_engine.cc), picked by MakeEngine
+// The sharded CUDA Engine (server/engine/sharded_cuda_engine.cc), picked by MakeEngine
 // for several devices, against the single-GPU engine on the same demo LM head
 // (ctest labels `gpu`, `multi_gpu`): same seeds give the same tokens (the
 // noise is keyed by the global token id and the shards' tiles are the
@@ -16,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/fused_controlled_sample.h"
-#include "server/engine.h"
+#include "server/engine/engine.h"
 #include "tests/gpu/engine_test_batches.h"
 
 namespace flashsampler {

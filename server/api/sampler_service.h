@@ -1,0 +1,115 @@
+// SamplerService: the flashsampler.v1.Sampler gRPC service (callback API).
+//
+// Each RPC is validated on the gRPC thread (ParseSampleRequest, or
+// ParseVerifyRequest for Verify, whose rows the batcher treats like Sample
+// rows and whose response the verify finalizer assembles), handed to the
+// DynamicBatcher with the call's deadline and cancellation, and finished from
+// the batcher's callback, so no gRPC thread blocks on compute. SampleStream handles one request at a time per stream,
+// which keeps responses in request order; an invalid request ends the stream
+// with its status. Errors are mapped to gRPC codes once, by ToGrpcStatus.
+// On shutdown, BeginDrain closes open streams (UNAVAILABLE) as soon as they are
+// idle, so the drain waits only for real work.
+//
+// Every finished request (unary call, stream message or Verify) is counted in
+// ServerMetrics by method and status code (Verify's rows: its positions).
+//
+// Thread safety: gRPC calls the methods concurrently; the service holds
+// immutable configuration, the batcher, the metrics, a mutex-guarded seed generator and a
+// mutex-guarded registry of open streams.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "flashsampler/v1/sampler.grpc.pb.h"
+#include "server/api/request_parser.h"
+#include "server/api/verify_request.h"
+#include "server/batching/dynamic_batcher.h"
+#include "server/regions/memory_regions.h"
+#include "server/telemetry/metrics.h"
+
+namespace flashsampler {
+
+class SampleStreamReactor;
+
+class SamplerService final : public v1::Sampler::CallbackService {
+ public:
+  // `metrics` may be null (nothing is recorded). `regions` may be null: the
+  // region RPCs then answer FAILED_PRECONDITION, as do requests naming one.
+  SamplerService(DynamicBatcher* batcher, RequestLimits limits, ServerMetrics* metrics,
+                 MemoryRegions* regions = nullptr);
+
+  grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
+                                   const v1::SampleRequest* request,
+                                   v1::SampleResponse* response) override;
+  grpc::ServerBidiReactor<v1::SampleRequest, v1::SampleResponse>* SampleStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
+
+  // Shutdown, first step: new Sample / Verify requests (unary or stream messages) are
+  // refused with UNAVAILABLE, idle streams are finished now with UNAVAILABLE,
+  // busy ones right after their current response, and new streams are
+  // refused, so Server::Shutdown only waits for real work. Requests already
+  // accepted are answered normally.
+  void BeginDrain();
+  // Waits until no accepted Sample request is unanswered, or `deadline`;
+  // true when idle.
+  bool WaitUntilIdle(absl::Time deadline);
+
+  // The stream reactors' registry (for BeginDrain). RegisterStream returns
+  // false once draining has begun.
+  bool RegisterStream(SampleStreamReactor* stream);
+  void UnregisterStream(SampleStreamReactor* stream);
+
+  // Validates `request` and, when valid and the model is loaded, queues it;
+  // `done` gets the status, and `parsed` is filled for the response. `method`
+  // labels the request in the metrics. Exposed for the stream reactor.
+  void StartSample(RpcMethod method, grpc::CallbackServerContext* context,
+                   const v1::SampleRequest& request,
+                   ParsedSampleRequest* parsed, v1::SampleResponse* response,
+                   std::function<void(grpc::Status)> done);
+
+ private:
+  uint64_t DrawSeed();
+  // Admission shared by Sample, stream messages and Verify: wraps `done` with
+  // the metrics (rows read from `batch` when answered) and the in-flight
+  // count, and answers UNAVAILABLE (returning false) while draining or before
+  // the model is loaded. After true, `done` must be called exactly once.
+  bool Admit(RpcMethod method, const SampleBatch* batch, std::function<void(grpc::Status)>* done);
+  // Hands a parsed batch to the batcher with the call's deadline and cancellation.
+  void SubmitBatch(grpc::CallbackServerContext* context, const SampleBatch* batch,
+                   DynamicBatcher::Done on_result);
+
+  DynamicBatcher* const batcher_;
+  const RequestLimits limits_;
+  ServerMetrics* const metrics_;
+  MemoryRegions* const regions_;
+  absl::Mutex seed_mu_;
+  absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
+  absl::Mutex inflight_mu_;
+  int64_t inflight_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // accepted, unanswered requests
+  bool refusing_ ABSL_GUARDED_BY(inflight_mu_) = false;  // BeginDrain was called
+  absl::Mutex streams_mu_;
+  absl::flat_hash_set<SampleStreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool draining_ ABSL_GUARDED_BY(streams_mu_) = false;
+};
+
+}  // namespace flashsampler

@@ -1,0 +1,264 @@
+// CudaControlledRunner: flatten, upload, launch, download, scatter into
+// SampleResult (cuda_controlled_runner.h).
+#include "server/engine/cuda_controlled_runner.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/fused_controlled_sample.h"
+
+namespace flashsampler {
+namespace {
+
+using kernels::KernelStatus;
+
+absl::Status CudaError(const char* what, cudaError_t err) {
+  return absl::InternalError(absl::StrCat("cuda controlled sampler: ", what, ": ",
+                                          cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+#define FS_RETURN_IF_CUDA_ERROR(expr)                          \
+  do {                                                         \
+    const cudaError_t fs_err = (expr);                         \
+    if (fs_err != cudaSuccess) return CudaError(#expr, fs_err); \
+  } while (0)
+
+}  // namespace
+
+CudaSamplerPath PlanCudaSamplerPath(const SampleBatch& batch, int64_t fused_max_rows) {
+  if (std::any_of(batch.controls.begin(), batch.controls.end(),
+                  [](const RowControls& c) { return HasAnyControl(c); })) {
+    return CudaSamplerPath::kControlled;
+  }
+  return batch.rows <= fused_max_rows ? CudaSamplerPath::kFused : CudaSamplerPath::kMaterialized;
+}
+
+CudaControlledRunner::~CudaControlledRunner() {
+  for (Buffer* b : {&tokens_, &logz_, &logprobs_, &status_, &sample_tokens_, &sample_logprobs_,
+                    &sample_ranks_, &top_ids_, &top_logprobs_, &top_counts_, &draft_logprobs_,
+                    &controls_}) {
+    cudaFree(b->device);
+    cudaFreeHost(b->host);
+  }
+}
+
+absl::Status CudaControlledRunner::Init(int64_t max_rows, int64_t fused_max_rows) {
+  max_rows_ = max_rows;
+  fused_max_rows_ = fused_max_rows;
+  const size_t rows = static_cast<size_t>(max_rows);
+  const size_t samples = rows * kMaxNumSamples;
+  const size_t top = rows * kMaxTopLogprobs;
+  const std::initializer_list<std::pair<Buffer*, size_t>> sizes = {
+      {&tokens_, rows * 4},       {&logz_, rows * 4},          {&logprobs_, rows * 4},
+      {&status_, rows * 4},       {&sample_tokens_, samples * 4}, {&sample_logprobs_, samples * 4},
+      {&sample_ranks_, samples * 4}, {&top_ids_, top * 4},     {&top_logprobs_, top * 4},
+      {&top_counts_, rows * 4},   {&draft_logprobs_, rows * 4}};
+  for (const auto& [buffer, bytes] : sizes) {
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&buffer->device, bytes));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&buffer->host, bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaControlledRunner::EnsureControlsCapacity(size_t bytes) {
+  if (bytes <= controls_capacity_) return absl::OkStatus();
+  // Grow geometrically; the previous upload has completed (Run synchronizes).
+  const size_t capacity = std::max(bytes, 2 * controls_capacity_);
+  cudaFree(controls_.device);
+  cudaFreeHost(controls_.host);
+  controls_ = Buffer{};
+  controls_capacity_ = 0;
+  FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&controls_.device, capacity));
+  FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&controls_.host, capacity));
+  controls_capacity_ = capacity;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaControlledRunner::LaunchBuffers> CudaControlledRunner::Prepare(
+    const SampleBatch& batch, const ModelShape& shape, const int32_t* draft_tokens,
+    cudaStream_t stream) {
+  const int64_t rows = batch.rows;
+  if ((!batch.controls.empty() && static_cast<int64_t>(batch.controls.size()) != rows) ||
+      rows < 1 || rows > max_rows_) {
+    return absl::InvalidArgumentError("cuda engine: controls must be one per row");
+  }
+  const bool drafts = !batch.draft_tokens.empty();
+  if (drafts != (draft_tokens != nullptr)) {
+    return absl::InvalidArgumentError("cuda engine: draft tokens must be uploaded with the batch");
+  }
+  const std::vector<RowControls> neutral(batch.controls.empty() ? static_cast<size_t>(rows) : 0);
+  const RowControls* controls = batch.controls.empty() ? neutral.data() : batch.controls.data();
+  if (const KernelStatus s = kernels::FlattenControls(controls, rows, shape.vocab_size,
+                                                      shape.valid_vocab, &flat_);
+      s != KernelStatus::kOk) {
+    return KernelStatusToStatus(s, "cuda controlled sampler (controls)");
+  }
+  if (absl::Status s = EnsureControlsCapacity(flat_.PackedBytes()); !s.ok()) return s;
+  flat_.PackTo(controls_.host);
+  FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(controls_.device, controls_.host, flat_.PackedBytes(),
+                                          cudaMemcpyHostToDevice, stream));
+  LaunchBuffers b;
+  b.controls = flat_.DeviceView(controls_.device);
+  b.controls.draft_tokens = draft_tokens;
+  kernels::ControlledSampleOutputs& o = b.outputs;
+  o.token_ids = static_cast<int32_t*>(tokens_.device);
+  o.logz = batch.want_logz ? static_cast<float*>(logz_.device) : nullptr;
+  o.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_.device) : nullptr;
+  o.row_status = static_cast<int32_t*>(status_.device);
+  o.sample_tokens = static_cast<int32_t*>(sample_tokens_.device);
+  o.sample_logprobs = static_cast<float*>(sample_logprobs_.device);
+  o.sample_ranks = static_cast<int32_t*>(sample_ranks_.device);
+  o.top_ids = static_cast<int32_t*>(top_ids_.device);
+  o.top_logprobs = static_cast<float*>(top_logprobs_.device);
+  o.top_counts = static_cast<int32_t*>(top_counts_.device);
+  o.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_.device) : nullptr;
+  return b;
+}
+
+bool CudaControlledRunner::fused_serves_every_row() const {
+  return std::none_of(flat_.rows.begin(), flat_.rows.end(), [](const kernels::ControlledRowDesc& d) {
+    return kernels::FusedRowKindOf(d) == kernels::kFusedUnservedRow;
+  });
+}
+
+absl::StatusOr<SampleResult> CudaControlledRunner::Run(
+    const SampleBatch& batch, const ModelShape& shape, const void* weight,
+    kernels::CudaWeightDType dtype, const float* hidden, const RowParams* params,
+    const int32_t* draft_tokens, void* workspace, size_t workspace_bytes, cublasHandle_t cublas,
+    cudaStream_t stream) {
+  if (static_cast<int64_t>(batch.controls.size()) != batch.rows) {
+    return absl::InvalidArgumentError("cuda engine: controls must be one per row");
+  }
+  absl::StatusOr<LaunchBuffers> buffers = Prepare(batch, shape, draft_tokens, stream);
+  if (!buffers.ok()) return buffers.status();
+  kernels::ControlledSampleArgs args;
+  args.weight = weight;
+  args.weight_dtype = dtype;
+  args.hidden = hidden;
+  args.params = params;
+  args.batch = batch.rows;
+  args.vocab = shape.vocab_size;
+  args.valid_vocab = shape.valid_vocab;
+  args.hidden_dim = shape.hidden_size;
+  args.controls = buffers->controls;
+  args.outputs = buffers->outputs;
+  args.workspace = workspace;
+  args.workspace_bytes = workspace_bytes;
+
+  // Draft rows take the materialized path (the fused one does not verify).
+  const bool fused =
+      draft_tokens == nullptr && batch.rows <= fused_max_rows_ &&
+      kernels::FusedControlledShapeSupported(dtype, shape.valid_vocab, shape.hidden_size) &&
+      fused_serves_every_row();
+  if (fused) {
+    if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
+      return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
+    }
+    absl::StatusOr<SampleResult> result = Finish(batch, stream);
+    if (!result.ok()) return result;
+    if (!fused_row_not_served_) {
+      result->path = LaunchPath::kFusedControlled;
+      return result;
+    }
+    // A tile held more of some row's top-k than it kept: the materialized path.
+  }
+  if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
+    return KernelStatusToStatus(s, "cuda controlled sampler launch");
+  }
+  absl::StatusOr<SampleResult> result = Finish(batch, stream);
+  if (result.ok()) {
+    result->path = fused ? LaunchPath::kFusedControlledFallback : LaunchPath::kControlled;
+  }
+  return result;
+}
+
+absl::Status CudaControlledRunner::EnqueueDownloads(const SampleBatch& batch, cudaStream_t stream) {
+  const int64_t rows = batch.rows;
+  const bool any_top = std::any_of(batch.controls.begin(), batch.controls.end(),
+                                   [](const RowControls& c) { return c.top_logprobs > 0; });
+  const size_t samples = static_cast<size_t>(flat_.total_samples);
+  auto download = [&](const Buffer& b, size_t bytes) {
+    return cudaMemcpyAsync(b.host, b.device, bytes, cudaMemcpyDeviceToHost, stream);
+  };
+  FS_RETURN_IF_CUDA_ERROR(download(tokens_, rows * 4));
+  FS_RETURN_IF_CUDA_ERROR(download(status_, rows * 4));
+  FS_RETURN_IF_CUDA_ERROR(download(sample_tokens_, samples * 4));
+  if (batch.want_logz) FS_RETURN_IF_CUDA_ERROR(download(logz_, rows * 4));
+  if (batch.want_logprobs) FS_RETURN_IF_CUDA_ERROR(download(logprobs_, rows * 4));
+  if (!batch.draft_tokens.empty()) FS_RETURN_IF_CUDA_ERROR(download(draft_logprobs_, rows * 4));
+  if (any_top) {
+    FS_RETURN_IF_CUDA_ERROR(download(sample_logprobs_, samples * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(sample_ranks_, samples * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(top_ids_, rows * kMaxTopLogprobs * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(top_logprobs_, rows * kMaxTopLogprobs * 4));
+    FS_RETURN_IF_CUDA_ERROR(download(top_counts_, rows * 4));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& batch,
+                                                          cudaStream_t stream) {
+  if (absl::Status s = EnqueueDownloads(batch, stream); !s.ok()) return s;
+  FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  return Collect(batch);
+}
+
+absl::StatusOr<SampleResult> CudaControlledRunner::Collect(const SampleBatch& batch) {
+  const int64_t rows = batch.rows;
+  fused_row_not_served_ = false;
+  const auto* status = static_cast<const int32_t*>(status_.host);
+  if (std::any_of(status, status + rows,
+                  [](int32_t s) { return s == kernels::kFusedRowNotServed; })) {
+    fused_row_not_served_ = true;  // only the fused path writes it: Run retries
+    return SampleResult{};
+  }
+  if (std::any_of(status, status + rows, [](int32_t s) { return s != 0; })) {
+    return KernelStatusToStatus(KernelStatus::kFailedPrecondition, "cuda controlled sampler");
+  }
+  const kernels::FlatControls& flat = flat_;
+  SampleResult result;
+  const auto* tokens = static_cast<const int32_t*>(tokens_.host);
+  result.token_ids.assign(tokens, tokens + rows);
+  if (batch.want_logz) {
+    const auto* v = static_cast<const float*>(logz_.host);
+    result.logz.assign(v, v + rows);
+  }
+  if (batch.want_logprobs) {
+    const auto* v = static_cast<const float*>(logprobs_.host);
+    result.logprobs.assign(v, v + rows);
+  }
+  if (!batch.draft_tokens.empty()) {
+    const auto* v = static_cast<const float*>(draft_logprobs_.host);
+    result.draft_logprobs.assign(v, v + rows);
+  }
+  const auto* sample_tokens = static_cast<const int32_t*>(sample_tokens_.host);
+  const auto* sample_logprobs = static_cast<const float*>(sample_logprobs_.host);
+  const auto* sample_ranks = static_cast<const int32_t*>(sample_ranks_.host);
+  const auto* top_ids = static_cast<const int32_t*>(top_ids_.host);
+  const auto* top_logprobs = static_cast<const float*>(top_logprobs_.host);
+  const auto* top_counts = static_cast<const int32_t*>(top_counts_.host);
+  result.details.resize(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const kernels::ControlledRowDesc& d = flat.rows[r];
+    RowSampleDetail& detail = result.details[r];
+    detail.token_ids.assign(sample_tokens + d.sample_begin,
+                            sample_tokens + d.sample_begin + d.num_samples);
+    if (d.top_logprobs <= 0) continue;
+    detail.logprobs.assign(sample_logprobs + d.sample_begin,
+                           sample_logprobs + d.sample_begin + d.num_samples);
+    detail.ranks.assign(sample_ranks + d.sample_begin, sample_ranks + d.sample_begin + d.num_samples);
+    for (int32_t i = 0; i < top_counts[r]; ++i) {
+      detail.top.push_back(TokenLogprob{top_ids[r * kMaxTopLogprobs + i],
+                                        top_logprobs[r * kMaxTopLogprobs + i]});
+    }
+  }
+  return result;
+}
+
+}  // namespace flashsampler

@@ -1,0 +1,412 @@
+// The CUDA Engine: W resident on one GPU, one stream, pinned host staging.
+//
+// Per batch: the fp32 hidden states and RowParams are copied into pinned
+// buffers and uploaded asynchronously (wire rows, SampleBatch::wire_hidden,
+// cross the bus in the caller's dtype, or not at all for a CUDA IPC buffer on
+// this GPU, and are widened, rounded and checked on the device), one sampler
+// launch runs (PlanCudaSamplerPath,
+// cuda_controlled_runner.h: batches with sampling controls take the fused or
+// the materialized controlled path; plain ones the fused kernel up to --cuda_fused_max_rows
+// rows, the cuBLAS-materialized path above: whichever measured faster for that
+// batch size, BENCHMARKS.md), the results come back through pinned memory
+// and the stream is synchronised. Speculative-verification rows
+// (SampleBatch::draft_tokens) ride in the same launch on the fused and
+// materialized paths: their draft tokens are uploaded beside the params and
+// the kernels exclude / score them (FusedSampleArgs::draft_tokens); with
+// controls, the materialized controlled path does (after every control, as
+// the CPU backend). Every CUDA call is checked: a failure marks
+// the engine unhealthy (health flips to NOT_SERVING) and the batch fails with
+// Internal; a sticky device error is not retried.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/common/half_precision.h"
+#include "kernels/cuda/controlled_sample.h"
+#include "kernels/cuda/fused_controlled_sample.h"
+#include "kernels/cuda/fused_sample.h"
+#include "kernels/cuda/hidden_states.h"
+#include "kernels/cuda/materialized_sample.h"
+#include "server/engine/cuda_controlled_runner.h"
+#include "server/engine/engine.h"
+#include "server/engine/pinned_host_staging.h"
+
+namespace flashsampler {
+namespace {
+
+using kernels::CudaWeightDType;
+using kernels::KernelStatus;
+
+absl::Status CudaError(const char* what, cudaError_t err) {
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
+                                          cudaGetErrorString(err), ")"));
+}
+
+#define FS_RETURN_IF_CUDA_ERROR(expr)                          \
+  do {                                                         \
+    const cudaError_t fs_err = (expr);                         \
+    if (fs_err != cudaSuccess) return CudaError(#expr, fs_err); \
+  } while (0)
+
+CudaWeightDType ToCudaDType(WeightDType d) {
+  switch (d) {
+    case WeightDType::kFloat32: return CudaWeightDType::kFloat32;
+    case WeightDType::kFloat16: return CudaWeightDType::kFloat16;
+    case WeightDType::kBFloat16: return CudaWeightDType::kBFloat16;
+  }
+  return CudaWeightDType::kBFloat16;
+}
+
+class CudaEngine final : public Engine {
+ public:
+  CudaEngine(const ModelShape& shape, const CudaEngineOptions& options, int64_t max_rows)
+      : shape_(shape), options_(options), max_rows_(max_rows),
+        staging_(MakePinnedHostStaging(options.device)) {}
+
+  ~CudaEngine() override {
+    cudaSetDevice(options_.device);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    for (void* p : {weight_, hidden_, wire_, params_, tokens_, logz_, logprobs_, drafts_,
+                    draft_logprobs_, first_bad_, workspace_}) {
+      cudaFree(p);
+    }
+    for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_,
+                    host_drafts_, host_draft_logprobs_, host_first_bad_}) {
+      cudaFreeHost(p);
+    }
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // Uploads W and allocates every buffer for batches of up to max_rows_ rows.
+  absl::Status Init(const LmHead& head) {
+    FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
+    FS_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
+      cublas_ = nullptr;
+      return absl::InternalError("cublasCreate failed");
+    }
+    const CudaWeightDType dtype = ToCudaDType(shape_.weight_dtype);
+    const size_t weight_bytes = static_cast<size_t>(shape_.vocab_size) * shape_.hidden_size *
+                                kernels::CudaWeightDTypeBytes(dtype);
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&weight_, weight_bytes));
+    // One copy from the mapping straight to the device; nothing is staged.
+    FS_RETURN_IF_CUDA_ERROR(cudaMemcpy(weight_, head.data(), weight_bytes, cudaMemcpyHostToDevice));
+
+    const size_t rows = static_cast<size_t>(max_rows_);
+    const size_t hidden_bytes = rows * shape_.hidden_size * sizeof(float);
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&hidden_, hidden_bytes));
+    // Host wire rows land here before widening, at their fp32 rows' offsets.
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&wire_, hidden_bytes));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&params_, rows * sizeof(RowParams)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&tokens_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logz_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logprobs_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&drafts_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&draft_logprobs_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_hidden_, hidden_bytes));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_params_, rows * sizeof(RowParams)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_tokens_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logz_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_drafts_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_draft_logprobs_, rows * sizeof(float)));
+    // One first-bad index per run of wire rows; a batch has at most one run per row.
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&first_bad_, rows * sizeof(unsigned long long)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_first_bad_, rows * sizeof(unsigned long long)));
+
+    // Workspace for the largest batch either path may get.
+    const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
+    workspace_bytes_ = std::max(
+        kernels::FusedSampleWorkspaceBytes(fused_rows, shape_.valid_vocab, shape_.hidden_size),
+        kernels::MaterializedSampleWorkspaceBytes(max_rows_, shape_.valid_vocab,
+                                                  shape_.hidden_size, dtype));
+    workspace_bytes_ = std::max(workspace_bytes_,
+                                kernels::ControlledSampleWorkspaceBytes(
+                                    max_rows_, shape_.valid_vocab, shape_.hidden_size, dtype));
+    const bool fused_controls =
+        options_.fused_controls && fused_rows > 0 &&
+        kernels::FusedControlledShapeSupported(dtype, shape_.valid_vocab, shape_.hidden_size);
+    if (fused_controls) {
+      workspace_bytes_ = std::max(workspace_bytes_,
+                                  kernels::FusedControlledWorkspaceBytes(
+                                      fused_rows, shape_.valid_vocab, shape_.hidden_size));
+    }
+    if (workspace_bytes_ == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
+    return controlled_.Init(max_rows_, fused_controls ? fused_rows : 0);
+  }
+
+  absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
+    if (!healthy_) return absl::UnavailableError("the CUDA backend failed earlier and is not serving");
+    if (absl::Status s = CheckBatchLayout(batch, shape_.hidden_size, max_rows_, "cuda engine",
+                                          options_.device);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<SampleResult> result = Run(batch);
+    if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) healthy_ = false;
+    return result;
+  }
+
+  const ModelShape& shape() const override { return shape_; }
+  std::string backend_name() const override { return "cuda"; }
+  bool healthy() const override { return healthy_; }
+  // Draft rows ride every launch: the fused and materialized ones, and with
+  // controls the materialized controlled one.
+  bool serves_draft_rows(bool /*with_controls*/) const override { return true; }
+  bool reads_wire_hidden(int device) const override {
+    return device == kHostMemory || device == options_.device;
+  }
+  std::shared_ptr<HostStaging> host_staging() const override { return staging_; }
+  // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
+  // calling thread's current device, so this is safe next to a running Sample.
+  std::vector<DeviceMemoryInfo> DeviceMemory() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaSetDevice(options_.device) != cudaSuccess ||
+        cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      return {};
+    }
+    return {DeviceMemoryInfo{options_.device, static_cast<int64_t>(total_bytes - free_bytes),
+                             static_cast<int64_t>(total_bytes)}};
+  }
+
+ private:
+  absl::StatusOr<SampleResult> Run(const SampleBatch& batch) {
+    FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
+    if (absl::Status s = StageHidden(batch); !s.ok()) return s;
+    absl::StatusOr<SampleResult> result = RunSampler(batch);
+    // A bad value in wire rows fails the batch whatever the sampler made of
+    // it (its outputs are garbage then, never a crash).
+    if (absl::Status s = CheckWireRows(batch); !s.ok()) return s;
+    return result;
+  }
+
+  // Puts the batch's hidden states, fp32 and rounded to W's dtype, in
+  // hidden_ (enqueued on stream_): fp32 rows through pinned staging; wire
+  // rows (SampleBatch::wire_hidden) widened on the device
+  // (kernels/cuda/hidden_states.h), from their GPU memory in place or, for
+  // host bytes, from wire_ after a copy at their own width; each run of wire
+  // rows also enqueues the copy of its first-bad index to host_first_bad_.
+  absl::Status StageHidden(const SampleBatch& batch) {
+    const int64_t d = shape_.hidden_size;
+    const auto stage_host_rows = [&](int64_t first, int64_t end) -> absl::Status {
+      if (first >= end) return absl::OkStatus();
+      const size_t offset = static_cast<size_t>(first * d);
+      const size_t count = static_cast<size_t>((end - first) * d);
+      float* staged = static_cast<float*>(host_hidden_) + offset;
+      std::memcpy(staged, batch.hidden.data() + offset, count * sizeof(float));
+      // Both launch paths then see the same (exactly representable) inputs.
+      if (!batch.hidden_in_weight_dtype) {
+        if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, staged, static_cast<int64_t>(count));
+            !s.ok()) {
+          return s;
+        }
+      }
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<float*>(hidden_) + offset, staged,
+                                              count * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      return absl::OkStatus();
+    };
+    int64_t row = 0;
+    for (size_t k = 0; k < batch.wire_hidden.size(); ++k) {
+      const WireHiddenRows& run = batch.wire_hidden[k];
+      if (absl::Status s = stage_host_rows(row, run.first_row); !s.ok()) return s;
+      const void* source = run.data;
+      if (run.device == kHostMemory) {
+        // Across the bus at the wire's width (2 bytes per value for bf16),
+        // from pinned memory: run.data as it is when pinned (host_staging(),
+        // a registered region), else this thread copies the bytes into the
+        // fp32 staging of these rows (free, and at least as large) first; a
+        // pageable source would be staged by the driver, at a fraction of
+        // the bus.
+        const size_t offset = static_cast<size_t>(run.first_row * d) * sizeof(float);
+        const size_t bytes = static_cast<size_t>(run.rows * d * WeightDTypeSize(run.dtype));
+        const void* pinned = run.data;
+        if (!run.pinned) {
+          char* staged = static_cast<char*>(host_hidden_) + offset;
+          std::memcpy(staged, run.data, bytes);
+          pinned = staged;
+        }
+        source = static_cast<char*>(wire_) + offset;
+        FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(const_cast<void*>(source), pinned, bytes,
+                                                cudaMemcpyHostToDevice, stream_));
+      }
+      auto* first_bad = static_cast<unsigned long long*>(first_bad_) + k;
+      const KernelStatus status = kernels::LaunchWidenHiddenStates(
+          source, ToCudaDType(run.dtype), run.rows * d, ToCudaDType(shape_.weight_dtype),
+          static_cast<float*>(hidden_) + run.first_row * d, first_bad, stream_);
+      if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "widening hidden states on the GPU");
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<unsigned long long*>(host_first_bad_) + k,
+                                              first_bad, sizeof(unsigned long long),
+                                              cudaMemcpyDeviceToHost, stream_));
+      row = run.first_row + run.rows;
+    }
+    return stage_host_rows(row, batch.rows);
+  }
+
+  // InvalidArgument naming the first bad element of the batch's wire rows
+  // (row and column within the batch), after the stream has finished.
+  absl::Status CheckWireRows(const SampleBatch& batch) {
+    if (batch.wire_hidden.empty()) return absl::OkStatus();
+    FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+    const int64_t d = shape_.hidden_size;
+    for (size_t k = 0; k < batch.wire_hidden.size(); ++k) {
+      const unsigned long long bad = static_cast<const unsigned long long*>(host_first_bad_)[k];
+      if (bad == kernels::kNoBadHiddenElement) continue;
+      const WireHiddenRows& run = batch.wire_hidden[k];
+      // Read the element itself for the message (a few bytes, errors only).
+      const int64_t elem = WeightDTypeSize(run.dtype);
+      // From the device copy: a pinned host source is never read by the CPU.
+      const char* source = run.device == kHostMemory
+                               ? static_cast<const char*>(wire_) + run.first_row * d * sizeof(float)
+                               : static_cast<const char*>(run.data);
+      uint32_t bits = 0;
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpy(&bits, source + bad * elem, elem, cudaMemcpyDeviceToHost));
+      const float value = run.dtype == WeightDType::kFloat32    ? BitsToFloat(bits)
+                          : run.dtype == WeightDType::kBFloat16 ? Bf16ToFloat(static_cast<uint16_t>(bits))
+                                                                : Fp16ToFloat(static_cast<uint16_t>(bits));
+      const int64_t r = run.first_row + static_cast<int64_t>(bad) / d;
+      const int64_t c = static_cast<int64_t>(bad) % d;
+      if (!std::isfinite(value)) {
+        return absl::InvalidArgumentError(absl::StrCat("hidden_states[", r, "][", c, "] is ",
+                                                       std::isnan(value) ? "NaN" : "infinite",
+                                                       "; hidden states must be finite"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("hidden state value ", value, " (hidden_states[", r,
+                                                     "][", c, "]) is outside the fp16 range of the LM head's weights"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<SampleResult> RunSampler(const SampleBatch& batch) {
+    const int64_t rows = batch.rows;
+    std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
+    const bool drafts = !batch.draft_tokens.empty();
+    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(params_, host_params_, rows * sizeof(RowParams),
+                                            cudaMemcpyHostToDevice, stream_));
+    if (drafts) {
+      std::memcpy(host_drafts_, batch.draft_tokens.data(), rows * sizeof(int32_t));
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(drafts_, host_drafts_, rows * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream_));
+    }
+    const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
+    if (path == CudaSamplerPath::kControlled) {
+      return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
+                             static_cast<const float*>(hidden_),
+                             static_cast<const RowParams*>(params_),
+                             drafts ? static_cast<const int32_t*>(drafts_) : nullptr, workspace_,
+                             workspace_bytes_, cublas_, stream_);
+    }
+    kernels::FusedSampleArgs args;
+    args.weight = weight_;
+    args.weight_dtype = ToCudaDType(shape_.weight_dtype);
+    args.hidden = static_cast<const float*>(hidden_);
+    args.params = static_cast<const RowParams*>(params_);
+    args.batch = rows;
+    args.vocab = shape_.vocab_size;
+    args.valid_vocab = shape_.valid_vocab;
+    args.hidden_dim = shape_.hidden_size;
+    args.token_ids = static_cast<int32_t*>(tokens_);
+    args.logz = batch.want_logz ? static_cast<float*>(logz_) : nullptr;
+    args.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_) : nullptr;
+    args.workspace = workspace_;
+    args.workspace_bytes = workspace_bytes_;
+    args.draft_tokens = drafts ? static_cast<const int32_t*>(drafts_) : nullptr;
+    args.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_) : nullptr;
+    const KernelStatus status = path == CudaSamplerPath::kFused
+                                    ? kernels::LaunchFusedSample(args, stream_)
+                                    : kernels::LaunchMaterializedSample(args, cublas_, stream_);
+    if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "cuda sampler launch");
+    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_tokens_, tokens_, rows * sizeof(int32_t),
+                                            cudaMemcpyDeviceToHost, stream_));
+    if (batch.want_logz) {
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_logz_, logz_, rows * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+    }
+    if (batch.want_logprobs) {
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_logprobs_, logprobs_, rows * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+    }
+    if (drafts) {
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_draft_logprobs_, draft_logprobs_,
+                                              rows * sizeof(float), cudaMemcpyDeviceToHost,
+                                              stream_));
+    }
+    FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+    // Controls that are all neutral reach here (details: one sample per row).
+    SampleResult result = SampleResultFromHostOutputs(
+        batch, static_cast<const int32_t*>(host_tokens_), static_cast<const float*>(host_logz_),
+        static_cast<const float*>(host_logprobs_), static_cast<const float*>(host_draft_logprobs_));
+    result.path = path == CudaSamplerPath::kFused ? LaunchPath::kFused : LaunchPath::kMaterialized;
+    return result;
+  }
+
+  const ModelShape shape_;
+  const CudaEngineOptions options_;
+  const int64_t max_rows_;
+  const std::shared_ptr<HostStaging> staging_;
+  std::atomic<bool> healthy_{true};
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* weight_ = nullptr;
+  void* hidden_ = nullptr;
+  void* wire_ = nullptr;
+  void* params_ = nullptr;
+  void* tokens_ = nullptr;
+  void* logz_ = nullptr;
+  void* logprobs_ = nullptr;
+  void* drafts_ = nullptr;
+  void* draft_logprobs_ = nullptr;
+  void* first_bad_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  void* host_hidden_ = nullptr;
+  void* host_params_ = nullptr;
+  void* host_tokens_ = nullptr;
+  void* host_logz_ = nullptr;
+  void* host_logprobs_ = nullptr;
+  void* host_drafts_ = nullptr;
+  void* host_draft_logprobs_ = nullptr;
+  void* host_first_bad_ = nullptr;
+  // Destroyed after ~CudaEngine's body has synchronized the stream.
+  CudaControlledRunner controlled_;
+};
+
+}  // namespace
+
+// Declared in engine.h; MakeCudaEngine is declared in engine.cc, its only caller.
+bool CudaBackendAvailable() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeCudaEngine(const LmHead& head, int64_t valid_vocab,
+                                                       int64_t max_batch_rows,
+                                                       const CudaEngineOptions& options) {
+  int count = 0;
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0) {
+    return absl::UnavailableError(absl::StrCat("no CUDA device is usable: ",
+                                               err == cudaSuccess ? "none found" : cudaGetErrorString(err)));
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+  }
+  if (max_batch_rows < 1) return absl::InvalidArgumentError("max_batch_rows must be >= 1");
+  absl::StatusOr<ModelShape> shape = ResolveModelShape(head, valid_vocab);
+  if (!shape.ok()) return shape.status();
+  auto engine = std::make_unique<CudaEngine>(*shape, options, max_batch_rows);
+  if (absl::Status s = engine->Init(head); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("CUDA backend initialisation failed: ", s.message()));
+  }
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace flashsampler

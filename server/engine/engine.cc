@@ -1,0 +1,194 @@
+#include "server/engine/engine.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/common/half_precision.h"
+
+#if FLASHSAMPLER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace flashsampler {
+
+#if FLASHSAMPLER_HAVE_CUDA
+// cuda_engine.cc
+absl::StatusOr<std::unique_ptr<Engine>> MakeCudaEngine(const LmHead& head, int64_t valid_vocab,
+                                                       int64_t max_batch_rows,
+                                                       const CudaEngineOptions& options);
+int VisibleCudaDeviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+#else
+bool CudaBackendAvailable() { return false; }
+int VisibleCudaDeviceCount() { return 0; }
+#endif
+
+#if FLASHSAMPLER_HAVE_NCCL
+// sharded_cuda_engine.cc
+absl::StatusOr<std::unique_ptr<Engine>> MakeShardedCudaEngine(const LmHead& head,
+                                                              int64_t valid_vocab,
+                                                              int64_t max_batch_rows,
+                                                              const CudaEngineOptions& options);
+bool CudaShardingAvailable() { return true; }
+#else
+bool CudaShardingAvailable() { return false; }
+#endif
+
+namespace {
+
+#if FLASHSAMPLER_HAVE_CUDA
+// The CUDA engine for options.devices: the single-GPU engine for none or one
+// device, the sharded engine for more.
+absl::StatusOr<std::unique_ptr<Engine>> MakeCudaBackend(const LmHead& head,
+                                                        const EngineOptions& options) {
+  const std::vector<int>& devices = options.cuda.devices;
+  if (devices.size() <= 1) {
+    CudaEngineOptions single = options.cuda;
+    if (devices.size() == 1) single.device = devices[0];
+    return MakeCudaEngine(head, options.valid_vocab, options.max_batch_rows, single);
+  }
+#if FLASHSAMPLER_HAVE_NCCL
+  return MakeShardedCudaEngine(head, options.valid_vocab, options.max_batch_rows, options.cuda);
+#else
+  return absl::UnavailableError(absl::StrCat(
+      "sharding over ", devices.size(),
+      " GPUs needs a build with NCCL (CMake found none: FLASHSAMPLER_NCCL); "
+      "give one device, e.g. --devices=", devices[0]));
+#endif
+}
+#endif
+
+}  // namespace
+
+absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int64_t max_rows,
+                              const char* engine, int wire_hidden_device) {
+  const auto per_row = [&batch](size_t n) { return static_cast<int64_t>(n) == batch.rows; };
+  if (batch.rows <= 0 || batch.rows > max_rows || !per_row(batch.params.size()) ||
+      static_cast<int64_t>(batch.hidden.size()) != batch.rows * hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(engine, ": batch of ", batch.rows,
+                                                   " rows is inconsistent or over ", max_rows));
+  }
+  if (!batch.controls.empty() && !per_row(batch.controls.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(engine, ": controls must be empty or one per row"));
+  }
+  if (!batch.draft_tokens.empty() && !per_row(batch.draft_tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(engine, ": draft_tokens must be empty or one per row"));
+  }
+  int64_t next_free_row = 0;
+  for (const WireHiddenRows& d : batch.wire_hidden) {
+    if (wire_hidden_device == kNoWireHidden) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(engine, " does not take hidden states in their wire dtype"));
+    }
+    if (d.device != kHostMemory && d.device != wire_hidden_device) {
+      return absl::InvalidArgumentError(absl::StrCat(engine, " reads hidden states on GPU ",
+                                                     wire_hidden_device, ", not on GPU ", d.device));
+    }
+    if (d.data == nullptr || d.rows < 1 || d.first_row < next_free_row || d.first_row + d.rows > batch.rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(engine, ": wire_hidden rows must be sorted, disjoint and inside the batch"));
+    }
+    next_free_row = d.first_row + d.rows;
+  }
+  return absl::OkStatus();
+}
+
+const char* LaunchPathName(LaunchPath path) {
+  switch (path) {
+    case LaunchPath::kCpu: return "cpu";
+    case LaunchPath::kFused: return "fused";
+    case LaunchPath::kMaterialized: return "materialized";
+    case LaunchPath::kFusedControlled: return "fused_controlled";
+    case LaunchPath::kFusedControlledFallback: return "fused_controlled_fallback";
+    case LaunchPath::kControlled: return "controlled";
+    case LaunchPath::kSharded: return "sharded";
+    case LaunchPath::kShardedControlled: return "sharded_controlled";
+    case LaunchPath::kShardedFusedControlled: return "sharded_fused_controlled";
+    case LaunchPath::kUnspecified: break;
+  }
+  return "unspecified";
+}
+
+SampleResult SampleResultFromHostOutputs(const SampleBatch& batch, const int32_t* tokens,
+                                         const float* logz, const float* logprobs,
+                                         const float* draft_logprobs) {
+  const int64_t rows = batch.rows;
+  SampleResult result;
+  result.token_ids.assign(tokens, tokens + rows);
+  if (batch.want_logz) result.logz.assign(logz, logz + rows);
+  if (batch.want_logprobs) result.logprobs.assign(logprobs, logprobs + rows);
+  if (!batch.draft_tokens.empty()) result.draft_logprobs.assign(draft_logprobs, draft_logprobs + rows);
+  if (!batch.controls.empty()) {
+    result.details.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) result.details[r].token_ids = {tokens[r]};
+  }
+  return result;
+}
+
+absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n) {
+  if (dtype == WeightDType::kFloat32) return absl::OkStatus();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(values[i]))
+                                                    : Fp16ToFloat(FloatToFp16(values[i]));
+    if (std::isinf(v)) {  // finite inputs only overflow fp16
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden state value ", values[i], " (element ", i,
+          ") is outside the fp16 range of the LM head's weights"));
+    }
+    values[i] = v;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KernelStatusToStatus(kernels::KernelStatus status, const std::string& what) {
+  const std::string message = absl::StrCat(what, ": ", kernels::KernelStatusName(status));
+  switch (status) {
+    case kernels::KernelStatus::kOk: return absl::OkStatus();
+    case kernels::KernelStatus::kInvalidArgument:
+      return absl::InvalidArgumentError(
+          absl::StrCat(message, " (the batch's logits are not finite, or a size is out of range)"));
+    case kernels::KernelStatus::kOutOfMemory: return absl::ResourceExhaustedError(message);
+    case kernels::KernelStatus::kFailedPrecondition:
+      return absl::FailedPreconditionError(absl::StrCat(
+          message, " (after masks, bans, bias and penalties a row has no token with a finite logit)"));
+    case kernels::KernelStatus::kDeviceError:
+    case kernels::KernelStatus::kInternal: break;
+  }
+  return absl::InternalError(message);
+}
+
+absl::StatusOr<ModelShape> ResolveModelShape(const LmHead& head, int64_t valid_vocab) {
+  ModelShape shape;
+  shape.vocab_size = head.vocab_size();
+  shape.hidden_size = head.hidden_size();
+  shape.weight_dtype = head.dtype();
+  shape.valid_vocab = valid_vocab == 0 ? head.vocab_size() : valid_vocab;
+  if (shape.valid_vocab < 1 || shape.valid_vocab > shape.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("valid_vocab ", valid_vocab, " is outside [1, ",
+                                                   shape.vocab_size, "] for ", head.source()));
+  }
+  return shape;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& backend, LmHead head,
+                                                   const EngineOptions& options) {
+  if (backend == "cpu" || (backend == "auto" && !CudaBackendAvailable())) {
+    return MakeCpuEngine(std::move(head), options.valid_vocab, options.cpu);
+  }
+  if (backend == "cuda" || backend == "auto") {
+#if FLASHSAMPLER_HAVE_CUDA
+    return MakeCudaBackend(head, options);
+#else
+    return absl::UnavailableError("this build of flashsampler-server has no CUDA backend");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend '", backend, "' (expected auto, cpu or cuda)"));
+}
+
+}  // namespace flashsampler
