@@ -54,9 +54,15 @@
 namespace flashsampler::kernels {
 namespace {
 
-// Rows per sgemm: bounds the per-worker logits buffer to
+// Rows per TileLogits call: bounds the per-worker logits buffer to
 // kMaxRowsPerGemm * tile_rows floats whatever the batch size.
 constexpr int64_t kMaxRowsPerGemm = 128;
+
+// log Z is summed per chunk of 64 tokens aligned to global ids (the noise's
+// chunks), and the chunks are folded in token order, when every tile is made
+// of whole chunks (tile_rows a multiple of 64, or a single tile): then its
+// bits do not depend on tile_rows either. Otherwise per tile, in tile order.
+constexpr int64_t kLseChunk = 64;
 
 // max of x[0, n), NaN elements ignored. Eight independent running maxima (in
 // place of one serial chain) keep the latency of maxss off the critical path.
@@ -83,6 +89,20 @@ void TileLogSumExp(const float* logits, int64_t n, float scale, SampleSummary* s
   for (int64_t j = 0; j < n; ++j) sum += expf(logits[j] * scale - m);
   s->max_logit = m;
   s->sum_exp = sum;
+}
+
+// The same per chunk of kLseChunk tokens (the last one shorter), chunk c of
+// the tile into out[c * stride]. A chunk's sum depends on its own logits
+// only, so where the tiles are whole chunks, folding the chunks in token
+// order gives log Z bits that no tile size changes.
+void ChunkLogSumExp(const float* logits, int64_t n, float scale, SampleSummary* out,
+                    int64_t stride) {
+  for (int64_t c = 0; c * kLseChunk < n; ++c) {
+    const int64_t j0 = c * kLseChunk;
+    SampleSummary* s = out + c * stride;
+    *s = EmptySampleSummary();
+    TileLogSumExp(logits + j0, std::min(kLseChunk, n - j0), scale, s);
+  }
 }
 
 // Greedy row: score = l', prune when l' < best. `!(x >= y)` also skips NaN
@@ -198,6 +218,8 @@ struct CpuTiledSampler::Impl {
   std::vector<std::vector<float>> logits;      // [worker][kMaxRowsPerGemm * tile_rows]
   std::vector<std::vector<float>> row_best;    // [worker][batch]
   std::vector<SampleSummary> tile_summaries;   // [num_tiles][batch]
+  std::vector<SampleSummary> chunk_lse;        // [num_chunks][batch] (chunked log Z)
+  bool chunked_lse = false;
   std::vector<SampleSummary> merged;           // [batch]
   std::vector<float> draft_logit;              // [batch] l'_x of draft rows
   int64_t num_tiles = 0;
@@ -223,7 +245,13 @@ void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidde
     const float scale = LogitScale(p);
     float* l = buf + r * n;
     SampleSummary s = EmptySampleSummary();
-    if (want_lse) TileLogSumExp(l, n, scale, &s);
+    if (want_lse) {
+      if (chunked_lse) {
+        ChunkLogSumExp(l, n, scale, chunk_lse.data() + (token0 / kLseChunk) * batch + row, batch);
+      } else {
+        TileLogSumExp(l, n, scale, &s);
+      }
+    }
     const int64_t draft = draft_tokens != nullptr ? draft_tokens[row] : -1;
     if (draft >= token0 && draft < token0 + n) {
       draft_logit[row] = l[draft - token0] * scale;
@@ -261,6 +289,8 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
 
   const int workers = pool.num_threads();
   num_tiles = (valid_vocab + tile_rows - 1) / tile_rows;
+  chunked_lse = num_tiles == 1 || tile_rows % kLseChunk == 0;
+  const int64_t num_chunks = (valid_vocab + kLseChunk - 1) / kLseChunk;
   rows_per_gemm = std::min(batch, kMaxRowsPerGemm);
   row_blocks = (batch + rows_per_gemm - 1) / rows_per_gemm;
   try {
@@ -271,6 +301,7 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
       row_best[w].assign(static_cast<size_t>(batch), -INFINITY);
     }
     tile_summaries.resize(static_cast<size_t>(num_tiles * batch));
+    if (chunked_lse) chunk_lse.resize(static_cast<size_t>(num_chunks * batch));
     merged.resize(static_cast<size_t>(batch));
     draft_logit.assign(static_cast<size_t>(batch), NAN);
   } catch (const std::bad_alloc&) {
@@ -289,13 +320,23 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
     }
   });
 
-  // Merge in tile order (fixed, so logz rounds the same for any thread count).
-  // A row without a winner only happens when every logit is NaN (non-finite
-  // weights); report it before writing any output.
+  // Merge in tile order (fixed, so logz rounds the same for any thread count),
+  // and with chunked log Z fold the chunks in token order (the tile
+  // summaries then carry an empty log-sum-exp). A row without a winner only
+  // happens when every logit is NaN (non-finite weights); report it before
+  // writing any output.
   std::fill(merged.begin(), merged.end(), EmptySampleSummary());
   for (int64_t t = 0; t < num_tiles; ++t) {
     const SampleSummary* tile_row = tile_summaries.data() + t * batch;
     for (int64_t b = 0; b < batch; ++b) merged[b] = MergeSummaries(merged[b], tile_row[b]);
+  }
+  if (want_lse && chunked_lse) {
+    for (int64_t b = 0; b < batch; ++b) {
+      SampleSummary lse = EmptySampleSummary();
+      for (int64_t c = 0; c < num_chunks; ++c) lse = MergeSummaries(lse, chunk_lse[c * batch + b]);
+      merged[b].max_logit = lse.max_logit;
+      merged[b].sum_exp = lse.sum_exp;
+    }
   }
   for (int64_t b = 0; b < batch; ++b) {
     if (merged[b].best_index < 0) return KernelStatus::kInvalidArgument;

@@ -11,9 +11,11 @@
 // tile summaries are merged in tile order, so tokens, logz and logprobs are
 // bit-identical for any thread count; and each logit is summed in one order
 // whatever the batch (kernels/cpu/fixed_order_logits.h), so they are
-// bit-identical in any batch too (log Z and logprobs: for a given tile_rows,
-// which fixes how the tiles' sums are merged). The [B, V] logits are never
-// allocated.
+// bit-identical in any batch too. log Z is summed per 64-token chunk and the
+// chunks folded in token order, so its bits (and the logprobs') are also the
+// same for every tile_rows that is a multiple of 64 or covers the
+// vocabulary; another tile_rows sums it per tile (the same tokens, log Z to
+// fp32 rounding). The [B, V] logits are never allocated.
 //
 // Draft rows (speculative verification, server/engine/engine.h's contract): with
 // draft_tokens[b] = x >= 0, a sampled row (T > 0) takes its argmax over

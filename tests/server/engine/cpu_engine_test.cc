@@ -300,8 +300,9 @@ TEST(CpuEngine, RowWithNoFiniteLogitIsFailedPrecondition) {
 // log-probability (Verify's acceptance probabilities come from it) are
 // bit-identical whether it runs alone or inside batches of 2, 3, 17, 128 and
 // 1000 rows of random companions, whose controls send them down every CPU
-// path, on 1 or 2 threads. (With the OpenBLAS logits the CPU backend used
-// before, this test failed: 38 rows differed in batches of 17, 128 and 1000.)
+// path, on 1 or 2 threads, and with other tile sizes. (With the OpenBLAS
+// logits the CPU backend used before, this test failed: 38 rows differed in
+// batches of 17, 128 and 1000.)
 namespace flashsampler {
 namespace {
 namespace batch_invariance {
@@ -440,15 +441,24 @@ TEST_P(CpuEngineBatchInvariance, ARowsOutputsAreBitIdenticalInEveryBatch) {
       }
     }
   }
-  // Another tile size scores every token the same: the same tokens (log Z
-  // sums its tiles in another grouping, so only within one tile size are its
-  // bits fixed).
-  std::unique_ptr<Engine> small_tiles = CpuEngineWith(2, 256);
-  ASSERT_TRUE(small_tiles);
+  // Other tile sizes: every output the same bits for tiles that are whole
+  // 64-token chunks (log Z is summed per chunk and folded in token order),
+  // and the same tokens for any tile (log Z is then summed per tile).
+  for (int64_t tile : {64, 256, 2048}) {
+    std::unique_ptr<Engine> other_tiles = CpuEngineWith(2, tile);
+    ASSERT_TRUE(other_tiles);
+    for (int i = 0; i < kTestRows; ++i) {
+      absl::StatusOr<SampleResult> r = other_tiles->Sample(BatchOf({&test_rows[i]}, kind));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(RowBits(*r, 0, kind), alone[i]) << "row " << i << ": tile " << tile;
+    }
+  }
+  std::unique_ptr<Engine> odd_tiles = CpuEngineWith(2, 100);
+  ASSERT_TRUE(odd_tiles);
   for (int i = 0; i < kTestRows; ++i) {
-    absl::StatusOr<SampleResult> r = small_tiles->Sample(BatchOf({&test_rows[i]}, kind));
+    absl::StatusOr<SampleResult> r = odd_tiles->Sample(BatchOf({&test_rows[i]}, kind));
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(static_cast<uint32_t>(r->token_ids[0]), alone[i][0]) << "row " << i << ": tile 256";
+    EXPECT_EQ(static_cast<uint32_t>(r->token_ids[0]), alone[i][0]) << "row " << i << ": tile 100";
   }
 }
 
