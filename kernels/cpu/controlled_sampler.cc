@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cpu/candidate_sampler.h"
+#include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/row_logit_processor.h"
 #include "kernels/cpu/sampler_arguments.h"
 #include "kernels/cpu/worker_pool.h"
@@ -120,7 +121,7 @@ KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, in
       const int64_t token0 = t * tile_rows;
       const int64_t n = std::min(tile_rows, valid_vocab - token0);
       float* buf = logits[w].data();
-      TileLogits(block_hidden, rows, weight, token0, n, hidden, buf);
+      FixedOrderLogits(block_hidden, rows, weight, token0, n, hidden, buf);
       for (int64_t r = 0; r < rows; ++r) {
         if (!fused) {
           std::memcpy(block_logits.data() + r * valid_vocab + token0, buf + r * n,

@@ -48,9 +48,9 @@ namespace {
 
 constexpr int64_t kPanel = kTokenPanelWidth;
 
-// W[token][k] in the panel layout.
-inline const float* PanelColumn(const float* panels, int64_t token, int64_t hidden) {
-  return panels + (token / kPanel) * hidden * kPanel + token % kPanel;
+// Where W[token][0] is in the panel layout; W[token][k] is kPanel * k further.
+inline int64_t PanelColumn(int64_t token, int64_t hidden) {
+  return (token / kPanel) * hidden * kPanel + token % kPanel;
 }
 
 // ---------------------------------------------------------------- scalar ----
@@ -60,7 +60,7 @@ void ScalarLogits(const float* h, int64_t rows, const float* panels, int64_t tok
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = h + r * hidden;
     for (int64_t j = 0; j < n; ++j) {
-      const float* w = PanelColumn(panels, token0 + j, hidden);
+      const float* w = panels + PanelColumn(token0 + j, hidden);
       float acc = 0.0f;
       for (int64_t k = 0; k < hidden; ++k) acc = std::fma(row[k], w[k * kPanel], acc);
       out[r * n + j] = acc;
@@ -314,8 +314,7 @@ int64_t TokenPanelFloats(int64_t vocab, int64_t hidden) {
 void PackTokenPanels(const float* rows, int64_t first_token, int64_t count, int64_t hidden,
                      float* panels) {
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t token = first_token + i;
-    float* dst = panels + (token / kPanel) * hidden * kPanel + token % kPanel;
+    float* dst = panels + PanelColumn(first_token + i, hidden);
     const float* src = rows + i * hidden;
     for (int64_t k = 0; k < hidden; ++k) dst[k * kPanel] = src[k];
   }

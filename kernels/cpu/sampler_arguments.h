@@ -1,9 +1,9 @@
 // What the CPU samplers (CpuTiledSampler, CpuControlledSampler) share below
-// their algorithms: the argument checks of their contracts, the thread count
-// they resolve, and the one call that computes a tile of logits (TileLogits),
-// so that both samplers produce the same logits from the same call.
+// their algorithms: the argument checks of their contracts and the thread
+// count they resolve. (Both compute a tile's logits with FixedOrderLogits,
+// so they produce the same logits bit for bit.)
 //
-// Thread safety: pure functions (TileLogits writes only `out`).
+// Thread safety: pure functions.
 #pragma once
 
 #include <cmath>
@@ -12,7 +12,6 @@
 #include <limits>
 #include <thread>
 
-#include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/tiled_sampler.h"
 
 namespace flashsampler::kernels {
@@ -51,15 +50,6 @@ inline bool AllFinite(const float* x, int64_t n) {
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
   return bad == 0;
-}
-
-// out[r * n + j] = h_r . w_{token0 + j} for r < rows, j < n, each dot product
-// in the one fixed order of fixed_order_logits.h: a row's logits do not depend
-// on the other rows of the call, the tile or the thread. (No BLAS here: an
-// sgemm's summation order follows the call's shape.)
-inline void TileLogits(const float* h, int64_t rows, const float* weight_panels, int64_t token0,
-                       int64_t n, int64_t hidden, float* out) {
-  FixedOrderLogits(h, rows, weight_panels, token0, n, hidden, out);
 }
 
 }  // namespace flashsampler::kernels

@@ -2,7 +2,7 @@
 //
 // Work split: the vocabulary [0, valid_vocab) is cut into tiles of tile_rows
 // tokens and the batch into blocks of at most kMaxRowsPerGemm rows. A work item
-// is one (tile, row block): one TileLogits call (FixedOrderLogits) writes its
+// is one (tile, row block): one FixedOrderLogits call writes its
 // [rows, tile] logits into the worker's own buffer, then every row of the block
 // reduces the tile to a SampleSummary stored at summaries[tile][row]. Workers
 // claim items from an atomic counter; after all items are done each row merges
@@ -46,6 +46,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/gumbel_bucket_bound.h"
 #include "kernels/cpu/philox_batch.h"
 #include "kernels/cpu/sampler_arguments.h"
@@ -54,7 +55,7 @@
 namespace flashsampler::kernels {
 namespace {
 
-// Rows per TileLogits call: bounds the per-worker logits buffer to
+// Rows per FixedOrderLogits call: bounds the per-worker logits buffer to
 // kMaxRowsPerGemm * tile_rows floats whatever the batch size.
 constexpr int64_t kMaxRowsPerGemm = 128;
 
@@ -237,7 +238,7 @@ void CpuTiledSampler::Impl::RunItem(int64_t item, int worker, const float* hidde
   const int64_t n = std::min(tile_rows, valid_vocab - token0);
   float* buf = logits[worker].data();
   // buf[r * n + j] = h_{row0 + r} . w_{token0 + j}
-  TileLogits(hidden_states + row0 * hidden, rows, weight, token0, n, hidden, buf);
+  FixedOrderLogits(hidden_states + row0 * hidden, rows, weight, token0, n, hidden, buf);
   float* best = row_best[worker].data();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = row0 + r;

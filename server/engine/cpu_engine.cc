@@ -33,21 +33,20 @@ std::vector<float> PackWeightPanels(const LmHead& head) {
   const int64_t vocab = head.vocab_size(), d = head.hidden_size();
   std::vector<float> panels(static_cast<size_t>(kernels::TokenPanelFloats(vocab, d)), 0.0f);
   std::vector<float> block(static_cast<size_t>(kernels::kTokenPanelWidth * d));
-  const auto* src = static_cast<const unsigned char*>(head.data());
-  const bool fp32 = head.dtype() == WeightDType::kFloat32;
-  const bool bf16 = head.dtype() == WeightDType::kBFloat16;
+  const WeightDType dtype = head.dtype();
+  const int64_t element = WeightDTypeSize(dtype);
   for (int64_t t0 = 0; t0 < vocab; t0 += kernels::kTokenPanelWidth) {
     const int64_t count = std::min<int64_t>(kernels::kTokenPanelWidth, vocab - t0);
+    const auto* rows = static_cast<const unsigned char*>(head.data()) + t0 * d * element;
     // The mapping gives no alignment guarantee: load via memcpy.
-    for (int64_t i = 0; i < count * d; ++i) {
-      const int64_t at = t0 * d + i;
-      if (fp32) {
-        std::memcpy(&block[i], src + 4 * at, sizeof(float));
-        continue;
+    if (dtype == WeightDType::kFloat32) {
+      std::memcpy(block.data(), rows, static_cast<size_t>(count * d) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < count * d; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, rows + 2 * i, sizeof bits);
+        block[i] = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
       }
-      uint16_t bits;
-      std::memcpy(&bits, src + 2 * at, sizeof bits);
-      block[i] = bf16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
     }
     kernels::PackTokenPanels(block.data(), t0, count, d, panels.data());
   }
