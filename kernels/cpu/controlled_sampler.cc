@@ -115,7 +115,7 @@ KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, in
   const float* block_hidden = hidden_states + row0 * hidden;
   const int64_t num_tiles = (valid_vocab + tile_rows - 1) / tile_rows;
   std::atomic<int64_t> next_tile{0};
-  pool.RunOnAll([&](int w) {
+  pool.RunOn(static_cast<int>(std::min<int64_t>(num_tiles, workers)), [&](int w) {
     for (int64_t t = next_tile.fetch_add(1, std::memory_order_relaxed); t < num_tiles;
          t = next_tile.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t token0 = t * tile_rows;
@@ -144,7 +144,7 @@ KernelStatus CpuControlledSampler::Impl::RunBlock(const float* hidden_states, in
 
   std::vector<KernelStatus> status(static_cast<size_t>(rows), KernelStatus::kOk);
   std::atomic<int64_t> next_row{0};
-  pool.RunOnAll([&](int w) {
+  pool.RunOn(static_cast<int>(std::min<int64_t>(rows, workers)), [&](int w) {
     for (int64_t r = next_row.fetch_add(1, std::memory_order_relaxed); r < rows;
          r = next_row.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t row = row0 + r;

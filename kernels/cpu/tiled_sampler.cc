@@ -5,7 +5,10 @@
 // is one (tile, row block): one FixedOrderLogits call writes its
 // [rows, tile] logits into the worker's own buffer, then every row of the block
 // reduces the tile to a SampleSummary stored at summaries[tile][row]. Workers
-// claim items from an atomic counter; after all items are done each row merges
+// claim items from an atomic counter (a call with fewer items than threads
+// wakes only as many threads as there are items; a head of fewer tiles than
+// threads, such as a small vocabulary, cuts the batch into smaller row blocks
+// so that every thread gets one); after all items are done each row merges
 // its tile summaries in tile order. The logits are fully determined by the
 // (tile, row block) call, whichever thread makes it, and the merge order is
 // fixed, so outputs are bit-identical for any thread count. A row's logits
@@ -58,6 +61,9 @@ namespace {
 // Rows per FixedOrderLogits call: bounds the per-worker logits buffer to
 // kMaxRowsPerGemm * tile_rows floats whatever the batch size.
 constexpr int64_t kMaxRowsPerGemm = 128;
+// Row blocks cut for parallelism are multiples of this many rows, so that the
+// micro-kernels' row blocks (fixed_order_logits.cc) stay mostly full.
+constexpr int64_t kRowBlockAlign = 4;
 
 // log Z is summed per chunk of 64 tokens aligned to global ids (the noise's
 // chunks), and the chunks are folded in token order, when every tile is made
@@ -293,6 +299,14 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
   chunked_lse = num_tiles == 1 || tile_rows % kLseChunk == 0;
   const int64_t num_chunks = (valid_vocab + kLseChunk - 1) / kLseChunk;
   rows_per_gemm = std::min(batch, kMaxRowsPerGemm);
+  if (num_tiles < workers) {
+    // Fewer tiles than threads: cut the rows so each thread gets an item. A
+    // row's logits do not depend on its block (fixed_order_logits.h), so the
+    // bits do not change.
+    const int64_t blocks_wanted = (workers + num_tiles - 1) / num_tiles;
+    const int64_t rows = (batch + blocks_wanted - 1) / blocks_wanted;
+    rows_per_gemm = std::min(rows_per_gemm, (rows + kRowBlockAlign - 1) / kRowBlockAlign * kRowBlockAlign);
+  }
   row_blocks = (batch + rows_per_gemm - 1) / rows_per_gemm;
   try {
     logits.resize(workers);
@@ -314,7 +328,7 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
       outputs.logz != nullptr || outputs.logprobs != nullptr || draft_tokens != nullptr;
   const int64_t items = num_tiles * row_blocks;
   std::atomic<int64_t> next_item{0};
-  pool.RunOnAll([&](int worker) {
+  pool.RunOn(static_cast<int>(std::min<int64_t>(items, workers)), [&](int worker) {
     for (int64_t item = next_item.fetch_add(1, std::memory_order_relaxed); item < items;
          item = next_item.fetch_add(1, std::memory_order_relaxed)) {
       RunItem(item, worker, hidden_states, batch, params, draft_tokens, want_lse);

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <string>
 #include <vector>
 
 #include "kernels/common/gumbel_noise.h"
@@ -409,29 +410,40 @@ TEST(TiledSamplerTest, DraftRowsSampleTheResidualAndScoreTheDraft) {
 // (d) Invariances.
 
 // Thread count: bit-identical tokens, logz and logprobs (random fp32 inputs:
-// same tiles, same sgemm calls, same merge order).
+// same logits whatever the split, same merge order). The small head is one
+// tile, so more threads cut the batch into smaller row blocks instead.
 TEST(TiledSamplerTest, BitIdenticalForAnyThreadCount) {
-  constexpr int64_t kVocab = 5000, kHidden = 64, kBatch = 200;
-  const std::vector<float> w = NormalMatrix(kVocab, kHidden, 0.3f, 41);
-  const std::vector<float> h = NormalMatrix(kBatch, kHidden, 1.0f, 42);
-  std::vector<RowParams> params(kBatch);
-  for (int64_t b = 0; b < kBatch; ++b) {
-    params[b] = RowParams{b % 5 == 0 ? 0.0f : 0.8f, 5, 9, static_cast<uint32_t>(b)};
-  }
-  Outputs reference;
-  for (int threads : {1, 2, 3}) {
-    const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, kHidden);
-    CpuTiledSampler sampler(sampler_panels.data(), kVocab, 4990, kHidden, {threads, 256});
-    EXPECT_EQ(sampler.num_threads(), threads);
-    const Outputs out = RunSampler(sampler, h, kBatch, params);
-    if (threads == 1) {
-      reference = out;
-      continue;
+  struct Head {
+    int64_t vocab, valid_vocab, tile_rows;
+  };
+  constexpr int64_t kHidden = 64, kBatch = 200;
+  for (const Head head : {Head{5000, 4990, 256}, Head{130, 128, 1024}}) {
+    const std::vector<float> w = NormalMatrix(head.vocab, kHidden, 0.3f, 41);
+    const std::vector<float> h = NormalMatrix(kBatch, kHidden, 1.0f, 42);
+    std::vector<RowParams> params(kBatch);
+    for (int64_t b = 0; b < kBatch; ++b) {
+      params[b] = RowParams{b % 5 == 0 ? 0.0f : 0.8f, 5, 9, static_cast<uint32_t>(b)};
     }
-    EXPECT_EQ(out.tokens, reference.tokens) << threads;
-    for (int64_t b = 0; b < kBatch; ++b) {  // bitwise, NaN-free
-      EXPECT_EQ(std::memcmp(&out.logz[b], &reference.logz[b], 4), 0) << b;
-      EXPECT_EQ(std::memcmp(&out.logprobs[b], &reference.logprobs[b], 4), 0) << b;
+    const std::vector<float> sampler_panels = testing::TokenPanelsOf(w, kHidden);
+    for (int64_t batch : {kBatch, int64_t{37}, int64_t{3}}) {
+      Outputs reference;
+      for (int threads : {1, 2, 3, 5}) {
+        CpuTiledSampler sampler(sampler_panels.data(), head.vocab, head.valid_vocab, kHidden,
+                                {threads, head.tile_rows});
+        EXPECT_EQ(sampler.num_threads(), threads);
+        const Outputs out = RunSampler(sampler, h, batch, params);
+        if (threads == 1) {
+          reference = out;
+          continue;
+        }
+        const std::string where =
+            "vocab " + std::to_string(head.vocab) + " batch " + std::to_string(batch) + " threads " + std::to_string(threads);
+        EXPECT_EQ(out.tokens, reference.tokens) << where;
+        for (int64_t b = 0; b < batch; ++b) {  // bitwise, NaN-free
+          EXPECT_EQ(std::memcmp(&out.logz[b], &reference.logz[b], 4), 0) << where << " row " << b;
+          EXPECT_EQ(std::memcmp(&out.logprobs[b], &reference.logprobs[b], 4), 0) << where << " row " << b;
+        }
+      }
     }
   }
 }

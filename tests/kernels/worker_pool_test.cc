@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -20,6 +21,33 @@ TEST(WorkerPoolTest, RunsEveryWorkerIndexOncePerJob) {
       for (int w = 0; w < threads; ++w) ASSERT_EQ(calls[w], 1) << threads << " " << w;
     }
   }
+}
+
+// A job of k workers runs exactly indices [0, k), and the threads left out
+// neither run it nor miss the next job that needs them (each thread counts
+// its own generations).
+TEST(WorkerPoolTest, RunOnRunsOnlyTheWorkersAskedFor) {
+  WorkerPool pool(4);
+  const int plan[] = {1, 3, 2, 4, 0, 1, 1, 4, 2, 7, 3, 1, 4};
+  for (int round = 0; round < 50; ++round) {
+    for (int k : plan) {
+      std::vector<int> calls(4, 0);
+      pool.RunOn(k, [&](int worker) { ++calls[worker]; });
+      const int expected = std::min(std::max(k, 1), 4);
+      for (int w = 0; w < 4; ++w) ASSERT_EQ(calls[w], w < expected ? 1 : 0) << k << " " << w;
+    }
+  }
+}
+
+TEST(WorkerPoolTest, OneWorkerJobRunsOnTheCaller) {
+  WorkerPool pool(3);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran;
+  pool.RunOn(1, [&](int worker) {
+    EXPECT_EQ(worker, 0);
+    ran = std::this_thread::get_id();
+  });
+  EXPECT_EQ(ran, caller);
 }
 
 TEST(WorkerPoolTest, WorkerZeroIsTheCaller) {
