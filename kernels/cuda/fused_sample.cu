@@ -522,6 +522,17 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   switch (args.stage1) {
     case Stage1Kernel::kAuto:
       mma_sync = cuda_internal::MmaStage1Eligible(args);
+#if FLASHSAMPLER_HAVE_CUTLASS
+      // Above kWgmmaMinAutoBatch rows the WGMMA kernel is the faster of the
+      // two (H200, 2026-11-26: 8% at 128 rows, 17-33% at 256-1024, D = 4096
+      // and 8192; within noise at 32-64); its outputs are those of mma.sync bit
+      // for bit (fused_sample_sm90_test), so the switch changes no row.
+      if (mma_sync && args.batch > cuda_internal::kWgmmaMinAutoBatch &&
+          cuda_internal::WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
+        mma_sync = false;
+        wgmma = true;
+      }
+#endif
       break;
     case Stage1Kernel::kMmaSync:
       if (!cuda_internal::MmaStage1Serves(args)) return KernelStatus::kInvalidArgument;

@@ -95,10 +95,10 @@ enum class MmaPipeline : int32_t {
 // Which stage-1 kernel a launch uses (FusedSampleArgs::stage1). Tests and
 // benchmarks force one; the server leaves kAuto.
 enum class Stage1Kernel : int32_t {
-  // Today's rule: the mma.sync tensor-core kernel for 16-bit weights, batch >=
-  // 3 (kMmaMinBatch), hidden_dim % 16 == 0 and 16-byte aligned W and H; the
-  // CUDA-core kernel otherwise. The WGMMA kernel is not chosen automatically
-  // until it has been measured against the others.
+  // A tensor-core kernel for 16-bit weights, batch >= 3 (kMmaMinBatch),
+  // hidden_dim % 16 == 0 and 16-byte aligned W and H: the WGMMA kernel above
+  // 64 rows where it is available (WgmmaStage1Available), mma.sync otherwise;
+  // the CUDA-core kernel for every other launch.
   kAuto = 0,
   // The mma.sync tensor-core kernel (fused_sample_mma.cu) for any batch >= 1;
   // the 16-bit weight, hidden_dim and alignment conditions above must hold.
@@ -165,9 +165,9 @@ struct FusedSampleArgs {
   MmaPipeline mma_pipeline = MmaPipeline::kAuto;
   // The stage-1 kernel (see Stage1Kernel). kMmaSync and kWgmma give
   // InvalidArgument, with nothing enqueued, where their conditions do not
-  // hold; values outside the enum too. The two tensor-core kernels agree on
-  // tokens except at near-ties (their dots' fp32 rounding may differ); each is
-  // batch-invariant on its own.
+  // hold; values outside the enum too. The two tensor-core kernels give the
+  // same bits (same operands, same K order on the same tensor-core datapath;
+  // fused_sample_sm90_test checks it), and each is batch-invariant.
   Stage1Kernel stage1 = Stage1Kernel::kAuto;
 };
 

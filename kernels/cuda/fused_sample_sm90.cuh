@@ -13,6 +13,10 @@
 
 namespace flashsampler::kernels::cuda_internal {
 
+// Stage1Kernel::kAuto takes the WGMMA kernel for batches of more rows than
+// this (where it measured faster than mma.sync), mma.sync up to it.
+constexpr int64_t kWgmmaMinAutoBatch = 64;
+
 // True when the WGMMA stage 1 can serve `args` (the sizes and pointers only;
 // the device is WgmmaStage1Available's check): fp16 / bf16 weights,
 // hidden_dim % 16 == 0 (TMA needs 16-byte row pitches; 16 keeps the
