@@ -58,7 +58,9 @@ include_rule(server/security
 # kernels/: framework-free compute, never gRPC, protobuf, absl or server/.
 include_rule(kernels/common   kernels/common random123)
 include_rule(kernels/cpu      kernels/common kernels/cpu random123)
-include_rule(kernels/cuda     kernels/common kernels/cuda cuda nccl)
+# CUTLASS / CuTe (header-only, the pinned nvidia-cutlass package): the Hopper
+# stage 1's mainloop (kernels/cuda/fused_sample_sm90.cu), kernels/cuda only.
+include_rule(kernels/cuda     kernels/common kernels/cuda cuda nccl cutlass)
 # The kernel benchmarks are tools: flags and JSON too, still no server/ or gRPC.
 include_rule(kernels/bench
   kernels/common kernels/cpu kernels/cuda kernels/bench absl cuda nccl blas json)
@@ -90,6 +92,8 @@ function(classify_include path bracket out)
     set(c "json")
   elseif(path MATCHES "^Random123/")
     set(c "random123")
+  elseif(path MATCHES "^(cutlass|cute)/")
+    set(c "cutlass")
   elseif(path MATCHES "^nccl\\.h$")
     set(c "nccl")
   elseif(path MATCHES "^(cuda[A-Za-z0-9_]*\\.h|cublas[A-Za-z0-9_]*\\.h|cooperative_groups|cub/|thrust/|cuda/|nvtx3/)")
@@ -156,7 +160,8 @@ function(self_test scratch)
     "#include <grpcpp/grpcpp.h>\n")                  # violation: more than the status codes
   file(WRITE "${scratch}/kernels/common/planted.h"
     "#include <Random123/philox.h>\n"
-    "#include \"absl/status/status.h\"\n")           # violation: absl in kernels/
+    "#include \"absl/status/status.h\"\n"            # violation: absl in kernels/
+    "#include <cute/tensor.hpp>\n")                  # violation: CUTLASS outside kernels/cuda
   file(WRITE "${scratch}/server/model/planted.cc"
     "#include \"some_library/unknown.h\"\n")         # violation: unclassified
   file(WRITE "${scratch}/server/newfolder/planted.h"
@@ -169,6 +174,7 @@ function(self_test scratch)
     "server/engine/planted.h: includes server/api/request_parser.h"
     "server/telemetry/planted.cc: includes grpcpp/grpcpp.h"
     "kernels/common/planted.h: includes absl/status/status.h"
+    "kernels/common/planted.h: includes cute/tensor.hpp"
     "server/model/planted.cc: includes some_library/unknown.h (unclassified)"
     "server/newfolder/: no include rule")
   list(LENGTH expected n_expected)

@@ -267,6 +267,7 @@ class ShapeBench {
     FusedSampleArgs a = Args(batch, copy, call, false, lse);
     a.workspace = fused_ws_.get();
     a.workspace_bytes = fused_ws_.bytes();
+    a.stage1 = o_.stage1;
     return Ok(LaunchFusedSample(a, stream_), "LaunchFusedSample") ? 0 : 1;
   }
 
@@ -391,12 +392,21 @@ nlohmann::json StatsJson(const Stats& s) {
   return {{"median_ms", s.median_ms}, {"min_ms", s.min_ms}};
 }
 
+const char* Stage1Name(Stage1Kernel k) {
+  switch (k) {
+    case Stage1Kernel::kAuto: return "auto";
+    case Stage1Kernel::kMmaSync: return "mma_sync";
+    case Stage1Kernel::kWgmma: return "wgmma";
+  }
+  return "unknown";
+}
+
 nlohmann::json BenchJsonHeader(const CudaBenchOptions& o, const std::string& backend,
                                const std::string& device) {
   return {{"backend", backend},         {"device", device},
           {"date", o.date},             {"commit", o.commit},
           {"temperature", o.temperature}, {"logit_std", o.logit_std},
-          {"iterations", o.iterations}};
+          {"iterations", o.iterations}, {"stage1", Stage1Name(o.stage1)}};
 }
 
 int WriteBenchJson(const nlohmann::json& j, const std::string& path) {
@@ -476,9 +486,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
   std::printf("flashsampler-kernel-bench backend=cuda  %s  %s  commit %s\n", prop.name,
               date.c_str(), o.commit.c_str());
   std::printf("SMs=%d L2=%zu MB driver=%d runtime=%d  T=%g logit_std=%g iterations=%d "
-              "warmup=%d (median of iterations; CUDA events)\n",
+              "warmup=%d stage1=%s (median of iterations; CUDA events)\n",
               prop.multiProcessorCount, l2_bytes >> 20, driver, runtime, o.temperature,
-              o.logit_std, o.iterations, o.warmup);
+              o.logit_std, o.iterations, o.warmup, Stage1Name(o.stage1));
   std::printf("copy bandwidth %.3f TB/s = (read + write) bytes / time of a %zu MiB D2D copy "
               "(median %.3f ms)\n",
               copy_bw * 1e-12, o.copy_bytes >> 20, copy_stats.median_ms);

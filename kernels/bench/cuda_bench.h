@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/common/kernel_status.h"
+#include "kernels/cuda/fused_sample.h"
 #include "kernels/common/row_controls.h"
 #include "nlohmann/json.hpp"
 
@@ -34,7 +35,13 @@ struct CudaBenchOptions {
   std::string json_path;
   std::string commit;
   std::string date;  // UTC timestamp recorded in the table and the JSON
+  // The fused variant's stage-1 kernel (--stage1: auto, mma_sync, wgmma), so
+  // one binary measures both tensor-core kernels.
+  Stage1Kernel stage1 = Stage1Kernel::kAuto;
 };
+
+// "auto", "mma_sync", "wgmma" (the --stage1 values); nullptr-free.
+const char* Stage1Name(Stage1Kernel k);
 
 // Runs the sweep, prints the table, writes JSON when json_path is set.
 // Returns the process exit code (0 ok, 1 device or I/O error, 2 bad options).

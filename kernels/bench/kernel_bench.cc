@@ -104,6 +104,10 @@ ABSL_FLAG(std::string, controls, "",
           "cuda: time the controlled paths instead (all, or a comma list of top_p, top_k, "
           "top_k_top_p, min_p, bitmask; cuda_controlled_bench.cc); cuda_sharded: the "
           "controlled launchers over the shards (sharded_controlled_bench.cc)");
+ABSL_FLAG(std::string, stage1, "auto",
+          "cuda: the fused variant's stage-1 kernel: auto (the library's choice), mma_sync "
+          "(the mma.sync tensor-core kernel at every B) or wgmma (the Hopper WGMMA + TMA kernel, "
+          "sm_90 builds with CUTLASS)");
 ABSL_FLAG(int64_t, copy_mib, 2048, "cuda: MiB of the device-to-device copy that measures bandwidth");
 
 namespace flashsampler::kernels {
@@ -415,7 +419,23 @@ int RunCuda() {
   o.json_path = absl::GetFlag(FLAGS_json);
   o.commit = absl::GetFlag(FLAGS_commit);
   o.date = UtcNow();
+  const std::string stage1 = absl::GetFlag(FLAGS_stage1);
+  if (stage1 == "auto") {
+    o.stage1 = Stage1Kernel::kAuto;
+  } else if (stage1 == "mma_sync") {
+    o.stage1 = Stage1Kernel::kMmaSync;
+  } else if (stage1 == "wgmma") {
+    o.stage1 = Stage1Kernel::kWgmma;
+  } else {
+    std::cerr << "flashsampler-kernel-bench: --stage1 wants auto, mma_sync or wgmma\n";
+    return 2;
+  }
   if (const std::string controls = absl::GetFlag(FLAGS_controls); !controls.empty()) {
+    if (o.stage1 != Stage1Kernel::kAuto) {
+      std::cerr << "flashsampler-kernel-bench: --stage1 applies to the plain fused sampler, "
+                   "not --controls\n";
+      return 2;
+    }
     return bench::RunCudaControlledBench(o, controls);
   }
   return bench::RunCudaBench(o);

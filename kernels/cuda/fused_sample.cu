@@ -51,6 +51,7 @@
 #include "kernels/common/sample_summary.h"
 #include "kernels/cuda/stage1_shape.h"
 #include "kernels/cuda/fused_sample_mma.cuh"
+#include "kernels/cuda/fused_sample_sm90.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels {
@@ -458,6 +459,20 @@ bool AlignedTo(const void* p, size_t alignment) {
 
 }  // namespace
 
+bool WgmmaStage1Available() {
+#if FLASHSAMPLER_HAVE_CUTLASS
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    return false;
+  }
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
 size_t CudaWeightDTypeBytes(CudaWeightDType dtype) {
   switch (dtype) {
     case CudaWeightDType::kFloat32: return 4;
@@ -501,19 +516,65 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     return KernelStatus::kInvalidArgument;
   }
 
+  // ---- Which stage 1 (Stage1Kernel). A forced kernel whose conditions do
+  // not hold is an argument error, never a silent fallback.
+  bool mma_sync = false, wgmma = false;
+  switch (args.stage1) {
+    case Stage1Kernel::kAuto:
+      mma_sync = cuda_internal::MmaStage1Eligible(args);
+#if FLASHSAMPLER_HAVE_CUTLASS
+      // Above kWgmmaMinAutoBatch rows the WGMMA kernel is the faster of the
+      // two (H200, 2026-11-26: 8% at 128 rows, 17-33% at 256-1024, D = 4096
+      // and 8192; within noise at 32-64); its outputs are those of mma.sync bit
+      // for bit (fused_sample_sm90_test), so the switch changes no row.
+      if (mma_sync && args.batch > cuda_internal::kWgmmaMinAutoBatch &&
+          cuda_internal::WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
+        mma_sync = false;
+        wgmma = true;
+      }
+#endif
+      break;
+    case Stage1Kernel::kMmaSync:
+      if (!cuda_internal::MmaStage1Serves(args)) return KernelStatus::kInvalidArgument;
+      mma_sync = true;
+      break;
+    case Stage1Kernel::kWgmma:
+#if FLASHSAMPLER_HAVE_CUTLASS
+      if (!cuda_internal::WgmmaStage1Eligible(args) || !WgmmaStage1Available()) {
+        return KernelStatus::kInvalidArgument;
+      }
+      wgmma = true;
+      break;
+#else
+      return KernelStatus::kInvalidArgument;  // built without FLASHSAMPLER_CUTLASS
+#endif
+    default:
+      return KernelStatus::kInvalidArgument;
+  }
+
   const bool want_lse = cuda_internal::WantsLogSumExp(args);
   SampleSummary* tile_summaries = static_cast<SampleSummary*>(args.workspace);
   cudaError_t err = cudaSuccess;
 
-  // ---- Tensor-core stage 1 (fused_sample_mma.cu) for 16-bit weights and
-  // batches of cuda_internal::kMmaMinBatch rows or more: W is read once per
-  // 256 rows instead of once per 8 rows.
-  if (cuda_internal::MmaStage1Eligible(args)) {
+  // ---- Tensor-core stage 1 (fused_sample_mma.cu, or fused_sample_sm90.cu
+  // on request) for 16-bit weights and batches of
+  // cuda_internal::kMmaMinBatch rows or more: W is read once per 128 (mma.sync)
+  // or 256 (WGMMA) rows instead of once per 8 rows. Both write 128-token tile
+  // summaries, merged by the same stage 2.
+  if (mma_sync || wgmma) {
     auto* hidden_rounded = reinterpret_cast<unsigned short*>(
         static_cast<unsigned char*>(args.workspace) + TileSummaryBytes(args.batch, args.valid_vocab));
     const int64_t mma_tiles = NumTiles(args.valid_vocab, cuda_internal::kMmaTileVocab);
-    err = cuda_internal::LaunchMmaStage1(args, mma_tiles, want_lse, tile_summaries,
-                                         hidden_rounded, stream);
+#if FLASHSAMPLER_HAVE_CUTLASS
+    if (wgmma) {
+      err = cuda_internal::LaunchWgmmaStage1(args, mma_tiles, want_lse, tile_summaries,
+                                             hidden_rounded, stream);
+    } else
+#endif
+    {
+      err = cuda_internal::LaunchMmaStage1(args, mma_tiles, want_lse, tile_summaries,
+                                           hidden_rounded, stream);
+    }
     if (err != cudaSuccess) return StatusFromCuda(err);
     err = cuda_internal::LaunchMergeTileSummaries(tile_summaries, mma_tiles, args, stream);
     return StatusFromCuda(err);

@@ -24,7 +24,9 @@
 // (kernels/cpu/tiled_sampler.h) up to the fp32 rounding of the dot products,
 // i.e. except for near-ties of the two best scores.
 //
-// How (details next to the launch in fused_sample.cu). Two stage-1 kernels:
+// How (details next to the launch in fused_sample.cu). Two stage-1 kernels
+// by default, a third on request (FusedSampleArgs::stage1 = kWgmma: the
+// Hopper WGMMA + TMA kernel of fused_sample_sm90.cu, the same tile summaries):
 // - tensor cores (fused_sample_mma.cu), for fp16 / bf16 weights, batch >= 3
 //   (kMmaMinBatch), hidden_dim % 16 == 0 and 16-byte aligned W and H: H is
 //   rounded to the weight dtype once (round to nearest even) into the
@@ -90,6 +92,28 @@ enum class MmaPipeline : int32_t {
   kDeep = 2,     // 1 block per SM, three K steps in flight
 };
 
+// Which stage-1 kernel a launch uses (FusedSampleArgs::stage1). Tests and
+// benchmarks force one; the server leaves kAuto.
+enum class Stage1Kernel : int32_t {
+  // A tensor-core kernel for 16-bit weights, batch >= 3 (kMmaMinBatch),
+  // hidden_dim % 16 == 0 and 16-byte aligned W and H: the WGMMA kernel above
+  // 64 rows where it is available (WgmmaStage1Available), mma.sync otherwise;
+  // the CUDA-core kernel for every other launch.
+  kAuto = 0,
+  // The mma.sync tensor-core kernel (fused_sample_mma.cu) for any batch >= 1;
+  // the 16-bit weight, hidden_dim and alignment conditions above must hold.
+  kMmaSync = 1,
+  // The Hopper WGMMA + TMA kernel (fused_sample_sm90.cu) for any batch >= 1:
+  // the same conditions as kMmaSync, a build with FLASHSAMPLER_CUTLASS and a
+  // compute capability 9.0 device (WgmmaStage1Available()).
+  kWgmma = 2,
+};
+
+// Whether Stage1Kernel::kWgmma can run on the current device: the library was
+// built with the CUTLASS-based kernel and the device is compute capability
+// 9.0 (sm_90a code runs there only). False when the device query fails.
+bool WgmmaStage1Available();
+
 // Bytes per weight element (4 or 2); 0 for an unknown value.
 size_t CudaWeightDTypeBytes(CudaWeightDType dtype);
 
@@ -139,6 +163,12 @@ struct FusedSampleArgs {
   // The tensor-core path's pipeline at B <= 16 (see MmaPipeline). Values
   // outside the enum: InvalidArgument.
   MmaPipeline mma_pipeline = MmaPipeline::kAuto;
+  // The stage-1 kernel (see Stage1Kernel). kMmaSync and kWgmma give
+  // InvalidArgument, with nothing enqueued, where their conditions do not
+  // hold; values outside the enum too. The two tensor-core kernels give the
+  // same bits (same operands, same K order on the same tensor-core datapath;
+  // fused_sample_sm90_test checks it), and each is batch-invariant.
+  Stage1Kernel stage1 = Stage1Kernel::kAuto;
 };
 
 // Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),

@@ -449,15 +449,21 @@ cudaError_t DeepPipeline(const FusedSampleArgs& a, int64_t num_tiles, const MmaC
 }
 
 template <class T>
-cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
-                           int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                           cudaStream_t stream, const MmaControls* c) {
+cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden_rounded,
+                                cudaStream_t stream) {
   const int64_t count = a.batch * a.hidden_dim;  // a multiple of 16
   const int64_t convert_blocks = (count / 8 + 255) / 256;
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
   ConvertHiddenKernel<T><<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
       a.hidden, count, hidden_rounded);
-  cudaError_t err = cudaGetLastError();
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
+                           int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
+                           cudaStream_t stream, const MmaControls* c) {
+  cudaError_t err = LaunchConvertHidden<T>(a, hidden_rounded, stream);
   if (err != cudaSuccess) return err;
   // The smallest block that holds the batch; above 128 rows, chunks of 128.
   const unsigned short* hr = hidden_rounded;
@@ -479,12 +485,23 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_roun
 
 }  // namespace
 
-bool MmaStage1Eligible(const FusedSampleArgs& args) {
+bool MmaStage1Serves(const FusedSampleArgs& args) {
   const bool half = args.weight_dtype == CudaWeightDType::kBFloat16 ||
                     args.weight_dtype == CudaWeightDType::kFloat16;
-  return half && args.batch >= kMmaMinBatch && args.hidden_dim % 16 == 0 &&
+  return half && args.hidden_dim % 16 == 0 &&
          reinterpret_cast<uintptr_t>(args.weight) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0;
+}
+
+bool MmaStage1Eligible(const FusedSampleArgs& args) {
+  return MmaStage1Serves(args) && args.batch >= kMmaMinBatch;
+}
+
+cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
+                              cudaStream_t stream) {
+  return args.weight_dtype == CudaWeightDType::kFloat16
+             ? LaunchConvertHidden<Fp16Mma>(args, hidden_rounded, stream)
+             : LaunchConvertHidden<Bf16Mma>(args, hidden_rounded, stream);
 }
 
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,

@@ -22,9 +22,23 @@ constexpr int64_t kMmaMinBatch = 3;
 // halves (stage1_shape.h).
 constexpr int kMmaTileVocab = 128;
 
-// True when the tensor-core stage 1 applies: fp16 / bf16 weights, batch >=
-// kMmaMinBatch, hidden_dim % 16 == 0, W and H 16-byte aligned.
+// True when the tensor-core stage 1 can serve the launch: fp16 / bf16
+// weights, hidden_dim % 16 == 0, W and H 16-byte aligned (any batch >= 1).
+bool MmaStage1Serves(const FusedSampleArgs& args);
+
+// True when LaunchFusedSample picks it by itself (Stage1Kernel::kAuto):
+// MmaStage1Serves and batch >= kMmaMinBatch.
 bool MmaStage1Eligible(const FusedSampleArgs& args);
+
+// Enqueues kernel 1 of the tensor-core stage 1 alone: H (fp32 [batch,
+// hidden_dim]) rounded to the weight dtype (round to nearest even, as the
+// host's conversions) into hidden_rounded (batch * hidden_dim 16-bit
+// elements, 16-byte aligned; hidden_dim % 16 == 0). The kernel allows a
+// programmatic dependent launch (DependentLaunch) to start before it ends; the
+// dependent must GridDependencyWait before reading hidden_rounded. Shared with
+// the WGMMA stage 1 (fused_sample_sm90.cu), so both GEMMs see the same bits.
+cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
+                              cudaStream_t stream);
 
 // Enqueues the tensor-core stage 1 (two kernels): H rounded to the weight
 // dtype into hidden_rounded (device scratch of batch * hidden_dim 16-bit

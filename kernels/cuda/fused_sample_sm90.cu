@@ -1,0 +1,372 @@
+// Hopper (sm_90a) stage 1 of the fused sampler: the per-(row, 128-token tile)
+// SampleSummary of the mma.sync stage 1 (fused_sample_mma.cu), with the dot
+// products formed by WGMMA fed by TMA through a multi-stage shared-memory ring,
+// warp-specialized as CUTLASS 3's KernelTmaWarpSpecializedCooperative: one
+// producer warp issues the TMA loads, two consumer warpgroups issue the WGMMAs
+// and then run our epilogue. The mainloop is CUTLASS's own collective
+// (CollectiveBuilder -> sm90_mma_tma_gmma_ss_warpspecialized.hpp); the kernel
+// around it and the epilogue are ours. Built only with FLASHSAMPLER_CUTLASS,
+// only for sm_90a (kernels/CMakeLists.txt); selected by
+// FusedSampleArgs::stage1 = kWgmma (fused_sample.cu).
+//
+// What it computes. logits^T [valid_vocab, batch] = W . Hr^T as a GEMM with
+// M = tokens (W's rows, K-major), N = batch rows (Hr = H rounded to the weight
+// dtype by LaunchRoundHidden, the mma.sync path's kernel 1, K-major), K =
+// hidden_dim, fp32 accumulation. A block owns one 128-token tile (= one
+// workspace tile, kMmaTileVocab) times kRows batch rows. Its accumulators go to
+// shared memory as dots[row][token] (their coordinates from an identity tensor
+// partitioned like the accumulators), and one warp per row folds the tile
+// exactly as the mma.sync epilogue does (RowSampler::AddFour over tokens
+// [4k, 4k + 4) in lane k, then the 32-lane butterfly of MergeSummaries):
+// l' = TransformLogit(dot, 1/T), Philox Gumbel noise keyed by the global token
+// id (token_offset added), greedy rows without noise, tokens >= valid_vocab
+// skipped, the online log-sum-exp when want_lse, a draft row's l'_x stored and
+// its x excluded from the sample. tile_summaries[row * num_tiles + tile] is
+// what LaunchMmaStage1 writes for the same dots, bit for bit, so stage 2
+// (LaunchMergeTileSummaries) is shared unchanged.
+//
+// Why exact. A token's score is the fp32 dot product plus its exact noise;
+// the Gumbel-max argument needs nothing else (fused_sample.h). Edges: TMA
+// fills out-of-bounds elements with zeros (tokens >= valid_vocab, rows >=
+// batch, k >= hidden_dim), so padded k adds exact zeros and padded tokens /
+// rows are never folded. Against the mma.sync path only the dots' internal
+// fp32 summation may differ (the hardware's order inside one k16 step of
+// mma.sync vs wgmma is not documented; between k16 steps both add in
+// increasing k), so tokens agree except at near-ties and log Z to fp32
+// rounding (tests/gpu/fused_sample_sm90_test.cc measures both).
+//
+// Batch invariance (a row's token, log Z and logprob bit-identical in every
+// batch). What depends on the batch: the block's N (kRows: 32, 64, 128 or 256,
+// the smallest that holds the batch; 256-row chunks above), and so the WGMMA
+// instruction's N (m64nNk16) and the stage count of the ring. What does not:
+// (1) the K order: every accumulator element is D = sum over k16 steps in
+// increasing k, one wgmma per k16 step per 64-token half (the collective
+// issues the k blocks of a stage in order, stages in order; no split-K);
+// (2) the first step's zero-initialisation (ScaleOut::Zero) and the rest;
+// (3) the epilogue (same lanes, same tokens per lane, same butterfly for
+// every kRows); (4) the noise (a function of the row's params and the token).
+// The one assumption: an m64nNk16 WGMMA computes output element (m, n) with
+// the same arithmetic for every N, i.e. column n's result does not depend on
+// how many other columns the instruction carries. PTX does not state this;
+// it is what the hardware is expected to do (the columns are independent dot
+// products) and tests/gpu/fused_sample_sm90_test.cc's BatchInvariance test
+// checks it bitwise on the device for every kRows. If it ever fails, fixing
+// kRows (one config for every batch, wider batches in chunks) restores
+// invariance by construction at the cost of small-batch tensor work.
+//
+// Hand-written PTX: none here beyond what sample_reduce.cuh already wraps
+// (griddepcontrol for programmatic dependent launch, which CUTLASS only emits
+// under CUTLASS_ENABLE_GDC_FOR_SM90, a global switch we do not set).
+#include "kernels/cuda/fused_sample_sm90.cuh"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernels/common/gumbel_noise.h"
+#include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_sample_mma.cuh"
+#include "kernels/cuda/sample_reduce.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "fused_sample_sm90.cu holds WGMMA code: compile it for sm_90a only (kernels/CMakeLists.txt)"
+#endif
+
+namespace flashsampler::kernels::cuda_internal {
+namespace {
+
+constexpr int kTileTokens = kMmaTileVocab;   // 128: block tile M = one workspace tile
+constexpr int kKTile = 64;                   // K elements per ring stage: 128-byte rows, 128B swizzle
+constexpr int kDotStride = kTileTokens + 4;  // floats per row of the epilogue's dot tile
+constexpr int kProducerThreads = 128;        // warpgroup 0; only its warp 0 issues loads
+constexpr int kConsumerThreads = 256;        // warpgroups 1 and 2, 64 tokens each
+constexpr int kConsumerWarps = kConsumerThreads / 32;
+// Registers per thread after setmaxnreg (CUTLASS's cooperative kernel's
+// values): the producer gives back what the consumers' kRows / 2 fp32
+// accumulators (128 at kRows = 256) and the epilogue need.
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+// Named barrier of the consumer warpgroups: user id 0, which NamedBarrier::sync
+// maps past CUTLASS's reserved ids (hardware barrier 8; 0 is __syncthreads).
+constexpr uint32_t kEpilogueBarrier = 0;
+static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a tile");
+
+// ---- Block shapes --------------------------------------------------------------
+// Element: cutlass::bfloat16_t or cutlass::half_t. kRows: batch rows per block
+// (GEMM N). kStages: depth of the TMA ring, each stage 128 x 64 W elements
+// plus kRows x 64 Hr elements. One block per SM (384 threads, __launch_bounds__
+// min 1): the ring takes ~160-192 KB, so kStages - 1 steps of W (16 KB each)
+// are in flight per SM while the tensor cores work on one.
+template <class Element, int kRows_, int kStages_>
+struct WgmmaConfig {
+  static constexpr int kRows = kRows_;
+  static constexpr int kStages = kStages_;
+  using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  // A = W [tokens, K] row-major (K-major), B = Hr [rows, K] row-major, which
+  // is CUTLASS's column-major K x N (K-major). Alignment 8 elements = 16 bytes.
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
+      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCount<kStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  static_assert(cute::size(TiledMma{}) == kConsumerThreads,
+                "two consumer warpgroups, 64 tokens each (AtomLayout 2x1x1)");
+
+  // The ring, reused after the main loop for the epilogue's dot tile.
+  struct SharedStorage {
+    union Ring {
+      typename Mainloop::TensorStorage tensors;
+      float dots[kRows * kDotStride];
+    } ring;
+    typename Mainloop::PipelineStorage pipeline;
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+  static_assert(sizeof(typename Mainloop::TensorStorage) >= sizeof(float) * kRows * kDotStride,
+                "the dot tile fits in the ring (it must not grow the union)");
+  static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
+};
+
+// Stage counts: as many as fit ~192 KB, at least enough for the dot tile.
+template <class E> using Wgmma32 = WgmmaConfig<E, 32, 8>;    // 8 x 20 KB
+template <class E> using Wgmma64 = WgmmaConfig<E, 64, 8>;    // 8 x 24 KB
+template <class E> using Wgmma128 = WgmmaConfig<E, 128, 6>;  // 6 x 32 KB
+template <class E> using Wgmma256 = WgmmaConfig<E, 256, 4>;  // 4 x 48 KB
+
+template <class Cfg>
+struct WgmmaKernelParams {
+  typename Cfg::Mainloop::Params mainloop;  // TMA descriptors (must live in param space)
+  int32_t valid_vocab;                      // GEMM M
+  int32_t batch;                            // GEMM N
+  int32_t hidden_dim;                       // GEMM K
+  int32_t num_chunks;                       // ceil(batch / kRows)
+  int64_t num_tiles;                        // ceil(valid_vocab / 128)
+  const RowParams* params;
+  bool want_lse;
+  const int32_t* draft_tokens;
+  float* draft_logits;
+  int64_t token_offset;
+  SampleSummary* tile_summaries;
+};
+
+// ---- The kernel -------------------------------------------------------------------
+// Block b: row chunk b % num_chunks (rows [chunk * kRows, + kRows)), tile
+// b / num_chunks (tokens [tile * 128, + 128)); chunks of a tile are adjacent
+// so they run together and share its W through L2. 384 threads: warpgroup 0
+// is the producer (warp 0 issues TMA; the others only give their registers
+// back), warpgroups 1-2 the consumers. Launched as a programmatic dependent of
+// LaunchRoundHidden's kernel: only the producer reads Hr, and it waits first.
+template <class Cfg>
+__global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
+    WgmmaTileKernel(const __grid_constant__ WgmmaKernelParams<Cfg> p) {
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  constexpr int kRows = Cfg::kRows;
+
+  // 1024-byte alignment: the 128B-swizzled TMA destinations need it.
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(wgmma_smem);
+
+  const int thread = static_cast<int>(threadIdx.x);
+  const int warp_group = __shfl_sync(kFullWarpMask, thread / 128, 0);
+  const int warp_in_group = __shfl_sync(kFullWarpMask, (thread / 32) % 4, 0);
+  const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.num_chunks));
+  const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_chunks));
+
+  if (warp_group == 0 && warp_in_group == 0 && cute::elect_one_sync()) {
+    Mainloop::prefetch_tma_descriptors(p.mainloop);
+  }
+  typename Pipeline::Params pipeline_params;
+  if (warp_group == 0 && warp_in_group == 0) {
+    pipeline_params.role = Pipeline::ThreadCategory::Producer;
+  } else if (warp_group > 0) {
+    pipeline_params.role = Pipeline::ThreadCategory::Consumer;
+  }
+  pipeline_params.is_leader = thread % 128 == 0;
+  pipeline_params.num_consumers = kConsumerThreads;
+  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(shared.pipeline, pipeline_params, typename Cfg::ClusterShape{});  // warp 0 inits
+  __syncthreads();  // the barriers' initialisation is visible to every role
+
+  Mainloop mainloop;
+  const auto problem = make_shape(p.valid_vocab, p.batch, p.hidden_dim, 1);
+  const auto load_inputs = mainloop.load_init(problem, p.mainloop);
+  const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if (warp_in_group == 0) {
+      GridDependencyWait();  // Hr is written
+      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      const auto block_coord = make_coord(tile, chunk, _, 0);
+      auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
+      mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter,
+                    k_tiles, thread % 32, 0, shared.ring.tensors);
+      write_state.advance(k_tiles);
+      mainloop.load_tail(pipeline, write_state);  // every stage released by the consumers
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+  const int mma_thread = thread - kProducerThreads;
+  typename Cfg::TiledMma tiled_mma;
+  Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+  PipelineState read_state;
+  mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, shared.ring.tensors, p.mainloop);
+  mainloop.mma_tail(pipeline, read_state, k_tiles);  // this warpgroup's WGMMAs have completed
+  AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
+
+  // Both warpgroups are done reading the ring (the producer wrote nothing
+  // past the last stage they waited for), so it can hold the dot tile.
+  cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
+
+  // Epilogue, 1: accumulators -> dots[row][token] (fp32 dots, before the
+  // scale). The identity tensor, partitioned like the accumulators, names
+  // each register's (token, row) in the block tile. In the m64nNk16 layout a
+  // warp's 32 lanes write tokens g = lane / 4 (+ 0..7) of rows 2 (lane % 4)
+  // (+ 0, 1): bank (8 (lane % 4) + g) mod 32 with the 132-float row stride,
+  // all 32 distinct.
+  float* dots = shared.ring.dots;
+  {
+    Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
+    Tensor thread_coords = tiled_mma.get_thread_slice(mma_thread).partition_C(coords);
+    static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); ++i) {
+      const int token = get<0>(thread_coords(i));
+      const int row = get<1>(thread_coords(i));
+      dots[row * kDotStride + token] = accum(i);
+    }
+  }
+  cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
+
+  // Epilogue, 2: one warp per row, lane k folds tokens [4k, 4k + 4) of the
+  // tile (one Philox block for all four), then the butterfly. This is
+  // fused_sample_mma.cu's epilogue statement for statement: equal dots give
+  // equal summaries, and the shape is the same for every kRows.
+  const int warp = mma_thread / 32;
+  const int lane = mma_thread % 32;
+  const int64_t row0 = static_cast<int64_t>(chunk) * kRows;
+  const int64_t tok0 = static_cast<int64_t>(tile) * kTileTokens;
+  for (int r = warp; r < kRows; r += kConsumerWarps) {
+    if (row0 + r >= p.batch) break;  // uniform across the warp
+    const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
+                                            p.draft_logits, p.token_offset);
+    const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
+    SampleSummary s = EmptySampleSummary();
+    row.AddFour(s, tok0 + 4 * lane, d, p.valid_vocab, p.want_lse);
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+    if (lane == 0) p.tile_summaries[(row0 + r) * p.num_tiles + tile] = s;
+  }
+}
+
+// ---- Launcher ----------------------------------------------------------------------
+// Grid: num_tiles * ceil(batch / kRows) blocks (1187 tiles at V = 151936) of
+// 384 threads, Cfg::kSmemBytes of dynamic shared memory (ring + barriers,
+// ~160-192 KB: one block per SM). The TMA descriptors are encoded on the host
+// for every launch (cuTensorMapEncodeTiled through the runtime's driver entry
+// point, a few microseconds of host time) because W, Hr and the sizes may
+// change between launches.
+template <class Element, class Cfg>
+cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
+                        int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
+                        cudaStream_t stream) {
+  using Mainloop = typename Cfg::Mainloop;
+  const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
+  const int64_t blocks = num_tiles * num_chunks;
+  if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+
+  const int m = static_cast<int>(a.valid_vocab);
+  const int n = static_cast<int>(a.batch);
+  const int k = static_cast<int>(a.hidden_dim);
+  // Strides of (M, K, L) and (N, K, L): row pitches hidden_dim, unit K
+  // stride, one batch (L = 1) whose stride is never used.
+  typename Mainloop::Arguments args{
+      static_cast<const Element*>(a.weight),
+      typename Mainloop::StrideA{static_cast<int64_t>(k), cute::Int<1>{}, int64_t{0}},
+      reinterpret_cast<const Element*>(hidden_rounded),
+      typename Mainloop::StrideB{static_cast<int64_t>(k), cute::Int<1>{}, int64_t{0}}};
+  const auto problem = cute::make_shape(m, n, k, 1);
+  if (!Mainloop::can_implement(problem, args)) return cudaErrorInvalidValue;
+
+  WgmmaKernelParams<Cfg> params{};
+  params.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
+  params.valid_vocab = m;
+  params.batch = n;
+  params.hidden_dim = k;
+  params.num_chunks = static_cast<int32_t>(num_chunks);
+  params.num_tiles = num_tiles;
+  params.params = a.params;
+  params.want_lse = want_lse;
+  params.draft_tokens = a.draft_tokens;
+  params.draft_logits = a.draft_logprobs;
+  params.token_offset = a.token_offset;
+  params.tile_summaries = tile_summaries;
+
+  auto* kernel = &WgmmaTileKernel<Cfg>;
+  const cudaError_t err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  // Programmatic dependent launch: blocks may start while the H rounding
+  // still runs (the producer waits for it before its first TMA load).
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      DependentLaunch(dim3(static_cast<unsigned>(blocks)), dim3(kProducerThreads + kConsumerThreads),
+                      Cfg::kSmemBytes, stream, &attribute);
+  return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+// The smallest block that holds the batch; above 256 rows, chunks of 256.
+template <class Element>
+cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t num_tiles,
+                           bool want_lse, SampleSummary* ts, cudaStream_t stream) {
+  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+}
+
+}  // namespace
+
+bool WgmmaStage1Eligible(const FusedSampleArgs& args) {
+  const bool half = args.weight_dtype == CudaWeightDType::kBFloat16 ||
+                    args.weight_dtype == CudaWeightDType::kFloat16;
+  return half && args.hidden_dim % 16 == 0 && reinterpret_cast<uintptr_t>(args.weight) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0;
+}
+
+cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
+                              SampleSummary* tile_summaries, unsigned short* hidden_rounded,
+                              cudaStream_t stream) {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return err;
+  if (major != 9 || minor != 0) return cudaErrorNotSupported;  // sm_90a code runs on 9.0 only
+
+  err = LaunchRoundHidden(args, hidden_rounded, stream);
+  if (err != cudaSuccess) return err;
+  if (args.weight_dtype == CudaWeightDType::kFloat16) {
+    return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, want_lse,
+                                           tile_summaries, stream);
+  }
+  return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, want_lse,
+                                             tile_summaries, stream);
+}
+
+}  // namespace flashsampler::kernels::cuda_internal

@@ -1,0 +1,40 @@
+// Hopper (sm_90a) WGMMA + TMA stage 1 of the fused sampler
+// (fused_sample_sm90.cu), selected by FusedSampleArgs::stage1 = kWgmma. Built
+// only with FLASHSAMPLER_CUTLASS (CMake defines FLASHSAMPLER_HAVE_CUTLASS=1 on
+// kernels/cuda then). Internal to kernels/cuda: include only from .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_sample.h"
+
+namespace flashsampler::kernels::cuda_internal {
+
+// Stage1Kernel::kAuto takes the WGMMA kernel for batches of more rows than
+// this (where it measured faster than mma.sync), mma.sync up to it.
+constexpr int64_t kWgmmaMinAutoBatch = 64;
+
+// True when the WGMMA stage 1 can serve `args` (the sizes and pointers only;
+// the device is WgmmaStage1Available's check): fp16 / bf16 weights,
+// hidden_dim % 16 == 0 (TMA needs 16-byte row pitches; 16 keeps the
+// precondition of the mma.sync path, so both serve the same launches), W
+// 16-byte aligned (a TMA base address) and H 16-byte aligned (the rounding
+// kernel's float4 loads). The workspace's rounded H is 16-byte aligned by the
+// workspace layout. Any batch >= 1.
+bool WgmmaStage1Eligible(const FusedSampleArgs& args);
+
+// Enqueues the WGMMA stage 1: H rounded to the weight dtype into
+// hidden_rounded (LaunchRoundHidden, fused_sample_mma.cuh), then
+// tile_summaries[row * num_tiles + tile] for every row < batch and every
+// 128-token tile < num_tiles (= ceil(valid_vocab / 128)), exactly the layout
+// and the per-tile fold of LaunchMmaStage1, so LaunchMergeTileSummaries
+// (stage 2) is shared. Returns the first CUDA error; cudaErrorNotSupported
+// when the current device is not compute capability 9.0.
+cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
+                              SampleSummary* tile_summaries, unsigned short* hidden_rounded,
+                              cudaStream_t stream);
+
+}  // namespace flashsampler::kernels::cuda_internal

@@ -1,0 +1,33 @@
+// The chi-square helpers of the GPU exactness tests
+// (fused_sample_exactness_test.cc, fused_sample_sm90_test.cc): draw many
+// samples from the fused sampler with H = e_0, so the logits are exactly W's
+// column 0 whatever the stage 1's summation order, and compare the counts with
+// the float64 softmax of the fp32 transformed logits
+// (tests/common/goodness_of_fit.h). Statistics, the required shift and why:
+// the top of fused_sample_exactness_test.cc.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/fused_sample.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace flashsampler::kernels::gpu_test {
+
+// z of a 2% relative error in the probability of a token with p >= 0.05.
+constexpr double kRequiredShift = 7.0;
+
+// Counts of `rows * calls` samples: call c launches `rows` rows with
+// RowParams{temperature, seed, offset = c, stream = row} on the stage-1 kernel
+// `stage1` (FusedSampleArgs::stage1).
+std::vector<int64_t> SampleCounts(const DeviceWeights& dw, const HostWeights& w, int64_t rows,
+                                  int64_t calls, float temperature, uint64_t seed,
+                                  Stage1Kernel stage1 = Stage1Kernel::kAuto);
+
+// float64 softmax of the fp32 transformed logits w[v] * LogitScale(T) (w has
+// hidden 1: one logit per token), checked with ExpectCountsMatch.
+void ExpectMatchesSoftmax(const std::vector<int64_t>& counts, const HostWeights& w,
+                          float temperature);
+
+}  // namespace flashsampler::kernels::gpu_test
