@@ -317,6 +317,57 @@ TEST(CudaEngine, ABadWireValueIsNamedAndTheEngineStaysHealthy) {
   EXPECT_TRUE(cuda->healthy());
 }
 
+// A launch the batcher formed from many small requests: one wire run per
+// row, in every place, dtypes changing along the batch, an fp32 row between
+// them. The engine groups adjacent host runs of one dtype (one widening, one
+// batched upload); the results must be those of the fp32 path bit for bit,
+// and a bad value deep inside a group must still name its row and column.
+TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  const EnginePair engines = MakeEnginePair();
+  ASSERT_NE(engines.cuda, nullptr);
+  Engine* const cuda = engines.cuda.get();
+  for (int64_t rows : {5, 37}) {  // fused; materialized
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    const SampleBatch original = RandomBatch(rows, 500 + rows);
+    SampleBatch fp32 = original;
+    fp32.hidden_in_weight_dtype = false;
+    SampleBatch wire = original;
+    wire.hidden_in_weight_dtype = false;
+    std::vector<WireCopy> copies(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r == 3) continue;  // an fp32 row between wire runs
+      const Place where = r % 7 == 6 ? Place::kGpu : r % 2 == 0 ? Place::kStaged : Place::kHost;
+      const WeightDType dtype = r % 5 == 4 ? WeightDType::kFloat32 : WeightDType::kBFloat16;
+      wire.wire_hidden.push_back(ToWire(original.hidden, r, 1, dtype, where, &copies[r], &fp32.hidden, cuda));
+      std::fill(wire.hidden.begin() + r * kHidden, wire.hidden.begin() + (r + 1) * kHidden, std::nanf(""));
+    }
+    const absl::StatusOr<SampleResult> want = cuda->Sample(fp32);
+    const absl::StatusOr<SampleResult> got = cuda->Sample(wire);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->token_ids, want->token_ids);
+    ASSERT_EQ(got->logz.size(), want->logz.size());
+    EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), want->logz.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(got->logprobs.data(), want->logprobs.data(), want->logprobs.size() * sizeof(float)), 0);
+  }
+  // Ten one-row bf16 runs, host and staged alternating (one group): the bad
+  // value in the eighth is named by its batch row.
+  SampleBatch batch = RandomBatch(10, 77);
+  HiddenStates values = batch.hidden;
+  values[7 * kHidden + 5] = INFINITY;
+  HiddenStates ignored = values;
+  std::vector<WireCopy> copies(10);
+  for (int64_t r = 0; r < 10; ++r) {
+    batch.wire_hidden.push_back(ToWire(values, r, 1, WeightDType::kBFloat16, r % 2 == 0 ? Place::kStaged : Place::kHost,
+                                       &copies[r], &ignored, cuda));
+  }
+  const absl::StatusOr<SampleResult> bad = cuda->Sample(batch);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("hidden_states[7][5] is infinite"), std::string::npos) << bad.status();
+  EXPECT_TRUE(cuda->healthy());
+}
+
 // The CUDA engine's host staging: pinned memory, reused once released, and
 // valid for as long as a caller holds it, also after the pool is dropped.
 TEST(PinnedHostStaging, ReusesReleasedBuffersAndOutlivesThePool) {
