@@ -13,10 +13,11 @@
 // its default), so the kernel never writes one.
 //
 // 16-bit panels (bf16, fp16) go through the same micro-kernels: a k step of
-// 16 tokens is loaded as 32 bytes and widened to fp32 in registers (a
-// PanelFormat's loader), then multiplied exactly as an fp32 k step. Each
-// widening is exact and moves no value to another token, so every fma sees
-// the operands of the fp32 kernel on the widened head:
+// 16 tokens is loaded as 32 bytes and widened to fp32 in registers (the
+// format's Avx2Panel / Avx512Panel loader), then multiplied exactly as an
+// fp32 k step. Each widening is exact and each token's value meets its own
+// token's chain, so every fma sees the operands of the fp32 kernel on the
+// widened head:
 //   scalar    Bf16ToFloat / Fp16ToFloat (kernels/common/half_precision.h)
 //   AVX2      bf16: one 256-bit load; a 32-bit lane holds tokens 2i (low half)
 //             and 2i + 1 (high half), so a shift left by 16 gives the even
@@ -41,6 +42,14 @@
 // loads). Blocking k by 512 keeps a row block's slice of h and a panel's
 // slice of W in L1/L2: at D = 4096 and 128 rows it took the AVX2 kernel from
 // 65 to 84 GFLOP/s.
+// bf16 panels on the same machine (flashsampler-kernel-bench
+// --weight_dtype=bf16, 2026-11-26, a noisy shared host) gain where few rows
+// share each load of W (so, we infer, reading W bounds them). V = 128,
+// D = 4096 (1 MiB of bf16 panels, 2 MiB of fp32: both larger than a core's
+// 512 KiB L2), one row, one thread: 23-26 us against 42-46 us for fp32
+// panels; V = 32000, D = 1024, one row, a 1024-token tile: 0.12 ms against
+// 0.20. From 64 rows on the kernel is fma-bound and the two are within the
+// noise of each other.
 //
 // Highway or intrinsics: a Highway version (libhwy-dev 1.0.3, foreach_target
 // + HWY_DYNAMIC_DISPATCH, written and run on the dev machine, not kept; its
