@@ -2,7 +2,7 @@
 // baseline on random inputs, prints a table and optionally writes JSON.
 //
 //   flashsampler-kernel-bench --backend=cpu [--batch=8 --vocab=32000
-//       --hidden=1024 --threads=0 --iterations=50 --json=out.json]
+//       --hidden=1024 --weight_dtype=fp32 --threads=0 --iterations=50 --json=out.json]
 //   flashsampler-kernel-bench --backend=cuda [--shapes=4096x151936,8192x128256
 //       --batches=1,2,4,8,16,32,64,128,256 --iterations=100 --json=out.json]
 //   flashsampler-kernel-bench --backend=cuda --controls=all [--shapes=4096x151936 ...]
@@ -24,7 +24,9 @@
 //
 // CPU variants (same B, V, D, threads, inputs and temperature):
 //   fused            CpuTiledSampler::Sample, tokens only (W in token panels,
-//                    fixed-order logits: kernels/cpu/fixed_order_logits.h).
+//                    fixed-order logits: kernels/cpu/fixed_order_logits.h;
+//                    with --weight_dtype=bf16 or fp16 the panels hold the
+//                    head's 16-bit values, as the CPU engine keeps them).
 //   fused+logz       the same, also returning logz and logprobs.
 //   materialized     the baseline a framework runs: ONE multi-threaded
 //                    cblas_sgemm writes the full [B, V] logits, then a separate
@@ -42,7 +44,8 @@
 // the median and the minimum per variant.
 //
 // Inputs: H ~ N(0, 1) and W ~ N(0, (logit_std)^2 / D), so the logits are roughly
-// N(0, logit_std^2). The fused sampler's pruning depends on the spread; the
+// N(0, logit_std^2); a 16-bit head is W rounded to bf16 or fp16, and the
+// sgemm baseline multiplies by the same values widened to fp32. The fused sampler's pruning depends on the spread; the
 // default 2.0 is in the range of trained LM heads, and --logit_std lets you try
 // flatter (harder) or wider distributions.
 #include <cblas.h>
@@ -67,6 +70,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/flags/parse.h"
 #include "kernels/common/gumbel_noise.h"
+#include "kernels/common/half_precision.h"
 #include "kernels/common/row_params.h"
 #include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/tiled_sampler.h"
@@ -87,6 +91,9 @@ ABSL_FLAG(std::string, devices, "",
 ABSL_FLAG(int64_t, batch, 8, "rows B");
 ABSL_FLAG(int64_t, vocab, 32000, "vocabulary V");
 ABSL_FLAG(int64_t, hidden, 1024, "hidden size D");
+ABSL_FLAG(std::string, weight_dtype, "fp32",
+          "cpu: dtype of the LM head, fp32, bf16 or fp16 (16-bit heads stay 16-bit in the "
+          "fused sampler's token panels)");
 ABSL_FLAG(int, threads, 0, "CPU threads for every variant (0: all hardware threads)");
 ABSL_FLAG(int64_t, tile_rows, 1024, "tokens per tile of the fused CPU sampler");
 ABSL_FLAG(int, iterations, 0,
@@ -248,12 +255,17 @@ int RunCpu() {
   const float temperature = absl::GetFlag(FLAGS_temperature);
   const float logit_std = absl::GetFlag(FLAGS_logit_std);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const std::string weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
   if (batch <= 0 || vocab <= 0 || hidden <= 0 || iterations < 20 || warmup < 0 ||
       !(temperature >= 0.0f)) {
     std::cerr << "flashsampler-kernel-bench: need batch, vocab, hidden > 0, iterations >= 20, "
                  "temperature >= 0\n";
+    return 2;
+  }
+  if (weight_dtype != "fp32" && weight_dtype != "bf16" && weight_dtype != "fp16") {
+    std::cerr << "flashsampler-kernel-bench: --weight_dtype must be fp32, bf16 or fp16\n";
     return 2;
   }
 
@@ -264,6 +276,15 @@ int RunCpu() {
   const float w_scale = logit_std / std::sqrt(static_cast<float>(hidden));
   for (float& x : w) x = normal(rng) * w_scale;
   for (float& x : h) x = normal(rng);
+  // A 16-bit head: its bits, and w becomes their (exact) fp32 values.
+  std::vector<uint16_t> w16;
+  if (weight_dtype != "fp32") {
+    w16.resize(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = weight_dtype == "bf16" ? FloatToBf16(w[i]) : FloatToFp16(w[i]);
+      w[i] = weight_dtype == "bf16" ? Bf16ToFloat(w16[i]) : Fp16ToFloat(w16[i]);
+    }
+  }
   std::vector<RowParams> params(batch);
   uint64_t offset = 0;  // advanced every call, like decode steps
   auto next_params = [&] {
@@ -273,9 +294,19 @@ int RunCpu() {
     }
   };
 
-  std::vector<float> panels(static_cast<size_t>(TokenPanelFloats(vocab, hidden)), 0.0f);
-  PackTokenPanels(w.data(), 0, vocab, hidden, panels.data());
-  CpuTiledSampler fused(panels.data(), vocab, vocab, hidden, {threads, tile_rows});
+  // The panels in the head's dtype, as the CPU engine lays them out.
+  const size_t panel_elements = static_cast<size_t>(TokenPanelElements(vocab, hidden));
+  std::vector<float> panels32(w16.empty() ? panel_elements : 0, 0.0f);
+  std::vector<uint16_t> panels16(w16.empty() ? 0 : panel_elements, 0);
+  TokenPanels panels = panels32.data();
+  if (w16.empty()) {
+    PackTokenPanels(w.data(), 0, vocab, hidden, panels32.data());
+  } else {
+    PackTokenPanels(w16.data(), 0, vocab, hidden, panels16.data());
+    panels = weight_dtype == "bf16" ? TokenPanels::BFloat16(panels16.data())
+                                    : TokenPanels::Float16(panels16.data());
+  }
+  CpuTiledSampler fused(panels, vocab, vocab, hidden, {threads, tile_rows});
   MaterializedSampler materialized(w.data(), vocab, hidden, batch, threads);
   std::vector<int32_t> tokens(batch);
   std::vector<float> logz(batch), logprobs(batch), base_logz(batch);
@@ -305,7 +336,7 @@ int RunCpu() {
        }},
       {"materialized: sgemm only", [&] { materialized.Logits(h.data(), batch); }},
       {"tile logits, 1 thread: fixed order",
-       [&] { FixedOrderLogits(h.data(), batch, panels.data(), 0, tile, hidden, tile_out.data()); }},
+       [&] { FixedOrderLogits(h.data(), batch, panels, 0, tile, hidden, tile_out.data()); }},
       {"tile logits, 1 thread: sgemm",
        [&] {
          openblas_set_num_threads(1);
@@ -328,11 +359,11 @@ int RunCpu() {
   const std::string cpu = CpuModel();
   const std::string date = UtcNow();
   std::printf("flashsampler-kernel-bench backend=cpu  %s  %s\n", cpu.c_str(), date.c_str());
-  std::printf("B=%lld V=%lld D=%lld threads=%d tile_rows=%lld T=%g logit_std=%g "
+  std::printf("B=%lld V=%lld D=%lld W=%s threads=%d tile_rows=%lld T=%g logit_std=%g "
               "iterations=%d warmup=%d\n",
               static_cast<long long>(batch), static_cast<long long>(vocab),
-              static_cast<long long>(hidden), threads, static_cast<long long>(tile_rows),
-              temperature, logit_std, iterations, warmup);
+              static_cast<long long>(hidden), weight_dtype.c_str(), threads,
+              static_cast<long long>(tile_rows), temperature, logit_std, iterations, warmup);
   std::printf("%-36s %12s %12s %14s\n", "variant", "median_ms", "min_ms", "vs_materialized");
   for (const Timing& t : results) {
     std::printf("%-36s %12.3f %12.3f %13.2fx\n", t.name.c_str(), t.median_ms, t.min_ms,
@@ -348,6 +379,7 @@ int RunCpu() {
     j["date"] = date;
     j["commit"] = absl::GetFlag(FLAGS_commit);
     j["shapes"] = {{"batch", batch}, {"vocab", vocab}, {"hidden", hidden}};
+    j["weight_dtype"] = weight_dtype;
     j["threads"] = threads;
     j["tile_rows"] = tile_rows;
     j["temperature"] = temperature;

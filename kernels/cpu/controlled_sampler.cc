@@ -64,7 +64,7 @@ CpuControlledPath PlanCpuControlledPath(const RowControls* controls, int64_t bat
 }
 
 struct CpuControlledSampler::Impl {
-  Impl(const float* w, int64_t v, int64_t vv, int64_t d, CpuSamplerConfig config)
+  Impl(TokenPanels w, int64_t v, int64_t vv, int64_t d, CpuSamplerConfig config)
       : weight(w),
         vocab(v),
         valid_vocab(vv),
@@ -81,7 +81,7 @@ struct CpuControlledSampler::Impl {
                         const RowParams* params, const RowControls* controls,
                         const int32_t* draft_tokens, bool fused, CpuControlledOutputs outputs);
 
-  const float* weight;
+  TokenPanels weight;
   int64_t vocab;
   int64_t valid_vocab;
   int64_t hidden;
@@ -238,7 +238,7 @@ KernelStatus CpuControlledSampler::Impl::Sample(const float* hidden_states, int6
   return KernelStatus::kOk;
 }
 
-CpuControlledSampler::CpuControlledSampler(const float* weight, int64_t vocab, int64_t valid_vocab,
+CpuControlledSampler::CpuControlledSampler(TokenPanels weight, int64_t vocab, int64_t valid_vocab,
                                            int64_t hidden, CpuSamplerConfig config)
     : impl_(std::make_unique<Impl>(weight, vocab, valid_vocab, hidden, config)) {}
 

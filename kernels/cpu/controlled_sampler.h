@@ -31,6 +31,7 @@
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_controls.h"
 #include "kernels/common/row_params.h"
+#include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/tiled_sampler.h"
 
 namespace flashsampler::kernels {
@@ -60,10 +61,11 @@ struct CpuControlledOutputs {
 
 class CpuControlledSampler {
  public:
-  // weight_panels: W [vocab, hidden] fp32 in the token-panel layout of
-  // fixed_order_logits.h (PackTokenPanels), outliving the sampler.
-  CpuControlledSampler(const float* weight_panels, int64_t vocab, int64_t valid_vocab, int64_t hidden,
-                       CpuSamplerConfig config);
+  // weight_panels: W [vocab, hidden] in the token-panel layout of
+  // fixed_order_logits.h (PackTokenPanels), fp32 or a 16-bit head's bits,
+  // outliving the sampler.
+  CpuControlledSampler(TokenPanels weight_panels, int64_t vocab, int64_t valid_vocab,
+                       int64_t hidden, CpuSamplerConfig config);
   ~CpuControlledSampler();
   CpuControlledSampler(const CpuControlledSampler&) = delete;
   CpuControlledSampler& operator=(const CpuControlledSampler&) = delete;

@@ -24,9 +24,9 @@ inline bool ValidSamplerTemperature(float t) {
 }
 
 // W's sizes fit int32 token ids and the configuration is usable.
-inline bool ValidSamplerShape(const float* weight, int64_t vocab, int64_t valid_vocab,
+inline bool ValidSamplerShape(TokenPanels weight, int64_t vocab, int64_t valid_vocab,
                               int64_t hidden, const CpuSamplerConfig& config) {
-  return weight != nullptr && vocab > 0 && vocab <= kMaxInt32 && valid_vocab > 0 &&
+  return weight.data != nullptr && vocab > 0 && vocab <= kMaxInt32 && valid_vocab > 0 &&
          valid_vocab <= vocab && hidden > 0 && hidden <= kMaxInt32 && config.tile_rows > 0 &&
          config.num_threads >= 0;
 }

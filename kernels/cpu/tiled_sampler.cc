@@ -198,7 +198,7 @@ void TileGumbel(const float* logits, int64_t n, int64_t first_token, float scale
 }  // namespace
 
 struct CpuTiledSampler::Impl {
-  Impl(const float* w, int64_t v, int64_t vv, int64_t d, CpuSamplerConfig config)
+  Impl(TokenPanels w, int64_t v, int64_t vv, int64_t d, CpuSamplerConfig config)
       : weight(w),
         vocab(v),
         valid_vocab(vv),
@@ -212,7 +212,7 @@ struct CpuTiledSampler::Impl {
   void RunItem(int64_t item, int worker, const float* hidden_states, int64_t batch,
                const RowParams* params, const int32_t* draft_tokens, bool want_lse);
 
-  const float* weight;
+  TokenPanels weight;
   int64_t vocab;
   int64_t valid_vocab;
   int64_t hidden;
@@ -374,7 +374,7 @@ KernelStatus CpuTiledSampler::Impl::Sample(const float* hidden_states, int64_t b
   return KernelStatus::kOk;
 }
 
-CpuTiledSampler::CpuTiledSampler(const float* weight, int64_t vocab, int64_t valid_vocab,
+CpuTiledSampler::CpuTiledSampler(TokenPanels weight, int64_t vocab, int64_t valid_vocab,
                                  int64_t hidden, CpuSamplerConfig config)
     : impl_(std::make_unique<Impl>(weight, vocab, valid_vocab, hidden, config)) {}
 

@@ -43,6 +43,7 @@
 
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_params.h"
+#include "kernels/cpu/fixed_order_logits.h"
 
 namespace flashsampler::kernels {
 
@@ -63,10 +64,11 @@ struct CpuSampleOutputs {
 
 class CpuTiledSampler {
  public:
-  // weight_panels: W [vocab, hidden] fp32 in the token-panel layout of
-  // fixed_order_logits.h (PackTokenPanels); it must outlive the sampler.
-  // Rows >= valid_vocab are never sampled (their logits count as -inf).
-  CpuTiledSampler(const float* weight_panels, int64_t vocab, int64_t valid_vocab, int64_t hidden,
+  // weight_panels: W [vocab, hidden] in the token-panel layout of
+  // fixed_order_logits.h (PackTokenPanels), fp32 or a 16-bit head's bits; it
+  // must outlive the sampler. Rows >= valid_vocab are never sampled (their
+  // logits count as -inf).
+  CpuTiledSampler(TokenPanels weight_panels, int64_t vocab, int64_t valid_vocab, int64_t hidden,
                   CpuSamplerConfig config);
   ~CpuTiledSampler();
   CpuTiledSampler(const CpuTiledSampler&) = delete;

@@ -1,5 +1,5 @@
-// The CPU Engine: lays the LM head out once as fp32 token panels (the layout
-// of kernels/cpu/fixed_order_logits.h) and runs CpuTiledSampler for
+// The CPU Engine: lays the LM head out once as token panels in its own dtype
+// (the layout of kernels/cpu/fixed_order_logits.h) and runs CpuTiledSampler for
 // plain rows and CpuControlledSampler (path chosen by PlanCpuControlledPath)
 // for rows with sampling controls. A batch without controls takes the plain
 // sampler exactly as before; a mixed batch is split into its plain rows and
@@ -9,13 +9,14 @@
 // from sampled rows and report log p(x) (kernels/cpu/tiled_sampler.h,
 // candidate_sampler.h), after every control for controlled rows.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/common/half_precision.h"
 #include "kernels/cpu/controlled_sampler.h"
 #include "kernels/cpu/fixed_order_logits.h"
 #include "kernels/cpu/tiled_sampler.h"
@@ -24,43 +25,63 @@
 namespace flashsampler {
 namespace {
 
-// W widened to fp32 (exactly: every bf16 and fp16 value is an fp32 value) in
-// the token-panel layout, 4 * V * D bytes: the only copy of the weights the
-// CPU backend keeps (the head's mapping is released once it is packed). 16
-// rows at a time are widened into a scratch block and scattered into their
-// panel.
-std::vector<float> PackWeightPanels(const LmHead& head) {
+// W in the token-panel layout (kernels/cpu/fixed_order_logits.h), in the
+// head's own element type: fp32 for an F32 head (4 * V * D bytes), the raw
+// bits of a BF16 or F16 head (2 * V * D bytes), which the kernels widen to
+// fp32 in registers (exactly, so the logits are those of the widened head).
+// The only copy of the weights the CPU backend keeps: the head's mapping is
+// released once it is packed.
+struct WeightPanels {
+  WeightDType dtype = WeightDType::kFloat32;
+  std::vector<float> fp32;       // F32 heads
+  std::vector<uint16_t> bits16;  // BF16 and F16 heads
+
+  kernels::TokenPanels view() const {
+    switch (dtype) {
+      case WeightDType::kBFloat16: return kernels::TokenPanels::BFloat16(bits16.data());
+      case WeightDType::kFloat16: return kernels::TokenPanels::Float16(bits16.data());
+      case WeightDType::kFloat32: break;
+    }
+    return fp32.data();
+  }
+};
+
+// 16 rows (one panel) at a time are copied into a scratch block, since the
+// mapping gives no alignment guarantee, and scattered into their panel.
+template <typename Element>
+std::vector<Element> PackedPanels(const LmHead& head) {
   const int64_t vocab = head.vocab_size(), d = head.hidden_size();
-  std::vector<float> panels(static_cast<size_t>(kernels::TokenPanelFloats(vocab, d)), 0.0f);
-  std::vector<float> block(static_cast<size_t>(kernels::kTokenPanelWidth * d));
-  const WeightDType dtype = head.dtype();
-  const int64_t element = WeightDTypeSize(dtype);
+  std::vector<Element> panels(static_cast<size_t>(kernels::TokenPanelElements(vocab, d)),
+                              Element{0});
+  std::vector<Element> block(static_cast<size_t>(kernels::kTokenPanelWidth * d));
   for (int64_t t0 = 0; t0 < vocab; t0 += kernels::kTokenPanelWidth) {
     const int64_t count = std::min<int64_t>(kernels::kTokenPanelWidth, vocab - t0);
-    const auto* rows = static_cast<const unsigned char*>(head.data()) + t0 * d * element;
-    // The mapping gives no alignment guarantee: load via memcpy.
-    if (dtype == WeightDType::kFloat32) {
-      std::memcpy(block.data(), rows, static_cast<size_t>(count * d) * sizeof(float));
-    } else {
-      for (int64_t i = 0; i < count * d; ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, rows + 2 * i, sizeof bits);
-        block[i] = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
-      }
-    }
+    const auto* rows = static_cast<const unsigned char*>(head.data()) + t0 * d * sizeof(Element);
+    std::memcpy(block.data(), rows, static_cast<size_t>(count * d) * sizeof(Element));
     kernels::PackTokenPanels(block.data(), t0, count, d, panels.data());
+  }
+  return panels;
+}
+
+WeightPanels PackWeightPanels(const LmHead& head) {
+  WeightPanels panels;
+  panels.dtype = head.dtype();
+  if (head.dtype() == WeightDType::kFloat32) {
+    panels.fp32 = PackedPanels<float>(head);
+  } else {
+    panels.bits16 = PackedPanels<uint16_t>(head);
   }
   return panels;
 }
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(std::vector<float> panels, const ModelShape& shape, const CpuEngineOptions& options)
+  CpuEngine(WeightPanels panels, const ModelShape& shape, const CpuEngineOptions& options)
       : panels_(std::move(panels)),
         shape_(shape),
-        sampler_(panels_.data(), shape.vocab_size, shape.valid_vocab, shape.hidden_size,
+        sampler_(panels_.view(), shape.vocab_size, shape.valid_vocab, shape.hidden_size,
                  kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}),
-        controlled_(panels_.data(), shape.vocab_size, shape.valid_vocab, shape.hidden_size,
+        controlled_(panels_.view(), shape.vocab_size, shape.valid_vocab, shape.hidden_size,
                     kernels::CpuSamplerConfig{options.num_threads, options.tile_rows}) {}
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
@@ -192,7 +213,7 @@ class CpuEngine final : public Engine {
     return result;
   }
 
-  std::vector<float> panels_;  // W, PackWeightPanels
+  WeightPanels panels_;  // W, PackWeightPanels
   ModelShape shape_;
   kernels::CpuTiledSampler sampler_;
   kernels::CpuControlledSampler controlled_;
@@ -211,7 +232,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
   if (options.tile_rows <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("tile_rows must be > 0, got ", options.tile_rows));
   }
-  std::vector<float> panels = PackWeightPanels(head);
+  WeightPanels panels = PackWeightPanels(head);
   return std::unique_ptr<Engine>(new CpuEngine(std::move(panels), *shape, options));
 }
 

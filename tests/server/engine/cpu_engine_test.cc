@@ -1,5 +1,6 @@
-// The CPU engine end to end below gRPC: weights widened from bf16, batches in,
-// tokens out, and the MakeEngine backend switch.
+// The CPU engine end to end below gRPC: weights kept in their dtype (bf16 and
+// fp16 heads 16-bit, widened in the kernels), batches in, tokens out, and the
+// MakeEngine backend switch.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +12,8 @@
 #include "gtest/gtest.h"
 #include "kernels/common/half_precision.h"
 #include "server/engine/engine.h"
+#include "server/model/safetensors_writer.h"
+#include "tests/common/scoped_temp_dir.h"
 
 namespace flashsampler {
 namespace {
@@ -464,6 +467,72 @@ TEST_P(CpuEngineBatchInvariance, ARowsOutputsAreBitIdenticalInEveryBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CpuEngineBatchInvariance,
                          ::testing::Values(Kind::kPlain, Kind::kControlled, Kind::kDraft));
+
+// ---------------------------------------------------------------------------
+// A bf16 or fp16 head stays 16-bit in the engine's token panels (half the
+// memory of fp32 panels) and the kernels widen it exactly, so nothing but
+// memory changes: an engine on the head and one on the same head converted
+// to F32 beforehand return the same bits for every output of every row
+// (tokens, log Z, logprobs, draft log-probabilities, sampled lists, top
+// logprobs) on every CPU path. The hidden states are values of the head's
+// dtype, because the engine rounds H to W's dtype (an F32 head leaves it).
+
+// `head` written as `dtype` and loaded back.
+LmHead Reloaded(const LmHead& head, WeightDType dtype, const std::string& path) {
+  const absl::Status written = WriteLmHeadSafetensors(path, head, dtype);
+  EXPECT_TRUE(written.ok()) << written;
+  absl::StatusOr<LmHead> loaded = LmHead::Load(path, "lm_head.weight");
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->dtype(), dtype);
+  return *std::move(loaded);
+}
+
+TEST(CpuEngineWeightDType, SixteenBitHeadsGiveTheBitsOfTheSameHeadWidenedToFp32) {
+  testing::ScopedTempDir tmp("cpu_engine_dtype");
+  EngineOptions options;
+  options.cpu.num_threads = 2;
+  options.cpu.tile_rows = 256;
+  for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat16}) {
+    SCOPED_TRACE(WeightDTypeName(dtype));
+    LmHead head16 = Reloaded(LmHead::Demo(kV, kD, 9), dtype, tmp.Path("w16.safetensors"));
+    LmHead head32 = Reloaded(head16, WeightDType::kFloat32, tmp.Path("w32.safetensors"));
+    absl::StatusOr<std::unique_ptr<Engine>> engine16 = MakeEngine("cpu", std::move(head16), options);
+    absl::StatusOr<std::unique_ptr<Engine>> engine32 = MakeEngine("cpu", std::move(head32), options);
+    ASSERT_TRUE(engine16.ok() && engine32.ok());
+    EXPECT_EQ((*engine16)->shape().weight_dtype, dtype);
+    EXPECT_EQ((*engine32)->shape().weight_dtype, WeightDType::kFloat32);
+    std::mt19937 gen(static_cast<uint32_t>(dtype) + 31);
+    for (Kind kind : {Kind::kPlain, Kind::kControlled, Kind::kDraft}) {
+      // 40 rows of this kind and, but for the plain batch, 40 companions
+      // whose controls take the fused and the materialized paths.
+      std::vector<Row> rows;
+      for (int i = 0; i < 80; ++i) {
+        if (i < 40) {
+          rows.push_back(RandomRow(kind, gen));
+        } else if (kind != Kind::kPlain) {
+          rows.push_back(RandomCompanion(kind, gen));
+        }
+      }
+      for (Row& row : rows) {
+        for (float& v : row.hidden) {
+          v = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(v))
+                                              : Fp16ToFloat(FloatToFp16(v));
+        }
+      }
+      std::vector<const Row*> pointers;
+      for (const Row& row : rows) pointers.push_back(&row);
+      const SampleBatch batch = BatchOf(pointers, kind);
+      absl::StatusOr<SampleResult> r16 = (*engine16)->Sample(batch);
+      absl::StatusOr<SampleResult> r32 = (*engine32)->Sample(batch);
+      ASSERT_TRUE(r16.ok() && r32.ok());
+      const Kind bits_of = batch.controls.empty() ? kind : Kind::kControlled;  // details too
+      for (size_t i = 0; i < rows.size(); ++i) {
+        EXPECT_EQ(RowBits(*r16, i, bits_of), RowBits(*r32, i, bits_of))
+            << "row " << i << " of a batch of kind " << static_cast<int>(kind);
+      }
+    }
+  }
+}
 
 }  // namespace batch_invariance
 }  // namespace
