@@ -1,7 +1,8 @@
 // The CUDA Engine: W resident on one GPU, one stream, pinned host staging.
 //
 // Per batch: the fp32 hidden states and RowParams are copied into pinned
-// buffers and uploaded asynchronously (wire rows, SampleBatch::wire_hidden,
+// buffers and uploaded asynchronously, every host-to-device copy of the batch
+// in one cudaMemcpyBatchAsync and every result in one more (wire rows, SampleBatch::wire_hidden,
 // cross the bus in the caller's dtype, or not at all for a CUDA IPC buffer on
 // this GPU, and are widened, rounded and checked on the device), one sampler
 // launch runs (PlanCudaSamplerPath,
@@ -184,6 +185,14 @@ class CudaEngine final : public Engine {
     FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
     if (absl::Status s = StageHidden(batch); !s.ok()) return s;
     absl::StatusOr<SampleResult> result = RunSampler(batch);
+    // The controlled path and failed launches leave the first-bad indices
+    // to fetch here (the plain path fetches them with its outputs).
+    if (first_bad_pending_) {
+      first_bad_pending_ = false;
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_first_bad_, first_bad_,
+                                              wire_groups_.size() * sizeof(unsigned long long),
+                                              cudaMemcpyDeviceToHost, stream_));
+    }
     // A bad value in wire rows fails the batch whatever the sampler made of
     // it (its outputs are garbage then, never a crash).
     if (absl::Status s = CheckWireRows(); !s.ok()) return s;
@@ -206,15 +215,12 @@ class CudaEngine final : public Engine {
   // 25-request launch of a small head on an H100 host.
   absl::Status StageHidden(const SampleBatch& batch) {
     const int64_t d = shape_.hidden_size;
+    wire_groups_.clear();
+    // Copies a failed launch left behind (an argument error returns before
+    // they are enqueued) must not reach this one.
     copy_dst_.clear();
     copy_src_.clear();
     copy_bytes_.clear();
-    wire_groups_.clear();
-    const auto enqueue_copy = [&](void* dst, const void* src, size_t bytes) {
-      copy_dst_.push_back(dst);
-      copy_src_.push_back(src);
-      copy_bytes_.push_back(bytes);
-    };
     const auto stage_host_rows = [&](int64_t first, int64_t end) -> absl::Status {
       if (first >= end) return absl::OkStatus();
       const size_t offset = static_cast<size_t>(first * d);
@@ -228,7 +234,7 @@ class CudaEngine final : public Engine {
           return s;
         }
       }
-      enqueue_copy(static_cast<float*>(hidden_) + offset, staged, count * sizeof(float));
+      AddCopy(static_cast<float*>(hidden_) + offset, staged, count * sizeof(float));
       return absl::OkStatus();
     };
     int64_t row = 0;
@@ -264,24 +270,17 @@ class CudaEngine final : public Engine {
         std::memcpy(staged, run.data, bytes);
         pinned = staged;
       }
-      enqueue_copy(const_cast<char*>(static_cast<const char*>(group.source)) + within, pinned, bytes);
+      AddCopy(const_cast<char*>(static_cast<const char*>(group.source)) + within, pinned, bytes);
     }
     if (absl::Status s = stage_host_rows(row, batch.rows); !s.ok()) return s;
-
-    if (copy_dst_.size() == 1) {
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(copy_dst_[0], copy_src_[0], copy_bytes_[0],
-                                              cudaMemcpyHostToDevice, stream_));
-    } else if (!copy_dst_.empty()) {
-      // Stream order: every source is pinned host memory this launch owns
-      // until the stream passes the copies (the staging, or a batch member's
-      // buffer kept alive by the batch).
-      cudaMemcpyAttributes in_stream_order{};
-      in_stream_order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      size_t attribute_index = 0;
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyBatchAsync(copy_dst_.data(), copy_src_.data(), copy_bytes_.data(),
-                                                   copy_dst_.size(), &in_stream_order, &attribute_index, 1,
-                                                   stream_));
+    // The rows' parameters (and draft tokens) ride in the same upload.
+    std::memcpy(host_params_, batch.params.data(), batch.rows * sizeof(RowParams));
+    AddCopy(params_, host_params_, batch.rows * sizeof(RowParams));
+    if (!batch.draft_tokens.empty()) {
+      std::memcpy(host_drafts_, batch.draft_tokens.data(), batch.rows * sizeof(int32_t));
+      AddCopy(drafts_, host_drafts_, batch.rows * sizeof(int32_t));
     }
+    if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
       const WireGroup& group = wire_groups_[g];
       const KernelStatus status = kernels::LaunchWidenHiddenStates(
@@ -290,11 +289,37 @@ class CudaEngine final : public Engine {
           stream_);
       if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "widening hidden states on the GPU");
     }
-    if (!wire_groups_.empty()) {
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_first_bad_, first_bad_,
-                                              wire_groups_.size() * sizeof(unsigned long long),
-                                              cudaMemcpyDeviceToHost, stream_));
+    first_bad_pending_ = !wire_groups_.empty();
+    return absl::OkStatus();
+  }
+
+  void AddCopy(void* dst, const void* src, size_t bytes) {
+    copy_dst_.push_back(dst);
+    copy_src_.push_back(src);
+    copy_bytes_.push_back(bytes);
+  }
+
+  // Enqueues the copies AddCopy collected on stream_ (in
+  // either direction: every pointer is CUDA-known, so the runtime tells
+  // them apart) with one API call, and clears the lists.
+  absl::Status EnqueueCopies() {
+    if (copy_dst_.size() == 1) {
+      FS_RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(copy_dst_[0], copy_src_[0], copy_bytes_[0], cudaMemcpyDefault, stream_));
+    } else if (!copy_dst_.empty()) {
+      // Stream order: every host side is pinned memory this launch owns
+      // until the stream passes the copies (the staging and output buffers,
+      // or a batch member's buffer kept alive by the batch).
+      cudaMemcpyAttributes in_stream_order{};
+      in_stream_order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attribute_index = 0;
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyBatchAsync(copy_dst_.data(), copy_src_.data(), copy_bytes_.data(),
+                                                   copy_dst_.size(), &in_stream_order, &attribute_index, 1,
+                                                   stream_));
     }
+    copy_dst_.clear();
+    copy_src_.clear();
+    copy_bytes_.clear();
     return absl::OkStatus();
   }
 
@@ -332,15 +357,7 @@ class CudaEngine final : public Engine {
 
   absl::StatusOr<SampleResult> RunSampler(const SampleBatch& batch) {
     const int64_t rows = batch.rows;
-    std::memcpy(host_params_, batch.params.data(), rows * sizeof(RowParams));
-    const bool drafts = !batch.draft_tokens.empty();
-    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(params_, host_params_, rows * sizeof(RowParams),
-                                            cudaMemcpyHostToDevice, stream_));
-    if (drafts) {
-      std::memcpy(host_drafts_, batch.draft_tokens.data(), rows * sizeof(int32_t));
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(drafts_, host_drafts_, rows * sizeof(int32_t),
-                                              cudaMemcpyHostToDevice, stream_));
-    }
+    const bool drafts = !batch.draft_tokens.empty();  // uploaded by StageHidden
     const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
     if (path == CudaSamplerPath::kControlled) {
       return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
@@ -369,21 +386,16 @@ class CudaEngine final : public Engine {
                                     ? kernels::LaunchFusedSample(args, stream_)
                                     : kernels::LaunchMaterializedSample(args, cublas_, stream_);
     if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "cuda sampler launch");
-    FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_tokens_, tokens_, rows * sizeof(int32_t),
-                                            cudaMemcpyDeviceToHost, stream_));
-    if (batch.want_logz) {
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_logz_, logz_, rows * sizeof(float),
-                                              cudaMemcpyDeviceToHost, stream_));
+    // The outputs and the wire rows' first-bad indices come back in one call.
+    AddCopy(host_tokens_, tokens_, rows * sizeof(int32_t));
+    if (batch.want_logz) AddCopy(host_logz_, logz_, rows * sizeof(float));
+    if (batch.want_logprobs) AddCopy(host_logprobs_, logprobs_, rows * sizeof(float));
+    if (drafts) AddCopy(host_draft_logprobs_, draft_logprobs_, rows * sizeof(float));
+    if (first_bad_pending_) {
+      first_bad_pending_ = false;
+      AddCopy(host_first_bad_, first_bad_, wire_groups_.size() * sizeof(unsigned long long));
     }
-    if (batch.want_logprobs) {
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_logprobs_, logprobs_, rows * sizeof(float),
-                                              cudaMemcpyDeviceToHost, stream_));
-    }
-    if (drafts) {
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_draft_logprobs_, draft_logprobs_,
-                                              rows * sizeof(float), cudaMemcpyDeviceToHost,
-                                              stream_));
-    }
+    if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     // Controls that are all neutral reach here (details: one sample per row).
     SampleResult result = SampleResultFromHostOutputs(
@@ -430,8 +442,11 @@ class CudaEngine final : public Engine {
     const void* source;
     bool host;
   };
-  // The current launch's groups and host-to-device copies (reused).
+  // The current launch's groups, its copies in flight to one EnqueueCopies
+  // call (reused), and whether the groups' first-bad indices still have to
+  // be downloaded.
   std::vector<WireGroup> wire_groups_;
+  bool first_bad_pending_ = false;
   std::vector<void*> copy_dst_;
   std::vector<const void*> copy_src_;
   std::vector<size_t> copy_bytes_;
