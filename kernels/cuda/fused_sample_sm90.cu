@@ -54,6 +54,22 @@
 // kRows (one config for every batch, wider batches in chunks) restores
 // invariance by construction at the cost of small-batch tensor work.
 //
+// Two blocks per SM (Stage1Kernel::kWgmmaOverlap). With one block per SM
+// (kWgmma) the block's epilogue (Philox, two logs and an exp per token, on
+// 8 warps) leaves the tensor cores and the TMA idle, as its main loop leaves
+// the ALUs idle. The overlap configurations halve the ring (<= 113 KB a
+// block), cap a block at 128 rows (64 fp32 accumulators per consumer
+// thread), keep one producer warp instead of a warpgroup (288 threads, 112
+// registers each: two blocks fill the SM's 64K) and declare 2 blocks per
+// SM, so the block scheduler runs one block's epilogue against the other's
+// main loop, as the mma.sync kernel's 2-blocks-per-SM configs do. Their
+// warps also fold two rows at a time (independent dependency chains for the
+// scheduler). Nothing that decides a bit changes: the WGMMA is
+// m64nNk16 with N = the block's rows as before, the same K order, the same
+// epilogue per row; only the block shape and stage count differ, which the
+// batch-invariance argument above already covers (256-row batches take two
+// 128-row chunks here instead of one 256-row block).
+//
 // Hand-written PTX: none here beyond what sample_reduce.cuh already wraps
 // (griddepcontrol for programmatic dependent launch, which CUTLASS only emits
 // under CUTLASS_ENABLE_GDC_FOR_SM90, a global switch we do not set).
@@ -87,14 +103,8 @@ namespace {
 constexpr int kTileTokens = kMmaTileVocab;   // 128: block tile M = one workspace tile
 constexpr int kKTile = 64;                   // K elements per ring stage: 128-byte rows, 128B swizzle
 constexpr int kDotStride = kTileTokens + 4;  // floats per row of the epilogue's dot tile
-constexpr int kProducerThreads = 128;        // warpgroup 0; only its warp 0 issues loads
-constexpr int kConsumerThreads = 256;        // warpgroups 1 and 2, 64 tokens each
+constexpr int kConsumerThreads = 256;        // two warpgroups, 64 tokens each
 constexpr int kConsumerWarps = kConsumerThreads / 32;
-// Registers per thread after setmaxnreg (CUTLASS's cooperative kernel's
-// values): the producer gives back what the consumers' kRows / 2 fp32
-// accumulators (128 at kRows = 256) and the epilogue need.
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
 // Named barrier of the consumer warpgroups: user id 0, which NamedBarrier::sync
 // maps past CUTLASS's reserved ids (hardware barrier 8; 0 is __syncthreads).
 constexpr uint32_t kEpilogueBarrier = 0;
@@ -103,13 +113,45 @@ static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a
 // ---- Block shapes --------------------------------------------------------------
 // Element: cutlass::bfloat16_t or cutlass::half_t. kRows: batch rows per block
 // (GEMM N). kStages: depth of the TMA ring, each stage 128 x 64 W elements
-// plus kRows x 64 Hr elements. One block per SM (384 threads, __launch_bounds__
-// min 1): the ring takes ~160-192 KB, so kStages - 1 steps of W (16 KB each)
-// are in flight per SM while the tensor cores work on one.
-template <class Element, int kRows_, int kStages_>
+// plus kRows x 64 Hr elements. kBlocksPerSm: 1 (the ring takes ~160-192 KB,
+// so kStages - 1 steps of W, 16 KB each, are in flight per SM while the
+// tensor cores work on one) or 2 (two rings of ~100 KB, one block's epilogue
+// against the other's main loop). kPairedRows: the epilogue's warps fold two
+// rows per pass.
+template <class Element, int kRows_, int kStages_, int kBlocksPerSm_, bool kPairedRows_>
 struct WgmmaConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
+  static constexpr int kBlocksPerSm = kBlocksPerSm_;
+  static constexpr bool kPairedRows = kPairedRows_;
+  // Threads. One block per SM: warpgroup 0 produces (its warp 0 issues the
+  // TMA loads; the other three only give their registers back), warpgroups
+  // 1-2 consume. Two per SM: warpgroups 0-1 consume (WGMMA wants a
+  // warpgroup's warps aligned to 4) and warp 8 alone produces, 288 threads.
+  static constexpr bool kConsumersFirst = kBlocksPerSm == 2;
+  static constexpr int kProducerThreads = kConsumersFirst ? 32 : 128;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  static constexpr int kFirstConsumer = kConsumersFirst ? 0 : kProducerThreads;
+  static constexpr int kLoadWarp = kConsumersFirst ? kConsumerWarps : 0;
+  // Registers per thread: ptxas compiles every warp within what
+  // __launch_bounds__(kThreads, kBlocksPerSm) allows (kLaunchRegisters: 168
+  // or 112), setmaxnreg regions included. One block per SM then moves
+  // registers from the producer warpgroup to the consumers with setmaxnreg
+  // (40 and 232, CUTLASS's cooperative kernel's values: the block's pool
+  // exactly). Two per SM keeps 112 everywhere: setmaxnreg would need a
+  // whole producer warpgroup (at 2 x 384 threads the consumers could not
+  // hold the 64 accumulators plus a wgmma's operands within the 80 at launch).
+  // The consumers need kRows / 2 fp32 accumulators (128 at kRows = 256).
+  static constexpr int kLaunchRegisters = 65536 / (kThreads * kBlocksPerSm) / 8 * 8;
+  static constexpr bool kMoveRegisters = !kConsumersFirst;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters =
+      kMoveRegisters ? (kLaunchRegisters * kThreads - kProducerRegisters * kProducerThreads) /
+                           kConsumerThreads / 8 * 8
+                     : kLaunchRegisters;
+  static_assert(kBlocksPerSm == 1 || kRows <= 128, "two blocks per SM: at most 64 accumulators");
+  static_assert(kConsumerRegisters >= kRows / 2 + 32 && kConsumerRegisters <= 256,
+                "the accumulators fit the consumers' registers");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   // A = W [tokens, K] row-major (K-major), B = Hr [rows, K] row-major, which
@@ -134,14 +176,25 @@ struct WgmmaConfig {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(sizeof(typename Mainloop::TensorStorage) >= sizeof(float) * kRows * kDotStride,
                 "the dot tile fits in the ring (it must not grow the union)");
+  // An SM has 228 KB of shared memory, of which each resident block also
+  // takes 1 KB (the runtime's reserved shared memory); 227 KB per block at most.
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
+  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024,
+                "kBlocksPerSm blocks fit an SM's shared memory");
+  static_assert(!kPairedRows || kRows % (2 * kConsumerWarps) == 0,
+                "paired rows: every warp folds whole pairs");
 };
 
-// Stage counts: as many as fit ~192 KB, at least enough for the dot tile.
-template <class E> using Wgmma32 = WgmmaConfig<E, 32, 8>;    // 8 x 20 KB
-template <class E> using Wgmma64 = WgmmaConfig<E, 64, 8>;    // 8 x 24 KB
-template <class E> using Wgmma128 = WgmmaConfig<E, 128, 6>;  // 6 x 32 KB
-template <class E> using Wgmma256 = WgmmaConfig<E, 256, 4>;  // 4 x 48 KB
+// One block per SM (kWgmma): as many stages as fit ~192 KB.
+template <class E> using Wgmma32 = WgmmaConfig<E, 32, 8, 1, false>;    // 8 x 20 KB
+template <class E> using Wgmma64 = WgmmaConfig<E, 64, 8, 1, false>;    // 8 x 24 KB
+template <class E> using Wgmma128 = WgmmaConfig<E, 128, 6, 1, false>;  // 6 x 32 KB
+template <class E> using Wgmma256 = WgmmaConfig<E, 256, 4, 1, false>;  // 4 x 48 KB
+// Two blocks per SM (kWgmmaOverlap): as many stages as fit 113 KB; batches
+// above 128 rows in 128-row chunks.
+template <class E> using Wgmma32x2 = WgmmaConfig<E, 32, 5, 2, true>;    // 5 x 20 KB
+template <class E> using Wgmma64x2 = WgmmaConfig<E, 64, 4, 2, true>;    // 4 x 24 KB
+template <class E> using Wgmma128x2 = WgmmaConfig<E, 128, 3, 2, true>;  // 3 x 32 KB
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -159,15 +212,73 @@ struct WgmmaKernelParams {
   SampleSummary* tile_summaries;
 };
 
+// ---- The epilogue's fold ----------------------------------------------------------
+// One row of the dot tile (dots: its 128 fp32 dots, before the scale) to its
+// tile summary: lane k folds tokens [4k, 4k + 4) (one Philox block for all
+// four), then the butterfly. This is fused_sample_mma.cu's epilogue statement
+// for statement: equal dots give equal summaries, and the shape is the same
+// for every block shape. All 32 lanes call it.
+__device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const float* dots,
+                                                 int64_t tok0, int lane, int64_t valid_vocab,
+                                                 bool want_lse) {
+  const float4 d = *reinterpret_cast<const float4*>(dots + 4 * lane);
+  SampleSummary s = EmptySampleSummary();
+  row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+  return s;
+}
+
+// The block's rows < batch, one warp per row (warp w: rows w, w + 8, ...),
+// each written to tile_summaries[row * num_tiles + tile]. kPairedRows: a
+// warp folds rows r and r + 8 in one pass, two independent chains of the
+// same code, so each row's arithmetic is unchanged; a row of the pair past
+// the batch is folded on the neutral setup (RowSampler::Load inactive: no
+// noise, no draft) and not written.
+template <class Cfg>
+__device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const float* dots,
+                                         int64_t row0, int64_t tok0, int tile, int warp,
+                                         int lane) {
+  constexpr int kRows = Cfg::kRows;
+  if constexpr (Cfg::kPairedRows) {
+    for (int r = warp; r < kRows; r += 2 * kConsumerWarps) {
+      const int64_t row_a = row0 + r, row_b = row_a + kConsumerWarps;
+      if (row_a >= p.batch) break;  // uniform across the warp
+      const bool live_b = row_b < p.batch;
+      const RowSampler a = RowSampler::Load(p.params, row_a, true, p.draft_tokens,
+                                            p.draft_logits, p.token_offset);
+      const RowSampler b = RowSampler::Load(p.params, row_b, live_b, p.draft_tokens,
+                                            p.draft_logits, p.token_offset);
+      const SampleSummary sa = FoldRow(a, dots + r * kDotStride, tok0, lane, p.valid_vocab,
+                                       p.want_lse);
+      const SampleSummary sb = FoldRow(b, dots + (r + kConsumerWarps) * kDotStride, tok0, lane,
+                                       p.valid_vocab, p.want_lse);
+      if (lane == 0) {
+        p.tile_summaries[row_a * p.num_tiles + tile] = sa;
+        if (live_b) p.tile_summaries[row_b * p.num_tiles + tile] = sb;
+      }
+    }
+  } else {
+    for (int r = warp; r < kRows; r += kConsumerWarps) {
+      if (row0 + r >= p.batch) break;  // uniform across the warp
+      const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
+                                              p.draft_logits, p.token_offset);
+      const SampleSummary s = FoldRow(row, dots + r * kDotStride, tok0, lane, p.valid_vocab,
+                                      p.want_lse);
+      if (lane == 0) p.tile_summaries[(row0 + r) * p.num_tiles + tile] = s;
+    }
+  }
+}
+
 // ---- The kernel -------------------------------------------------------------------
 // Block b: row chunk b % num_chunks (rows [chunk * kRows, + kRows)), tile
 // b / num_chunks (tokens [tile * 128, + 128)); chunks of a tile are adjacent
-// so they run together and share its W through L2. 384 threads: warpgroup 0
-// is the producer (warp 0 issues TMA; the others only give their registers
-// back), warpgroups 1-2 the consumers. Launched as a programmatic dependent of
-// LaunchRoundHidden's kernel: only the producer reads Hr, and it waits first.
+// so they run together and share its W through L2. Cfg::kThreads threads:
+// the producer's load warp and two consumer warpgroups (WgmmaConfig).
+// Launched as a programmatic dependent of LaunchRoundHidden's kernel: only
+// the producer reads Hr, and it waits first.
 template <class Cfg>
-__global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
     WgmmaTileKernel(const __grid_constant__ WgmmaKernelParams<Cfg> p) {
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
@@ -180,21 +291,21 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
   auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(wgmma_smem);
 
   const int thread = static_cast<int>(threadIdx.x);
-  const int warp_group = __shfl_sync(kFullWarpMask, thread / 128, 0);
-  const int warp_in_group = __shfl_sync(kFullWarpMask, (thread / 32) % 4, 0);
+  const int warp = __shfl_sync(kFullWarpMask, thread / 32, 0);
+  const bool producer = Cfg::kConsumersFirst ? thread >= kConsumerThreads
+                                             : thread < Cfg::kProducerThreads;
+  const bool load_warp = warp == Cfg::kLoadWarp;
   const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.num_chunks));
   const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_chunks));
 
-  if (warp_group == 0 && warp_in_group == 0 && cute::elect_one_sync()) {
-    Mainloop::prefetch_tma_descriptors(p.mainloop);
-  }
+  if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
   typename Pipeline::Params pipeline_params;
-  if (warp_group == 0 && warp_in_group == 0) {
+  if (load_warp) {
     pipeline_params.role = Pipeline::ThreadCategory::Producer;
-  } else if (warp_group > 0) {
+  } else if (!producer) {
     pipeline_params.role = Pipeline::ThreadCategory::Consumer;
   }
-  pipeline_params.is_leader = thread % 128 == 0;
+  pipeline_params.is_leader = thread % 128 == 0;  // for the producer: lane 0 of the load warp
   pipeline_params.num_consumers = kConsumerThreads;
   pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
   Pipeline pipeline(shared.pipeline, pipeline_params, typename Cfg::ClusterShape{});  // warp 0 inits
@@ -205,9 +316,9 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
   const auto load_inputs = mainloop.load_init(problem, p.mainloop);
   const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
 
-  if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-    if (warp_in_group == 0) {
+  if (producer) {
+    if constexpr (Cfg::kMoveRegisters) cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
+    if (load_warp) {
       GridDependencyWait();  // Hr is written
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
       const auto block_coord = make_coord(tile, chunk, _, 0);
@@ -220,8 +331,8 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-  const int mma_thread = thread - kProducerThreads;
+  if constexpr (Cfg::kMoveRegisters) cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
+  const int mma_thread = thread - Cfg::kFirstConsumer;
   typename Cfg::TiledMma tiled_mma;
   Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
   PipelineState read_state;
@@ -253,31 +364,16 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
   }
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
-  // Epilogue, 2: one warp per row, lane k folds tokens [4k, 4k + 4) of the
-  // tile (one Philox block for all four), then the butterfly. This is
-  // fused_sample_mma.cu's epilogue statement for statement: equal dots give
-  // equal summaries, and the shape is the same for every kRows.
-  const int warp = mma_thread / 32;
-  const int lane = mma_thread % 32;
-  const int64_t row0 = static_cast<int64_t>(chunk) * kRows;
-  const int64_t tok0 = static_cast<int64_t>(tile) * kTileTokens;
-  for (int r = warp; r < kRows; r += kConsumerWarps) {
-    if (row0 + r >= p.batch) break;  // uniform across the warp
-    const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
-                                            p.draft_logits, p.token_offset);
-    const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
-    SampleSummary s = EmptySampleSummary();
-    row.AddFour(s, tok0 + 4 * lane, d, p.valid_vocab, p.want_lse);
-#pragma unroll
-    for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
-    if (lane == 0) p.tile_summaries[(row0 + r) * p.num_tiles + tile] = s;
-  }
+  // Epilogue, 2: one warp per row (FoldTile).
+  FoldTile<Cfg>(p, dots, static_cast<int64_t>(chunk) * kRows,
+                static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32, mma_thread % 32);
 }
 
 // ---- Launcher ----------------------------------------------------------------------
 // Grid: num_tiles * ceil(batch / kRows) blocks (1187 tiles at V = 151936) of
-// 384 threads, Cfg::kSmemBytes of dynamic shared memory (ring + barriers,
-// ~160-192 KB: one block per SM). The TMA descriptors are encoded on the host
+// Cfg::kThreads threads and Cfg::kSmemBytes of dynamic shared memory (ring +
+// barriers): 384 threads, ~160-192 KB, one block per SM (9 waves on 132 SMs);
+// or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). The TMA descriptors are encoded on the host
 // for every launch (cuTensorMapEncodeTiled through the runtime's driver entry
 // point, a few microseconds of host time) because W, Hr and the sizes may
 // change between launches.
@@ -325,15 +421,21 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   // still runs (the producer waits for it before its first TMA load).
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
-      DependentLaunch(dim3(static_cast<unsigned>(blocks)), dim3(kProducerThreads + kConsumerThreads),
-                      Cfg::kSmemBytes, stream, &attribute);
+      DependentLaunch(dim3(static_cast<unsigned>(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes,
+                      stream, &attribute);
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
-// The smallest block that holds the batch; above 256 rows, chunks of 256.
+// The smallest block that holds the batch; above the largest (256 rows, or
+// 128 at two blocks per SM), chunks of it.
 template <class Element>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t num_tiles,
-                           bool want_lse, SampleSummary* ts, cudaStream_t stream) {
+                           bool want_lse, SampleSummary* ts, cudaStream_t stream, bool two_per_sm) {
+  if (two_per_sm) {
+    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  }
   if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream);
   if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream);
   if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream);
@@ -351,7 +453,7 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args) {
 
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, bool two_per_sm) {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -363,10 +465,10 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, want_lse,
-                                           tile_summaries, stream);
+                                           tile_summaries, stream, two_per_sm);
   }
   return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, want_lse,
-                                             tile_summaries, stream);
+                                             tile_summaries, stream, two_per_sm);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal
