@@ -68,7 +68,22 @@
 // m64nNk16 with N = the block's rows as before, the same K order, the same
 // epilogue per row; only the block shape and stage count differ, which the
 // batch-invariance argument above already covers (256-row batches take two
-// 128-row chunks here instead of one 256-row block).
+// 128-row chunks here instead of one 256-row block). What it cannot do is
+// keep the two blocks out of phase: both blocks of an SM start together and
+// may run their main loops, then their epilogues, side by side.
+//
+// Ping-pong (Stage1Kernel::kWgmmaPingpong) enforces the overlap instead:
+// one persistent block per SM walks work items (token tile, 128-row chunk);
+// each consumer warpgroup owns whole items (128 tokens x up to 128 rows,
+// 128 accumulators a thread) and the two alternate, ordered by CUTLASS's
+// OrderedSequenceBarrier as in KernelTmaWarpSpecializedPingpong: warpgroup A's
+// main loop, then B's main loop while A runs its epilogue, then A's next
+// main loop while B runs its epilogue, ... The producer warp keeps loading
+// the next item's stages throughout, so the TMA and the tensor cores never
+// wait for an epilogue unless the epilogue (4 warps, paired rows) is the
+// longer of the two. Per item the arithmetic is the one above (m64nNk16 with
+// N = the item's rows, two 64-token atoms per warpgroup, K in order, the
+// same fold), so it too gives kWgmma's bits.
 //
 // Hand-written PTX: none here beyond what sample_reduce.cuh already wraps
 // (griddepcontrol for programmatic dependent launch, which CUTLASS only emits
@@ -77,6 +92,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -124,6 +140,7 @@ struct WgmmaConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kBlocksPerSm = kBlocksPerSm_;
   static constexpr bool kPairedRows = kPairedRows_;
+  static constexpr bool kPersistent = false;  // one block per work item
   // Threads. One block per SM: warpgroup 0 produces (its warp 0 issues the
   // TMA loads; the other three only give their registers back), warpgroups
   // 1-2 consume. Two per SM: warpgroups 0-1 consume (WGMMA wants a
@@ -181,8 +198,6 @@ struct WgmmaConfig {
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
   static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024,
                 "kBlocksPerSm blocks fit an SM's shared memory");
-  static_assert(!kPairedRows || kRows % (2 * kConsumerWarps) == 0,
-                "paired rows: every warp folds whole pairs");
 };
 
 // One block per SM (kWgmma): as many stages as fit ~192 KB.
@@ -195,6 +210,51 @@ template <class E> using Wgmma256 = WgmmaConfig<E, 256, 4, 1, false>;  // 4 x 48
 template <class E> using Wgmma32x2 = WgmmaConfig<E, 32, 5, 2, true>;    // 5 x 20 KB
 template <class E> using Wgmma64x2 = WgmmaConfig<E, 64, 4, 2, true>;    // 4 x 24 KB
 template <class E> using Wgmma128x2 = WgmmaConfig<E, 128, 3, 2, true>;  // 3 x 32 KB
+
+// Ping-pong (kWgmmaPingpong): a persistent block per SM, 384 threads:
+// warpgroup 0 produces (its warp 0 loads every work item's stages in turn),
+// warpgroups 1 and 2 each own whole work items of 128 tokens x kRows rows
+// (TiledMma of one warpgroup: two m64nNk16 atoms along the tokens, kRows fp32
+// accumulators a thread) and alternate: one runs its main loop while the
+// other runs its epilogue (CUTLASS's KernelTmaWarpSpecializedPingpong, whose
+// OrderedSequenceBarrier orders the two main loops and the two epilogues).
+// The epilogues never overlap each other, so the two warpgroups share one dot
+// tile outside the ring. kStages: as many as fit beside it (227 KB).
+template <class Element, int kRows_, int kStages_>
+struct PingpongConfig {
+  static constexpr int kRows = kRows_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kPairedRows = true;
+  static constexpr bool kPersistent = true;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegisters = 40;   // setmaxnreg, as CUTLASS's ping-pong kernel
+  static constexpr int kConsumerRegisters = 232;  // (ptxas still compiles every warp within 168)
+  static_assert(kRows <= 128, "kRows accumulators a consumer thread: at most 128 of its 168");
+  using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
+      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCount<kStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  static_assert(cute::size(TiledMma{}) == 128, "one warpgroup per work item");
+  // Sequence depth 2 (main loop, epilogue) over 2 warpgroups.
+  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) float dots[kRows * kDotStride];
+    typename Mainloop::PipelineStorage pipeline;
+    typename OrderBarrier::SharedStorage order;
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
+};
+
+template <class E> using Pingpong32 = PingpongConfig<E, 32, 8>;    // 8 x 20 KB + 17 KB
+template <class E> using Pingpong64 = PingpongConfig<E, 64, 7>;    // 7 x 24 KB + 34 KB
+template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -229,20 +289,22 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
   return s;
 }
 
-// The block's rows < batch, one warp per row (warp w: rows w, w + 8, ...),
-// each written to tile_summaries[row * num_tiles + tile]. kPairedRows: a
-// warp folds rows r and r + 8 in one pass, two independent chains of the
-// same code, so each row's arithmetic is unchanged; a row of the pair past
-// the batch is folded on the neutral setup (RowSampler::Load inactive: no
-// noise, no draft) and not written.
-template <class Cfg>
+// The block's rows < batch, one warp per row (warp w of kWarps: rows w,
+// w + kWarps, ...), each written to tile_summaries[row * num_tiles + tile].
+// kPairedRows: a warp folds rows r and r + kWarps in one pass, two
+// independent chains of the same code, so each row's arithmetic is
+// unchanged; a row of the pair past the batch is folded on the neutral setup
+// (RowSampler::Load inactive: no noise, no draft) and not written.
+template <class Cfg, int kWarps>
 __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const float* dots,
                                          int64_t row0, int64_t tok0, int tile, int warp,
                                          int lane) {
   constexpr int kRows = Cfg::kRows;
+  static_assert(!Cfg::kPairedRows || kRows % (2 * kWarps) == 0,
+                "paired rows: every warp folds whole pairs");
   if constexpr (Cfg::kPairedRows) {
-    for (int r = warp; r < kRows; r += 2 * kConsumerWarps) {
-      const int64_t row_a = row0 + r, row_b = row_a + kConsumerWarps;
+    for (int r = warp; r < kRows; r += 2 * kWarps) {
+      const int64_t row_a = row0 + r, row_b = row_a + kWarps;
       if (row_a >= p.batch) break;  // uniform across the warp
       const bool live_b = row_b < p.batch;
       const RowSampler a = RowSampler::Load(p.params, row_a, true, p.draft_tokens,
@@ -251,7 +313,7 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const 
                                             p.draft_logits, p.token_offset);
       const SampleSummary sa = FoldRow(a, dots + r * kDotStride, tok0, lane, p.valid_vocab,
                                        p.want_lse);
-      const SampleSummary sb = FoldRow(b, dots + (r + kConsumerWarps) * kDotStride, tok0, lane,
+      const SampleSummary sb = FoldRow(b, dots + (r + kWarps) * kDotStride, tok0, lane,
                                        p.valid_vocab, p.want_lse);
       if (lane == 0) {
         p.tile_summaries[row_a * p.num_tiles + tile] = sa;
@@ -259,7 +321,7 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const 
       }
     }
   } else {
-    for (int r = warp; r < kRows; r += kConsumerWarps) {
+    for (int r = warp; r < kRows; r += kWarps) {
       if (row0 + r >= p.batch) break;  // uniform across the warp
       const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
                                               p.draft_logits, p.token_offset);
@@ -365,16 +427,118 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
   // Epilogue, 2: one warp per row (FoldTile).
-  FoldTile<Cfg>(p, dots, static_cast<int64_t>(chunk) * kRows,
+  FoldTile<Cfg, kConsumerWarps>(p, dots, static_cast<int64_t>(chunk) * kRows,
                 static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32, mma_thread % 32);
+}
+
+// Ping-pong: block b takes work items b, b + grid, b + 2 grid, ... (item i:
+// tile i / num_chunks, chunk i % num_chunks, as blocks of WgmmaTileKernel);
+// its consumer warpgroup w (0, 1) takes every other one, starting at the
+// w-th. The producer loads them all in that order, so warpgroup w's stages
+// start k_tiles * w into the ring and it skips the other's k_tiles after
+// each item (CUTLASS's ping-pong kernel's pipeline state arithmetic).
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    WgmmaPingpongKernel(const __grid_constant__ WgmmaKernelParams<Cfg> p) {
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  using OrderBarrier = typename Cfg::OrderBarrier;
+  constexpr int kRows = Cfg::kRows;
+
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(wgmma_smem);
+
+  const int thread = static_cast<int>(threadIdx.x);
+  const int warp_group = __shfl_sync(kFullWarpMask, thread / 128, 0);
+  const bool load_warp = __shfl_sync(kFullWarpMask, thread / 32, 0) == 0;
+  const int64_t num_items = p.num_tiles * p.num_chunks;
+
+  if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
+  typename Pipeline::Params pipeline_params;
+  if (load_warp) {
+    pipeline_params.role = Pipeline::ThreadCategory::Producer;
+  } else if (warp_group > 0) {
+    pipeline_params.role = Pipeline::ThreadCategory::Consumer;
+  }
+  pipeline_params.is_leader = thread % 128 == 0;
+  pipeline_params.num_consumers = 128;  // each stage is read by one warpgroup
+  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(shared.pipeline, pipeline_params, typename Cfg::ClusterShape{});  // warp 0 inits
+  typename OrderBarrier::Params order_params;
+  order_params.group_id = warp_group > 0 ? warp_group - 1 : 0;  // the producer never uses it
+  order_params.group_size = 128;
+  OrderBarrier order(shared.order, order_params);  // warp 0 inits
+  __syncthreads();  // the barriers' initialisation is visible to every role
+
+  Mainloop mainloop;
+  const auto problem = make_shape(p.valid_vocab, p.batch, p.hidden_dim, 1);
+  const auto load_inputs = mainloop.load_init(problem, p.mainloop);
+  const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
+  const int64_t grid = gridDim.x;
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
+    if (load_warp) {
+      GridDependencyWait();  // Hr is written
+      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      for (int64_t item = blockIdx.x; item < num_items; item += grid) {
+        const auto block_coord = make_coord(static_cast<int>(item / p.num_chunks),
+                                            static_cast<int>(item % p.num_chunks), _, 0);
+        auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
+        mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter,
+                      k_tiles, thread % 32, 0, shared.tensors);
+        write_state.advance(k_tiles);
+      }
+      mainloop.load_tail(pipeline, write_state);  // every stage released by the consumers
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
+  const int consumer = warp_group - 1;
+  const int mma_thread = thread % 128;
+  typename Cfg::TiledMma tiled_mma;
+  PipelineState read_state;
+  read_state.advance(k_tiles * consumer);
+  for (int64_t item = blockIdx.x + grid * consumer; item < num_items; item += 2 * grid) {
+    const int tile = static_cast<int>(item / p.num_chunks);
+    const int chunk = static_cast<int>(item % p.num_chunks);
+    Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+    order.wait();  // the other warpgroup has issued its main loop
+    mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, shared.tensors, p.mainloop);
+    order.arrive();  // the other's next main loop may start
+    mainloop.mma_tail(pipeline, read_state, k_tiles);  // our WGMMAs have completed
+    read_state.advance(2 * k_tiles);
+
+    order.wait();  // the other warpgroup's epilogue is done with the dot tile
+    // Accumulators -> dots[row][token], as WgmmaTileKernel's epilogue, 1.
+    {
+      Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
+      Tensor thread_coords = tiled_mma.get_thread_slice(mma_thread).partition_C(coords);
+      static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
+      CUTE_UNROLL
+      for (int i = 0; i < size(accum); ++i) {
+        shared.dots[get<1>(thread_coords(i)) * kDotStride + get<0>(thread_coords(i))] = accum(i);
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + 1 + consumer);
+    FoldTile<Cfg, 4>(p, shared.dots, static_cast<int64_t>(chunk) * kRows,
+                     static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32,
+                     mma_thread % 32);
+    order.arrive();  // each thread's reads of the dot tile are done
+  }
+  AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
 }
 
 // ---- Launcher ----------------------------------------------------------------------
 // Grid: num_tiles * ceil(batch / kRows) blocks (1187 tiles at V = 151936) of
 // Cfg::kThreads threads and Cfg::kSmemBytes of dynamic shared memory (ring +
 // barriers): 384 threads, ~160-192 KB, one block per SM (9 waves on 132 SMs);
-// or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). The TMA descriptors are encoded on the host
-// for every launch (cuTensorMapEncodeTiled through the runtime's driver entry
+// or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). Ping-pong:
+// min(work items, SMs) persistent blocks of 384 threads, ~177-202 KB. The
+// TMA descriptors are encoded on the host for every launch (cuTensorMapEncodeTiled through the runtime's driver entry
 // point, a few microseconds of host time) because W, Hr and the sizes may
 // change between launches.
 template <class Element, class Cfg>
@@ -383,8 +547,15 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                         cudaStream_t stream) {
   using Mainloop = typename Cfg::Mainloop;
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
-  const int64_t blocks = num_tiles * num_chunks;
+  int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+  if constexpr (Cfg::kPersistent) {
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    blocks = std::min<int64_t>(blocks, sms);
+  }
 
   const int m = static_cast<int>(a.valid_vocab);
   const int n = static_cast<int>(a.batch);
@@ -413,7 +584,13 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   params.token_offset = a.token_offset;
   params.tile_summaries = tile_summaries;
 
-  auto* kernel = &WgmmaTileKernel<Cfg>;
+  auto* kernel = [] {
+    if constexpr (Cfg::kPersistent) {
+      return &WgmmaPingpongKernel<Cfg>;
+    } else {
+      return &WgmmaTileKernel<Cfg>;
+    }
+  }();
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
@@ -427,11 +604,17 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
 }
 
 // The smallest block that holds the batch; above the largest (256 rows, or
-// 128 at two blocks per SM), chunks of it.
+// 128 at two blocks per SM and in ping-pong), chunks of it.
 template <class Element>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t num_tiles,
-                           bool want_lse, SampleSummary* ts, cudaStream_t stream, bool two_per_sm) {
-  if (two_per_sm) {
+                           bool want_lse, SampleSummary* ts, cudaStream_t stream,
+                           Stage1Kernel variant) {
+  if (variant == Stage1Kernel::kWgmmaPingpong) {
+    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  }
+  if (variant == Stage1Kernel::kWgmmaOverlap) {
     if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
     if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
     return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
@@ -453,7 +636,7 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args) {
 
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                              cudaStream_t stream, bool two_per_sm) {
+                              cudaStream_t stream, Stage1Kernel variant) {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -465,10 +648,10 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, want_lse,
-                                           tile_summaries, stream, two_per_sm);
+                                           tile_summaries, stream, variant);
   }
   return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, want_lse,
-                                             tile_summaries, stream, two_per_sm);
+                                             tile_summaries, stream, variant);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -32,9 +32,11 @@
 // 3. Chi-square exactness of the WGMMA path (tests/gpu/sample_counts.h, as
 //    fused_sample_exactness_test.cc's TensorCorePathChiSquare).
 // 4. A forced kWgmma launch it cannot serve is refused (InvalidArgument).
-// Every part runs on both WGMMA configurations: kWgmma (one block per SM) and
-// kWgmmaOverlap (two per SM, at most 128 rows a block, paired-row epilogue),
-// which must give the same bits (both are held to mma.sync's tile summaries).
+// Every part runs on the three WGMMA schedules: kWgmma (one block per SM),
+// kWgmmaOverlap (two per SM, at most 128 rows a block, paired-row epilogue)
+// and kWgmmaPingpong (persistent, two consumer warpgroups alternating, at most
+// 128 rows a work item), which must give the same bits (all are held to
+// mma.sync's tile summaries).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -380,11 +382,12 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedSampleSm90Agreement,
-    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap),
+    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap,
+                                         Stage1Kernel::kWgmmaPingpong),
                        ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16),
                        ::testing::Values(0, 1),
                        // block rows 32, 32, 64, 128, 256 x 2 chunks (kWgmma)
-                       // or 128 x 3 chunks (kWgmmaOverlap)
+                       // or 128 x 3 chunks (kWgmmaOverlap, kWgmmaPingpong)
                        ::testing::Values(int64_t{1}, int64_t{7}, int64_t{33}, int64_t{100},
                                          int64_t{300})));
 
@@ -474,6 +477,9 @@ INSTANTIATE_TEST_SUITE_P(
                       InvarianceCase{Stage1Kernel::kWgmmaOverlap, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kWgmmaOverlap, CudaWeightDType::kBFloat16, 1},
                       InvarianceCase{Stage1Kernel::kWgmmaOverlap, CudaWeightDType::kFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kBFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kBFloat16, 1},
+                      InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 1}));
 
@@ -508,7 +514,8 @@ TEST_P(FusedSampleSm90ChiSquare, MatchesSoftmax) {
 
 INSTANTIATE_TEST_SUITE_P(
     DTypes, FusedSampleSm90ChiSquare,
-    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap),
+    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap,
+                                         Stage1Kernel::kWgmmaPingpong),
                        ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16)));
 
 // ---- 4. Refusals ------------------------------------------------------------------
@@ -530,7 +537,8 @@ TEST_F(FusedSampleSm90Test, RefusesWhatItCannotServe) {
   gpu_test::UploadWeights(prob.w, 2, &shifted);
   Launch ls = prob.launch;
   ls.weight = shifted.ptr;
-  for (const Stage1Kernel k : {Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap}) {
+  for (const Stage1Kernel k :
+       {Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap, Stage1Kernel::kWgmmaPingpong}) {
     EXPECT_EQ(RunLaunch(l32, h, p, nullptr, k, &o), KernelStatus::kInvalidArgument);
     EXPECT_EQ(RunLaunch(ls, h, p, nullptr, k, &o), KernelStatus::kInvalidArgument);
     // The same launch on the aligned copy is served.
