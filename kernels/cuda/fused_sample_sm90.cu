@@ -63,8 +63,9 @@
 // registers each: two blocks fill the SM's 64K) and declare 2 blocks per
 // SM, so the block scheduler runs one block's epilogue against the other's
 // main loop, as the mma.sync kernel's 2-blocks-per-SM configs do. Their
-// warps also fold two rows at a time (independent dependency chains for the
-// scheduler). Nothing that decides a bit changes: the WGMMA is
+// warps also fold two rows at a time with a straight-line form of the fold
+// (AddFourStraight: the same operations without data-dependent branches),
+// so the rows' and the tokens' dependency chains can interleave. Nothing that decides a bit changes: the WGMMA is
 // m64nNk16 with N = the block's rows as before, the same K order, the same
 // epilogue per row; only the block shape and stage count differ, which the
 // batch-invariance argument above already covers (256-row batches take two
@@ -80,7 +81,7 @@
 // main loop, then B's main loop while A runs its epilogue, then A's next
 // main loop while B runs its epilogue, ... The producer warp keeps loading
 // the next item's stages throughout, so the TMA and the tensor cores never
-// wait for an epilogue unless the epilogue (4 warps, paired rows) is the
+// wait for an epilogue unless the epilogue (4 warps, two rows a pass, straight-line) is the
 // longer of the two. Per item the arithmetic is the one above (m64nNk16 with
 // N = the item's rows, two 64-token atoms per warpgroup, K in order, the
 // same fold), so it too gives kWgmma's bits.
@@ -132,14 +133,14 @@ static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a
 // plus kRows x 64 Hr elements. kBlocksPerSm: 1 (the ring takes ~160-192 KB,
 // so kStages - 1 steps of W, 16 KB each, are in flight per SM while the
 // tensor cores work on one) or 2 (two rings of ~100 KB, one block's epilogue
-// against the other's main loop). kPairedRows: the epilogue's warps fold two
-// rows per pass.
-template <class Element, int kRows_, int kStages_, int kBlocksPerSm_, bool kPairedRows_>
+// against the other's main loop). kStraightEpilogue: the epilogue's warps
+// fold two rows per pass with the straight-line fold (FoldTile).
+template <class Element, int kRows_, int kStages_, int kBlocksPerSm_, bool kStraightEpilogue_>
 struct WgmmaConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
   static constexpr int kBlocksPerSm = kBlocksPerSm_;
-  static constexpr bool kPairedRows = kPairedRows_;
+  static constexpr bool kStraightEpilogue = kStraightEpilogue_;
   static constexpr bool kPersistent = false;  // one block per work item
   // Threads. One block per SM: warpgroup 0 produces (its warp 0 issues the
   // TMA loads; the other three only give their registers back), warpgroups
@@ -224,7 +225,7 @@ template <class Element, int kRows_, int kStages_>
 struct PingpongConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
-  static constexpr bool kPairedRows = true;
+  static constexpr bool kStraightEpilogue = true;
   static constexpr bool kPersistent = true;
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegisters = 40;   // setmaxnreg, as CUTLASS's ping-pong kernel
@@ -273,17 +274,89 @@ struct WgmmaKernelParams {
 };
 
 // ---- The epilogue's fold ----------------------------------------------------------
+// GumbelFromBits (kernels/common/gumbel_noise.h) without its branch: both
+// halves' -log u are evaluated (logf of the exact u, log1pf of the exact
+// 1 - u) and the one ExponentialFromBits takes is selected. The same calls
+// on the same operands, so the same bits; a warp whose lanes fall in both
+// halves executes both anyway.
+__device__ __forceinline__ float GumbelFromBitsStraight(uint32_t r) {
+  const uint32_t k = r >> 8;
+  const float lower = -logf((static_cast<float>(k) + 0.5f) * 0x1p-24f);
+  const float upper = -log1pf(-((static_cast<float>((1u << 24) - 1u - k) + 0.5f) * 0x1p-24f));
+  return -logf(k < (1u << 23) ? lower : upper);
+}
+
+// RowSampler::AddFour (sample_reduce.cuh) bit for bit, as straight-line code
+// so that a lane's four noise chains and a warp's two rows (FoldTile) can
+// interleave: the Philox block and the four noises are computed for every
+// row (a greedy row ignores them, as AddFour's selects do); AddToken's winner
+// test becomes selects; its two log-sum-exp cases share one expf of the
+// argument their branch would pass (max - l when l is a new maximum, else
+// l - max) and select fmaf(sum, e, 1), sum + e or sum as AddToken would; a
+// token past valid_vocab changes nothing, as AddFour's break. The winner and
+// the log-sum-exp are separate states, so folding all four tokens into one
+// and then into the other keeps each in token order. The draft's logit store
+// stays a branch (one token of a row).
+__device__ __forceinline__ void AddFourStraight(const RowSampler& row, SampleSummary& s,
+                                                int64_t local_token0, const float4& dots,
+                                                int64_t valid_vocab, bool want_lse) {
+  const int64_t token0 = local_token0 + row.token_offset;
+  const r123::Philox4x32::ctr_type block = PhiloxNoiseBlock(
+      row.params.seed, row.params.offset, row.params.stream, static_cast<uint32_t>(token0) >> 2);
+  const float dot[4] = {dots.x, dots.y, dots.z, dots.w};
+  float logit[4], score[4];
+  bool live[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    live[i] = local_token0 + i < valid_vocab;
+    logit[i] = TransformLogit(dot[i], row.scale);
+    const float noise = GumbelFromBitsStraight(block.v[i]);
+    score[i] = row.sampled ? __fadd_rn(logit[i], noise) : logit[i];
+    const int32_t token = static_cast<int32_t>(token0 + i);
+    if (live[i] && token == row.draft) {  // RowSampler::DraftScore
+      *row.draft_logit = logit[i];
+      if (row.sampled) score[i] = __int_as_float(0x7fffffff);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int32_t token = static_cast<int32_t>(token0 + i);
+    const bool take = live[i] && score[i] == score[i] &&
+                      ScoreBeats(score[i], token, s.best_score, s.best_index);
+    s.best_score = take ? score[i] : s.best_score;
+    s.best_index = take ? token : s.best_index;
+    s.best_logit = take ? logit[i] : s.best_logit;
+  }
+  if (want_lse) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float l = logit[i];
+      const bool raise = live[i] && l > s.max_logit;
+      const bool add = live[i] && !raise && l > -INFINITY;  // skips -inf and NaN
+      const float e = expf(raise ? s.max_logit - l : l - s.max_logit);
+      s.sum_exp = raise ? __fmaf_rn(s.sum_exp, e, 1.0f) : add ? __fadd_rn(s.sum_exp, e) : s.sum_exp;
+      s.max_logit = raise ? l : s.max_logit;
+    }
+  }
+}
+
 // One row of the dot tile (dots: its 128 fp32 dots, before the scale) to its
 // tile summary: lane k folds tokens [4k, 4k + 4) (one Philox block for all
 // four), then the butterfly. This is fused_sample_mma.cu's epilogue statement
-// for statement: equal dots give equal summaries, and the shape is the same
-// for every block shape. All 32 lanes call it.
+// for statement (kStraight: with AddFourStraight for AddFour, the same bits):
+// equal dots give equal summaries, and the shape is the same for every block
+// shape. All 32 lanes call it.
+template <bool kStraight>
 __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const float* dots,
                                                  int64_t tok0, int lane, int64_t valid_vocab,
                                                  bool want_lse) {
   const float4 d = *reinterpret_cast<const float4*>(dots + 4 * lane);
   SampleSummary s = EmptySampleSummary();
-  row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
+  if constexpr (kStraight) {
+    AddFourStraight(row, s, tok0 + 4 * lane, d, valid_vocab, want_lse);
+  } else {
+    row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
+  }
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
   return s;
@@ -291,18 +364,18 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
 
 // The block's rows < batch, one warp per row (warp w of kWarps: rows w,
 // w + kWarps, ...), each written to tile_summaries[row * num_tiles + tile].
-// kPairedRows: a warp folds rows r and r + kWarps in one pass, two
-// independent chains of the same code, so each row's arithmetic is
+// Cfg::kStraightEpilogue: a warp folds rows r and r + kWarps in one pass
+// with the straight-line fold, two independent chains, each row's arithmetic
 // unchanged; a row of the pair past the batch is folded on the neutral setup
-// (RowSampler::Load inactive: no noise, no draft) and not written.
+// (RowSampler::Load inactive: no draft) and not written.
 template <class Cfg, int kWarps>
 __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const float* dots,
                                          int64_t row0, int64_t tok0, int tile, int warp,
                                          int lane) {
   constexpr int kRows = Cfg::kRows;
-  static_assert(!Cfg::kPairedRows || kRows % (2 * kWarps) == 0,
+  static_assert(!Cfg::kStraightEpilogue || kRows % (2 * kWarps) == 0,
                 "paired rows: every warp folds whole pairs");
-  if constexpr (Cfg::kPairedRows) {
+  if constexpr (Cfg::kStraightEpilogue) {
     for (int r = warp; r < kRows; r += 2 * kWarps) {
       const int64_t row_a = row0 + r, row_b = row_a + kWarps;
       if (row_a >= p.batch) break;  // uniform across the warp
@@ -311,9 +384,9 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const 
                                             p.draft_logits, p.token_offset);
       const RowSampler b = RowSampler::Load(p.params, row_b, live_b, p.draft_tokens,
                                             p.draft_logits, p.token_offset);
-      const SampleSummary sa = FoldRow(a, dots + r * kDotStride, tok0, lane, p.valid_vocab,
+      const SampleSummary sa = FoldRow<true>(a, dots + r * kDotStride, tok0, lane, p.valid_vocab,
                                        p.want_lse);
-      const SampleSummary sb = FoldRow(b, dots + (r + kWarps) * kDotStride, tok0, lane,
+      const SampleSummary sb = FoldRow<true>(b, dots + (r + kWarps) * kDotStride, tok0, lane,
                                        p.valid_vocab, p.want_lse);
       if (lane == 0) {
         p.tile_summaries[row_a * p.num_tiles + tile] = sa;
@@ -325,7 +398,7 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const 
       if (row0 + r >= p.batch) break;  // uniform across the warp
       const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
                                               p.draft_logits, p.token_offset);
-      const SampleSummary s = FoldRow(row, dots + r * kDotStride, tok0, lane, p.valid_vocab,
+      const SampleSummary s = FoldRow<false>(row, dots + r * kDotStride, tok0, lane, p.valid_vocab,
                                       p.want_lse);
       if (lane == 0) p.tile_summaries[(row0 + r) * p.num_tiles + tile] = s;
     }
