@@ -397,6 +397,8 @@ const char* Stage1Name(Stage1Kernel k) {
     case Stage1Kernel::kAuto: return "auto";
     case Stage1Kernel::kMmaSync: return "mma_sync";
     case Stage1Kernel::kWgmma: return "wgmma";
+    case Stage1Kernel::kWgmmaOverlap: return "wgmma_overlap";
+    case Stage1Kernel::kWgmmaPingpong: return "wgmma_pingpong";
   }
   return "unknown";
 }

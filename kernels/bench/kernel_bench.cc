@@ -114,7 +114,10 @@ ABSL_FLAG(std::string, controls, "",
 ABSL_FLAG(std::string, stage1, "auto",
           "cuda: the fused variant's stage-1 kernel: auto (the library's choice), mma_sync "
           "(the mma.sync tensor-core kernel at every B) or wgmma (the Hopper WGMMA + TMA kernel, "
-          "sm_90 builds with CUTLASS)");
+          "sm_90 builds with CUTLASS, one block per SM) or wgmma_overlap (the same kernel at two "
+          "blocks per SM, so one block's epilogue overlaps the other's main loop) or "
+          "wgmma_pingpong (persistent, two consumer warpgroups alternating main loop and "
+          "epilogue)");
 ABSL_FLAG(int64_t, copy_mib, 2048, "cuda: MiB of the device-to-device copy that measures bandwidth");
 
 namespace flashsampler::kernels {
@@ -458,8 +461,13 @@ int RunCuda() {
     o.stage1 = Stage1Kernel::kMmaSync;
   } else if (stage1 == "wgmma") {
     o.stage1 = Stage1Kernel::kWgmma;
+  } else if (stage1 == "wgmma_overlap") {
+    o.stage1 = Stage1Kernel::kWgmmaOverlap;
+  } else if (stage1 == "wgmma_pingpong") {
+    o.stage1 = Stage1Kernel::kWgmmaPingpong;
   } else {
-    std::cerr << "flashsampler-kernel-bench: --stage1 wants auto, mma_sync or wgmma\n";
+    std::cerr << "flashsampler-kernel-bench: --stage1 wants auto, mma_sync, wgmma, wgmma_overlap "
+                 "or wgmma_pingpong\n";
     return 2;
   }
   if (const std::string controls = absl::GetFlag(FLAGS_controls); !controls.empty()) {

@@ -539,6 +539,8 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
       mma_sync = true;
       break;
     case Stage1Kernel::kWgmma:
+    case Stage1Kernel::kWgmmaOverlap:
+    case Stage1Kernel::kWgmmaPingpong:
 #if FLASHSAMPLER_HAVE_CUTLASS
       if (!cuda_internal::WgmmaStage1Eligible(args) || !WgmmaStage1Available()) {
         return KernelStatus::kInvalidArgument;
@@ -568,7 +570,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
 #if FLASHSAMPLER_HAVE_CUTLASS
     if (wgmma) {
       err = cuda_internal::LaunchWgmmaStage1(args, mma_tiles, want_lse, tile_summaries,
-                                             hidden_rounded, stream);
+                                             hidden_rounded, stream, args.stage1);
     } else
 #endif
     {

@@ -107,9 +107,20 @@ enum class Stage1Kernel : int32_t {
   // the same conditions as kMmaSync, a build with FLASHSAMPLER_CUTLASS and a
   // compute capability 9.0 device (WgmmaStage1Available()).
   kWgmma = 2,
+  // The same WGMMA + TMA kernel at two blocks per SM (fused_sample_sm90.cu,
+  // "Two blocks per SM"): fewer ring stages and at most 128 rows per block,
+  // so one block's epilogue overlaps the other's main loop. The same
+  // conditions and the same bits as kWgmma. Not chosen by kAuto (unmeasured).
+  kWgmmaOverlap = 3,
+  // The WGMMA + TMA stage 1 as a persistent ping-pong kernel
+  // (fused_sample_sm90.cu, "Ping-pong"): one block per SM whose two consumer
+  // warpgroups alternate main loop and epilogue, at most 128 rows a work
+  // item. The same conditions and the same bits as kWgmma. Not chosen by
+  // kAuto (unmeasured).
+  kWgmmaPingpong = 4,
 };
 
-// Whether Stage1Kernel::kWgmma can run on the current device: the library was
+// Whether Stage1Kernel::kWgmma (kWgmmaOverlap, kWgmmaPingpong) can run on the current device: the library was
 // built with the CUTLASS-based kernel and the device is compute capability
 // 9.0 (sm_90a code runs there only). False when the device query fails.
 bool WgmmaStage1Available();

@@ -55,6 +55,38 @@
 // kRows (one config for every batch, wider batches in chunks) restores
 // invariance by construction at the cost of small-batch tensor work.
 //
+// Two blocks per SM (Stage1Kernel::kWgmmaOverlap). With one block per SM
+// (kWgmma) the block's epilogue (Philox, two logs and an exp per token, on
+// 8 warps) leaves the tensor cores and the TMA idle, as its main loop leaves
+// the ALUs idle. The overlap configurations halve the ring (<= 113 KB a
+// block), cap a block at 128 rows (64 fp32 accumulators per consumer
+// thread), keep one producer warp instead of a warpgroup (288 threads, 112
+// registers each: two blocks fill the SM's 64K) and declare 2 blocks per
+// SM, so the block scheduler runs one block's epilogue against the other's
+// main loop, as the mma.sync kernel's 2-blocks-per-SM configs do. Their
+// warps also fold two rows at a time with a straight-line form of the fold
+// (AddFourStraight: the same operations without data-dependent branches),
+// so the rows' and the tokens' dependency chains can interleave. Nothing that decides a bit changes: the WGMMA is
+// m64nNk16 with N = the block's rows as before, the same K order, the same
+// epilogue per row; only the block shape and stage count differ, which the
+// batch-invariance argument above already covers (256-row batches take two
+// 128-row chunks here instead of one 256-row block). What it cannot do is
+// keep the two blocks out of phase: both blocks of an SM start together and
+// may run their main loops, then their epilogues, side by side.
+//
+// Ping-pong (Stage1Kernel::kWgmmaPingpong) enforces the overlap instead:
+// one persistent block per SM walks work items (token tile, 128-row chunk);
+// each consumer warpgroup owns whole items (128 tokens x up to 128 rows,
+// 128 accumulators a thread) and the two alternate, ordered by CUTLASS's
+// OrderedSequenceBarrier as in KernelTmaWarpSpecializedPingpong: warpgroup A's
+// main loop, then B's main loop while A runs its epilogue, then A's next
+// main loop while B runs its epilogue, ... The producer warp keeps loading
+// the next item's stages throughout, so the TMA and the tensor cores never
+// wait for an epilogue unless the epilogue (4 warps, two rows a pass, straight-line) is the
+// longer of the two. Per item the arithmetic is the one above (m64nNk16 with
+// N = the item's rows, two 64-token atoms per warpgroup, K in order, the
+// same fold), so it too gives kWgmma's bits.
+//
 // Hand-written PTX: none here beyond what sample_reduce.cuh already wraps
 // (griddepcontrol for programmatic dependent launch, which CUTLASS only emits
 // under CUTLASS_ENABLE_GDC_FOR_SM90, a global switch we do not set).
@@ -62,6 +94,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -88,14 +121,8 @@ namespace {
 constexpr int kTileTokens = kMmaTileVocab;   // 128: block tile M = one workspace tile
 constexpr int kKTile = 64;                   // K elements per ring stage: 128-byte rows, 128B swizzle
 constexpr int kDotStride = kTileTokens + 4;  // floats per row of the epilogue's dot tile
-constexpr int kProducerThreads = 128;        // warpgroup 0; only its warp 0 issues loads
-constexpr int kConsumerThreads = 256;        // warpgroups 1 and 2, 64 tokens each
+constexpr int kConsumerThreads = 256;        // two warpgroups, 64 tokens each
 constexpr int kConsumerWarps = kConsumerThreads / 32;
-// Registers per thread after setmaxnreg (CUTLASS's cooperative kernel's
-// values): the producer gives back what the consumers' kRows / 2 fp32
-// accumulators (128 at kRows = 256) and the epilogue need.
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
 // Named barrier of the consumer warpgroups: user id 0, which NamedBarrier::sync
 // maps past CUTLASS's reserved ids (hardware barrier 8; 0 is __syncthreads).
 constexpr uint32_t kEpilogueBarrier = 0;
@@ -104,13 +131,46 @@ static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a
 // ---- Block shapes --------------------------------------------------------------
 // Element: cutlass::bfloat16_t or cutlass::half_t. kRows: batch rows per block
 // (GEMM N). kStages: depth of the TMA ring, each stage 128 x 64 W elements
-// plus kRows x 64 Hr elements. One block per SM (384 threads, __launch_bounds__
-// min 1): the ring takes ~160-192 KB, so kStages - 1 steps of W (16 KB each)
-// are in flight per SM while the tensor cores work on one.
-template <class Element, int kRows_, int kStages_>
+// plus kRows x 64 Hr elements. kBlocksPerSm: 1 (the ring takes ~160-192 KB,
+// so kStages - 1 steps of W, 16 KB each, are in flight per SM while the
+// tensor cores work on one) or 2 (two rings of ~100 KB, one block's epilogue
+// against the other's main loop). kStraightEpilogue: the epilogue's warps
+// fold two rows per pass with the straight-line fold (FoldTile).
+template <class Element, int kRows_, int kStages_, int kBlocksPerSm_, bool kStraightEpilogue_>
 struct WgmmaConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
+  static constexpr int kBlocksPerSm = kBlocksPerSm_;
+  static constexpr bool kStraightEpilogue = kStraightEpilogue_;
+  static constexpr bool kPersistent = false;  // one block per work item
+  // Threads. One block per SM: warpgroup 0 produces (its warp 0 issues the
+  // TMA loads; the other three only give their registers back), warpgroups
+  // 1-2 consume. Two per SM: warpgroups 0-1 consume (WGMMA wants a
+  // warpgroup's warps aligned to 4) and warp 8 alone produces, 288 threads.
+  static constexpr bool kConsumersFirst = kBlocksPerSm == 2;
+  static constexpr int kProducerThreads = kConsumersFirst ? 32 : 128;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  static constexpr int kFirstConsumer = kConsumersFirst ? 0 : kProducerThreads;
+  static constexpr int kLoadWarp = kConsumersFirst ? kConsumerWarps : 0;
+  // Registers per thread: ptxas compiles every warp within what
+  // __launch_bounds__(kThreads, kBlocksPerSm) allows (kLaunchRegisters: 168
+  // or 112), setmaxnreg regions included. One block per SM then moves
+  // registers from the producer warpgroup to the consumers with setmaxnreg
+  // (40 and 232, CUTLASS's cooperative kernel's values: the block's pool
+  // exactly). Two per SM keeps 112 everywhere: setmaxnreg would need a
+  // whole producer warpgroup (at 2 x 384 threads the consumers could not
+  // hold the 64 accumulators plus a wgmma's operands within the 80 at launch).
+  // The consumers need kRows / 2 fp32 accumulators (128 at kRows = 256).
+  static constexpr int kLaunchRegisters = 65536 / (kThreads * kBlocksPerSm) / 8 * 8;
+  static constexpr bool kMoveRegisters = !kConsumersFirst;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters =
+      kMoveRegisters ? (kLaunchRegisters * kThreads - kProducerRegisters * kProducerThreads) /
+                           kConsumerThreads / 8 * 8
+                     : kLaunchRegisters;
+  static_assert(kBlocksPerSm == 1 || kRows <= 128, "two blocks per SM: at most 64 accumulators");
+  static_assert(kConsumerRegisters >= kRows / 2 + 32 && kConsumerRegisters <= 256,
+                "the accumulators fit the consumers' registers");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   // A = W [tokens, K] row-major (K-major), B = Hr [rows, K] row-major, which
@@ -135,14 +195,68 @@ struct WgmmaConfig {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(sizeof(typename Mainloop::TensorStorage) >= sizeof(float) * kRows * kDotStride,
                 "the dot tile fits in the ring (it must not grow the union)");
+  // An SM has 228 KB of shared memory, of which each resident block also
+  // takes 1 KB (the runtime's reserved shared memory); 227 KB per block at most.
+  static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
+  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024,
+                "kBlocksPerSm blocks fit an SM's shared memory");
+};
+
+// One block per SM (kWgmma): as many stages as fit ~192 KB.
+template <class E> using Wgmma32 = WgmmaConfig<E, 32, 8, 1, false>;    // 8 x 20 KB
+template <class E> using Wgmma64 = WgmmaConfig<E, 64, 8, 1, false>;    // 8 x 24 KB
+template <class E> using Wgmma128 = WgmmaConfig<E, 128, 6, 1, false>;  // 6 x 32 KB
+template <class E> using Wgmma256 = WgmmaConfig<E, 256, 4, 1, false>;  // 4 x 48 KB
+// Two blocks per SM (kWgmmaOverlap): as many stages as fit 113 KB; batches
+// above 128 rows in 128-row chunks.
+template <class E> using Wgmma32x2 = WgmmaConfig<E, 32, 5, 2, true>;    // 5 x 20 KB
+template <class E> using Wgmma64x2 = WgmmaConfig<E, 64, 4, 2, true>;    // 4 x 24 KB
+template <class E> using Wgmma128x2 = WgmmaConfig<E, 128, 3, 2, true>;  // 3 x 32 KB
+
+// Ping-pong (kWgmmaPingpong): a persistent block per SM, 384 threads:
+// warpgroup 0 produces (its warp 0 loads every work item's stages in turn),
+// warpgroups 1 and 2 each own whole work items of 128 tokens x kRows rows
+// (TiledMma of one warpgroup: two m64nNk16 atoms along the tokens, kRows fp32
+// accumulators a thread) and alternate: one runs its main loop while the
+// other runs its epilogue (CUTLASS's KernelTmaWarpSpecializedPingpong, whose
+// OrderedSequenceBarrier orders the two main loops and the two epilogues).
+// The epilogues never overlap each other, so the two warpgroups share one dot
+// tile outside the ring. kStages: as many as fit beside it (227 KB).
+template <class Element, int kRows_, int kStages_>
+struct PingpongConfig {
+  static constexpr int kRows = kRows_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kStraightEpilogue = true;
+  static constexpr bool kPersistent = true;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegisters = 40;   // setmaxnreg, as CUTLASS's ping-pong kernel
+  static constexpr int kConsumerRegisters = 232;  // (ptxas still compiles every warp within 168)
+  static_assert(kRows <= 128, "kRows accumulators a consumer thread: at most 128 of its 168");
+  using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
+      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCount<kStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  static_assert(cute::size(TiledMma{}) == 128, "one warpgroup per work item");
+  // Sequence depth 2 (main loop, epilogue) over 2 warpgroups.
+  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) float dots[kRows * kDotStride];
+    typename Mainloop::PipelineStorage pipeline;
+    typename OrderBarrier::SharedStorage order;
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
 };
 
-// Stage counts: as many as fit ~192 KB, at least enough for the dot tile.
-template <class E> using Wgmma32 = WgmmaConfig<E, 32, 8>;    // 8 x 20 KB
-template <class E> using Wgmma64 = WgmmaConfig<E, 64, 8>;    // 8 x 24 KB
-template <class E> using Wgmma128 = WgmmaConfig<E, 128, 6>;  // 6 x 32 KB
-template <class E> using Wgmma256 = WgmmaConfig<E, 256, 4>;  // 4 x 48 KB
+template <class E> using Pingpong32 = PingpongConfig<E, 32, 8>;    // 8 x 20 KB + 17 KB
+template <class E> using Pingpong64 = PingpongConfig<E, 64, 7>;    // 7 x 24 KB + 34 KB
+template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -160,15 +274,147 @@ struct WgmmaKernelParams {
   SampleSummary* tile_summaries;
 };
 
+// ---- The epilogue's fold ----------------------------------------------------------
+// GumbelFromBits (kernels/common/gumbel_noise.h) without its branch: both
+// halves' -log u are evaluated (logf of the exact u, log1pf of the exact
+// 1 - u) and the one ExponentialFromBits takes is selected. The same calls
+// on the same operands, so the same bits; a warp whose lanes fall in both
+// halves executes both anyway.
+__device__ __forceinline__ float GumbelFromBitsStraight(uint32_t r) {
+  const uint32_t k = r >> 8;
+  const float lower = -logf((static_cast<float>(k) + 0.5f) * 0x1p-24f);
+  const float upper = -log1pf(-((static_cast<float>((1u << 24) - 1u - k) + 0.5f) * 0x1p-24f));
+  return -logf(k < (1u << 23) ? lower : upper);
+}
+
+// RowSampler::AddFour (sample_reduce.cuh) bit for bit, as straight-line code
+// so that a lane's four noise chains and a warp's two rows (FoldTile) can
+// interleave: the Philox block and the four noises are computed for every
+// row (a greedy row ignores them, as AddFour's selects do); AddToken's winner
+// test becomes selects; its two log-sum-exp cases share one expf of the
+// argument their branch would pass (max - l when l is a new maximum, else
+// l - max) and select fmaf(sum, e, 1), sum + e or sum as AddToken would; a
+// token past valid_vocab changes nothing, as AddFour's break. The winner and
+// the log-sum-exp are separate states, so folding all four tokens into one
+// and then into the other keeps each in token order. The draft's logit store
+// stays a branch (one token of a row).
+__device__ __forceinline__ void AddFourStraight(const RowSampler& row, SampleSummary& s,
+                                                int64_t local_token0, const float4& dots,
+                                                int64_t valid_vocab, bool want_lse) {
+  const int64_t token0 = local_token0 + row.token_offset;
+  const r123::Philox4x32::ctr_type block = PhiloxNoiseBlock(
+      row.params.seed, row.params.offset, row.params.stream, static_cast<uint32_t>(token0) >> 2);
+  const float dot[4] = {dots.x, dots.y, dots.z, dots.w};
+  float logit[4], score[4];
+  bool live[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    live[i] = local_token0 + i < valid_vocab;
+    logit[i] = TransformLogit(dot[i], row.scale);
+    const float noise = GumbelFromBitsStraight(block.v[i]);
+    score[i] = row.sampled ? __fadd_rn(logit[i], noise) : logit[i];
+    const int32_t token = static_cast<int32_t>(token0 + i);
+    if (live[i] && token == row.draft) {  // RowSampler::DraftScore
+      *row.draft_logit = logit[i];
+      if (row.sampled) score[i] = __int_as_float(0x7fffffff);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int32_t token = static_cast<int32_t>(token0 + i);
+    const bool take = live[i] && score[i] == score[i] &&
+                      ScoreBeats(score[i], token, s.best_score, s.best_index);
+    s.best_score = take ? score[i] : s.best_score;
+    s.best_index = take ? token : s.best_index;
+    s.best_logit = take ? logit[i] : s.best_logit;
+  }
+  if (want_lse) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float l = logit[i];
+      const bool raise = live[i] && l > s.max_logit;
+      const bool add = live[i] && !raise && l > -INFINITY;  // skips -inf and NaN
+      const float e = expf(raise ? s.max_logit - l : l - s.max_logit);
+      s.sum_exp = raise ? __fmaf_rn(s.sum_exp, e, 1.0f) : add ? __fadd_rn(s.sum_exp, e) : s.sum_exp;
+      s.max_logit = raise ? l : s.max_logit;
+    }
+  }
+}
+
+// One row of the dot tile (dots: its 128 fp32 dots, before the scale) to its
+// tile summary: lane k folds tokens [4k, 4k + 4) (one Philox block for all
+// four), then the butterfly. This is fused_sample_mma.cu's epilogue statement
+// for statement (kStraight: with AddFourStraight for AddFour, the same bits):
+// equal dots give equal summaries, and the shape is the same for every block
+// shape. All 32 lanes call it.
+template <bool kStraight>
+__device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const float* dots,
+                                                 int64_t tok0, int lane, int64_t valid_vocab,
+                                                 bool want_lse) {
+  const float4 d = *reinterpret_cast<const float4*>(dots + 4 * lane);
+  SampleSummary s = EmptySampleSummary();
+  if constexpr (kStraight) {
+    AddFourStraight(row, s, tok0 + 4 * lane, d, valid_vocab, want_lse);
+  } else {
+    row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
+  return s;
+}
+
+// The block's rows < batch, one warp per row (warp w of kWarps: rows w,
+// w + kWarps, ...), each written to tile_summaries[row * num_tiles + tile].
+// Cfg::kStraightEpilogue: a warp folds rows r and r + kWarps in one pass
+// with the straight-line fold, two independent chains, each row's arithmetic
+// unchanged; a row of the pair past the batch is folded on the neutral setup
+// (RowSampler::Load inactive: no draft) and not written.
+template <class Cfg, int kWarps>
+__device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const float* dots,
+                                         int64_t row0, int64_t tok0, int tile, int warp,
+                                         int lane) {
+  constexpr int kRows = Cfg::kRows;
+  static_assert(!Cfg::kStraightEpilogue || kRows % (2 * kWarps) == 0,
+                "paired rows: every warp folds whole pairs");
+  if constexpr (Cfg::kStraightEpilogue) {
+    for (int r = warp; r < kRows; r += 2 * kWarps) {
+      const int64_t row_a = row0 + r, row_b = row_a + kWarps;
+      if (row_a >= p.batch) break;  // uniform across the warp
+      const bool live_b = row_b < p.batch;
+      const RowSampler a = RowSampler::Load(p.params, row_a, true, p.draft_tokens,
+                                            p.draft_logits, p.token_offset);
+      const RowSampler b = RowSampler::Load(p.params, row_b, live_b, p.draft_tokens,
+                                            p.draft_logits, p.token_offset);
+      const SampleSummary sa = FoldRow<true>(a, dots + r * kDotStride, tok0, lane, p.valid_vocab,
+                                       p.want_lse);
+      const SampleSummary sb = FoldRow<true>(b, dots + (r + kWarps) * kDotStride, tok0, lane,
+                                       p.valid_vocab, p.want_lse);
+      if (lane == 0) {
+        p.tile_summaries[row_a * p.num_tiles + tile] = sa;
+        if (live_b) p.tile_summaries[row_b * p.num_tiles + tile] = sb;
+      }
+    }
+  } else {
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= p.batch) break;  // uniform across the warp
+      const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
+                                              p.draft_logits, p.token_offset);
+      const SampleSummary s = FoldRow<false>(row, dots + r * kDotStride, tok0, lane, p.valid_vocab,
+                                      p.want_lse);
+      if (lane == 0) p.tile_summaries[(row0 + r) * p.num_tiles + tile] = s;
+    }
+  }
+}
+
 // ---- The kernel -------------------------------------------------------------------
 // Block b: row chunk b % num_chunks (rows [chunk * kRows, + kRows)), tile
 // b / num_chunks (tokens [tile * 128, + 128)); chunks of a tile are adjacent
-// so they run together and share its W through L2. 384 threads: warpgroup 0
-// is the producer (warp 0 issues TMA; the others only give their registers
-// back), warpgroups 1-2 the consumers. Launched as a programmatic dependent of
-// LaunchRoundHidden's kernel: only the producer reads Hr, and it waits first.
+// so they run together and share its W through L2. Cfg::kThreads threads:
+// the producer's load warp and two consumer warpgroups (WgmmaConfig).
+// Launched as a programmatic dependent of LaunchRoundHidden's kernel: only
+// the producer reads Hr, and it waits first.
 template <class Cfg>
-__global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
     WgmmaTileKernel(const __grid_constant__ WgmmaKernelParams<Cfg> p) {
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
@@ -181,21 +427,21 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
   auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(wgmma_smem);
 
   const int thread = static_cast<int>(threadIdx.x);
-  const int warp_group = __shfl_sync(kFullWarpMask, thread / 128, 0);
-  const int warp_in_group = __shfl_sync(kFullWarpMask, (thread / 32) % 4, 0);
+  const int warp = __shfl_sync(kFullWarpMask, thread / 32, 0);
+  const bool producer = Cfg::kConsumersFirst ? thread >= kConsumerThreads
+                                             : thread < Cfg::kProducerThreads;
+  const bool load_warp = warp == Cfg::kLoadWarp;
   const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.num_chunks));
   const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_chunks));
 
-  if (warp_group == 0 && warp_in_group == 0 && cute::elect_one_sync()) {
-    Mainloop::prefetch_tma_descriptors(p.mainloop);
-  }
+  if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
   typename Pipeline::Params pipeline_params;
-  if (warp_group == 0 && warp_in_group == 0) {
+  if (load_warp) {
     pipeline_params.role = Pipeline::ThreadCategory::Producer;
-  } else if (warp_group > 0) {
+  } else if (!producer) {
     pipeline_params.role = Pipeline::ThreadCategory::Consumer;
   }
-  pipeline_params.is_leader = thread % 128 == 0;
+  pipeline_params.is_leader = thread % 128 == 0;  // for the producer: lane 0 of the load warp
   pipeline_params.num_consumers = kConsumerThreads;
   pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
   Pipeline pipeline(shared.pipeline, pipeline_params, typename Cfg::ClusterShape{});  // warp 0 inits
@@ -206,9 +452,9 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
   const auto load_inputs = mainloop.load_init(problem, p.mainloop);
   const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
 
-  if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-    if (warp_in_group == 0) {
+  if (producer) {
+    if constexpr (Cfg::kMoveRegisters) cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
+    if (load_warp) {
       GridDependencyWait();  // Hr is written
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
       const auto block_coord = make_coord(tile, chunk, _, 0);
@@ -221,8 +467,8 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-  const int mma_thread = thread - kProducerThreads;
+  if constexpr (Cfg::kMoveRegisters) cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
+  const int mma_thread = thread - Cfg::kFirstConsumer;
   typename Cfg::TiledMma tiled_mma;
   Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
   PipelineState read_state;
@@ -254,32 +500,119 @@ __global__ void __launch_bounds__(kProducerThreads + kConsumerThreads, 1)
   }
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
-  // Epilogue, 2: one warp per row, lane k folds tokens [4k, 4k + 4) of the
-  // tile (one Philox block for all four), then the butterfly. This is
-  // fused_sample_mma.cu's epilogue statement for statement: equal dots give
-  // equal summaries, and the shape is the same for every kRows.
-  const int warp = mma_thread / 32;
-  const int lane = mma_thread % 32;
-  const int64_t row0 = static_cast<int64_t>(chunk) * kRows;
-  const int64_t tok0 = static_cast<int64_t>(tile) * kTileTokens;
-  for (int r = warp; r < kRows; r += kConsumerWarps) {
-    if (row0 + r >= p.batch) break;  // uniform across the warp
-    const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
-                                            p.draft_logits, p.token_offset);
-    const float4 d = *reinterpret_cast<const float4*>(dots + r * kDotStride + 4 * lane);
-    SampleSummary s = EmptySampleSummary();
-    row.AddFour(s, tok0 + 4 * lane, d, p.valid_vocab, p.want_lse);
-#pragma unroll
-    for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
-    if (lane == 0) p.tile_summaries[(row0 + r) * p.num_tiles + tile] = s;
+  // Epilogue, 2: one warp per row (FoldTile).
+  FoldTile<Cfg, kConsumerWarps>(p, dots, static_cast<int64_t>(chunk) * kRows,
+                static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32, mma_thread % 32);
+}
+
+// Ping-pong: block b takes work items b, b + grid, b + 2 grid, ... (item i:
+// tile i / num_chunks, chunk i % num_chunks, as blocks of WgmmaTileKernel);
+// its consumer warpgroup w (0, 1) takes every other one, starting at the
+// w-th. The producer loads them all in that order, so warpgroup w's stages
+// start k_tiles * w into the ring and it skips the other's k_tiles after
+// each item (CUTLASS's ping-pong kernel's pipeline state arithmetic).
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    WgmmaPingpongKernel(const __grid_constant__ WgmmaKernelParams<Cfg> p) {
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  using OrderBarrier = typename Cfg::OrderBarrier;
+  constexpr int kRows = Cfg::kRows;
+
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(wgmma_smem);
+
+  const int thread = static_cast<int>(threadIdx.x);
+  const int warp_group = __shfl_sync(kFullWarpMask, thread / 128, 0);
+  const bool load_warp = __shfl_sync(kFullWarpMask, thread / 32, 0) == 0;
+  const int64_t num_items = p.num_tiles * p.num_chunks;
+
+  if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
+  typename Pipeline::Params pipeline_params;
+  if (load_warp) {
+    pipeline_params.role = Pipeline::ThreadCategory::Producer;
+  } else if (warp_group > 0) {
+    pipeline_params.role = Pipeline::ThreadCategory::Consumer;
   }
+  pipeline_params.is_leader = thread % 128 == 0;
+  pipeline_params.num_consumers = 128;  // each stage is read by one warpgroup
+  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(shared.pipeline, pipeline_params, typename Cfg::ClusterShape{});  // warp 0 inits
+  typename OrderBarrier::Params order_params;
+  order_params.group_id = warp_group > 0 ? warp_group - 1 : 0;  // the producer never uses it
+  order_params.group_size = 128;
+  OrderBarrier order(shared.order, order_params);  // warp 0 inits
+  __syncthreads();  // the barriers' initialisation is visible to every role
+
+  Mainloop mainloop;
+  const auto problem = make_shape(p.valid_vocab, p.batch, p.hidden_dim, 1);
+  const auto load_inputs = mainloop.load_init(problem, p.mainloop);
+  const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
+  const int64_t grid = gridDim.x;
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
+    if (load_warp) {
+      GridDependencyWait();  // Hr is written
+      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      for (int64_t item = blockIdx.x; item < num_items; item += grid) {
+        const auto block_coord = make_coord(static_cast<int>(item / p.num_chunks),
+                                            static_cast<int>(item % p.num_chunks), _, 0);
+        auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
+        mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter,
+                      k_tiles, thread % 32, 0, shared.tensors);
+        write_state.advance(k_tiles);
+      }
+      mainloop.load_tail(pipeline, write_state);  // every stage released by the consumers
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
+  const int consumer = warp_group - 1;
+  const int mma_thread = thread % 128;
+  typename Cfg::TiledMma tiled_mma;
+  PipelineState read_state;
+  read_state.advance(k_tiles * consumer);
+  for (int64_t item = blockIdx.x + grid * consumer; item < num_items; item += 2 * grid) {
+    const int tile = static_cast<int>(item / p.num_chunks);
+    const int chunk = static_cast<int>(item % p.num_chunks);
+    Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+    order.wait();  // the other warpgroup has issued its main loop
+    mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, shared.tensors, p.mainloop);
+    order.arrive();  // the other's next main loop may start
+    mainloop.mma_tail(pipeline, read_state, k_tiles);  // our WGMMAs have completed
+    read_state.advance(2 * k_tiles);
+
+    order.wait();  // the other warpgroup's epilogue is done with the dot tile
+    // Accumulators -> dots[row][token], as WgmmaTileKernel's epilogue, 1.
+    {
+      Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
+      Tensor thread_coords = tiled_mma.get_thread_slice(mma_thread).partition_C(coords);
+      static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
+      CUTE_UNROLL
+      for (int i = 0; i < size(accum); ++i) {
+        shared.dots[get<1>(thread_coords(i)) * kDotStride + get<0>(thread_coords(i))] = accum(i);
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + 1 + consumer);
+    FoldTile<Cfg, 4>(p, shared.dots, static_cast<int64_t>(chunk) * kRows,
+                     static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32,
+                     mma_thread % 32);
+    order.arrive();  // each thread's reads of the dot tile are done
+  }
+  AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
 }
 
 // ---- Launcher ----------------------------------------------------------------------
 // Grid: num_tiles * ceil(batch / kRows) blocks (1187 tiles at V = 151936) of
-// 384 threads, Cfg::kSmemBytes of dynamic shared memory (ring + barriers,
-// ~160-192 KB: one block per SM). The TMA descriptors are encoded on the host
-// for every launch (cuTensorMapEncodeTiled through the runtime's driver entry
+// Cfg::kThreads threads and Cfg::kSmemBytes of dynamic shared memory (ring +
+// barriers): 384 threads, ~160-192 KB, one block per SM (9 waves on 132 SMs);
+// or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). Ping-pong:
+// min(work items, SMs) persistent blocks of 384 threads, ~177-202 KB. The
+// TMA descriptors are encoded on the host for every launch (cuTensorMapEncodeTiled through the runtime's driver entry
 // point, a few microseconds of host time) because W, Hr and the sizes may
 // change between launches.
 template <class Element, class Cfg>
@@ -288,8 +621,15 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                         cudaStream_t stream) {
   using Mainloop = typename Cfg::Mainloop;
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
-  const int64_t blocks = num_tiles * num_chunks;
+  int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+  if constexpr (Cfg::kPersistent) {
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    blocks = std::min<int64_t>(blocks, sms);
+  }
 
   const int m = static_cast<int>(a.valid_vocab);
   const int n = static_cast<int>(a.batch);
@@ -318,7 +658,13 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   params.token_offset = a.token_offset;
   params.tile_summaries = tile_summaries;
 
-  auto* kernel = &WgmmaTileKernel<Cfg>;
+  auto* kernel = [] {
+    if constexpr (Cfg::kPersistent) {
+      return &WgmmaPingpongKernel<Cfg>;
+    } else {
+      return &WgmmaTileKernel<Cfg>;
+    }
+  }();
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
@@ -326,15 +672,27 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   // still runs (the producer waits for it before its first TMA load).
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
-      DependentLaunch(dim3(static_cast<unsigned>(blocks)), dim3(kProducerThreads + kConsumerThreads),
-                      Cfg::kSmemBytes, stream, &attribute);
+      DependentLaunch(dim3(static_cast<unsigned>(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes,
+                      stream, &attribute);
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
-// The smallest block that holds the batch; above 256 rows, chunks of 256.
+// The smallest block that holds the batch; above the largest (256 rows, or
+// 128 at two blocks per SM and in ping-pong), chunks of it.
 template <class Element>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t num_tiles,
-                           bool want_lse, SampleSummary* ts, cudaStream_t stream) {
+                           bool want_lse, SampleSummary* ts, cudaStream_t stream,
+                           Stage1Kernel variant) {
+  if (variant == Stage1Kernel::kWgmmaPingpong) {
+    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  }
+  if (variant == Stage1Kernel::kWgmmaOverlap) {
+    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  }
   if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream);
   if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream);
   if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream);
@@ -352,7 +710,7 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args) {
 
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, Stage1Kernel variant) {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -364,10 +722,10 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, want_lse,
-                                           tile_summaries, stream);
+                                           tile_summaries, stream, variant);
   }
   return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, want_lse,
-                                             tile_summaries, stream);
+                                             tile_summaries, stream, variant);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

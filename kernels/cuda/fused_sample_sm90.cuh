@@ -32,9 +32,12 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args);
 // 128-token tile < num_tiles (= ceil(valid_vocab / 128)), exactly the layout
 // and the per-tile fold of LaunchMmaStage1, so LaunchMergeTileSummaries
 // (stage 2) is shared. Returns the first CUDA error; cudaErrorNotSupported
-// when the current device is not compute capability 9.0.
+// when the current device is not compute capability 9.0. variant: which
+// schedule, all with the same bits: kWgmmaOverlap (two blocks per SM),
+// kWgmmaPingpong (persistent ping-pong), anything else one block per SM
+// (kWgmma's).
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                              cudaStream_t stream);
+                              cudaStream_t stream, Stage1Kernel variant);
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -32,6 +32,11 @@
 // 3. Chi-square exactness of the WGMMA path (tests/gpu/sample_counts.h, as
 //    fused_sample_exactness_test.cc's TensorCorePathChiSquare).
 // 4. A forced kWgmma launch it cannot serve is refused (InvalidArgument).
+// Every part runs on the three WGMMA schedules: kWgmma (one block per SM),
+// kWgmmaOverlap (two per SM, at most 128 rows a block, paired-row epilogue)
+// and kWgmmaPingpong (persistent, two consumer warpgroups alternating, at most
+// 128 rows a work item), which must give the same bits (all are held to
+// mma.sync's tile summaries).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -270,12 +275,13 @@ const Shape kShapes[] = {
     {8192, 1000, 999, 4096, false},   // D of the 128256-token head; a shard at global 4096
 };
 
-using AgreementCase = std::tuple<CudaWeightDType, int /*shape*/, int64_t /*batch*/>;
+using AgreementCase =
+    std::tuple<Stage1Kernel, CudaWeightDType, int /*shape*/, int64_t /*batch*/>;
 class FusedSampleSm90Agreement : public FusedSampleSm90Test,
                                  public ::testing::WithParamInterface<AgreementCase> {};
 
 TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
-  const auto [dtype, shape_index, batch] = GetParam();
+  const auto [stage1, dtype, shape_index, batch] = GetParam();
   const Shape& s = kShapes[shape_index];
   Problem prob;
   MakeProblem(dtype, s.vocab, s.valid_vocab, s.hidden, s.token_offset,
@@ -288,8 +294,8 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
   const std::vector<int32_t>* d = s.drafts ? &drafts : nullptr;
 
   Outputs wg, mma, again;
-  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, Stage1Kernel::kWgmma, &wg), KernelStatus::kOk);
-  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, Stage1Kernel::kWgmma, &again), KernelStatus::kOk);
+  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, stage1, &wg), KernelStatus::kOk);
+  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, stage1, &again), KernelStatus::kOk);
   ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, Stage1Kernel::kMmaSync, &mma), KernelStatus::kOk);
   // Deterministic, bit for bit.
   EXPECT_EQ(0, std::memcmp(wg.tiles.data(), again.tiles.data(), wg.tiles.size() * sizeof(SampleSummary)));
@@ -376,9 +382,12 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedSampleSm90Agreement,
-    ::testing::Combine(::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16),
+    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap,
+                                         Stage1Kernel::kWgmmaPingpong),
+                       ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16),
                        ::testing::Values(0, 1),
-                       // block rows 32, 32, 64, 128, 256 x 2 chunks
+                       // block rows 32, 32, 64, 128, 256 x 2 chunks (kWgmma)
+                       // or 128 x 3 chunks (kWgmmaOverlap, kWgmmaPingpong)
                        ::testing::Values(int64_t{1}, int64_t{7}, int64_t{33}, int64_t{100},
                                          int64_t{300})));
 
@@ -465,6 +474,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(InvarianceCase{Stage1Kernel::kWgmma, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kWgmma, CudaWeightDType::kBFloat16, 1},
                       InvarianceCase{Stage1Kernel::kWgmma, CudaWeightDType::kFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaOverlap, CudaWeightDType::kBFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaOverlap, CudaWeightDType::kBFloat16, 1},
+                      InvarianceCase{Stage1Kernel::kWgmmaOverlap, CudaWeightDType::kFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kBFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kBFloat16, 1},
+                      InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 1}));
 
@@ -473,12 +488,14 @@ INSTANTIATE_TEST_SUITE_P(
 // chunks of 256 rows), V = 200 (two tiles, the second partial), logits
 // -(v % 50) / 8 plus three heavy tokens on the tile edges (127, 128) and at
 // the end (199), exact in either dtype; T = 0.8.
+using ChiSquareCase = std::tuple<Stage1Kernel, CudaWeightDType>;
 class FusedSampleSm90ChiSquare : public FusedSampleSm90Test,
-                                 public ::testing::WithParamInterface<CudaWeightDType> {};
+                                 public ::testing::WithParamInterface<ChiSquareCase> {};
 
 TEST_P(FusedSampleSm90ChiSquare, MatchesSoftmax) {
   constexpr int64_t kVocab = 200, kHidden = 16;
-  const HostWeights w = gpu_test::MakeWeights(GetParam(), kVocab, kHidden, [](int64_t v, int64_t d) {
+  const auto [stage1, dtype] = GetParam();
+  const HostWeights w = gpu_test::MakeWeights(dtype, kVocab, kHidden, [](int64_t v, int64_t d) {
     if (d != 0) return 0.25f;  // multiplied by H's zeros
     if (v == 127 || v == 128 || v == 199) return 0.5f;
     return -0.125f * static_cast<float>(v % 50);
@@ -487,7 +504,7 @@ TEST_P(FusedSampleSm90ChiSquare, MatchesSoftmax) {
   gpu_test::UploadWeights(w, 0, &dw);
   constexpr float kTemperature = 0.8f;
   const std::vector<int64_t> counts = gpu_test::SampleCounts(
-      dw, w, int64_t{1} << 22, 1, kTemperature, 44, Stage1Kernel::kWgmma);
+      dw, w, int64_t{1} << 22, 1, kTemperature, 44, stage1);
   HostWeights logits = w;
   logits.hidden = 1;
   logits.values.assign(static_cast<size_t>(kVocab), 0.0f);
@@ -495,8 +512,11 @@ TEST_P(FusedSampleSm90ChiSquare, MatchesSoftmax) {
   gpu_test::ExpectMatchesSoftmax(counts, logits, kTemperature);
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, FusedSampleSm90ChiSquare,
-                         ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16));
+INSTANTIATE_TEST_SUITE_P(
+    DTypes, FusedSampleSm90ChiSquare,
+    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap,
+                                         Stage1Kernel::kWgmmaPingpong),
+                       ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16)));
 
 // ---- 4. Refusals ------------------------------------------------------------------
 TEST_F(FusedSampleSm90Test, RefusesWhatItCannotServe) {
@@ -512,15 +532,18 @@ TEST_F(FusedSampleSm90Test, RefusesWhatItCannotServe) {
   Launch l32 = prob.launch;
   l32.weight = dw32.ptr;
   l32.dtype = CudaWeightDType::kFloat32;
-  EXPECT_EQ(RunLaunch(l32, h, p, nullptr, Stage1Kernel::kWgmma, &o), KernelStatus::kInvalidArgument);
   // W not 16-byte aligned (a TMA base address must be).
   DeviceWeights shifted;
   gpu_test::UploadWeights(prob.w, 2, &shifted);
   Launch ls = prob.launch;
   ls.weight = shifted.ptr;
-  EXPECT_EQ(RunLaunch(ls, h, p, nullptr, Stage1Kernel::kWgmma, &o), KernelStatus::kInvalidArgument);
-  // The same launch on the aligned copy is served.
-  EXPECT_EQ(RunLaunch(prob.launch, h, p, nullptr, Stage1Kernel::kWgmma, &o), KernelStatus::kOk);
+  for (const Stage1Kernel k :
+       {Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap, Stage1Kernel::kWgmmaPingpong}) {
+    EXPECT_EQ(RunLaunch(l32, h, p, nullptr, k, &o), KernelStatus::kInvalidArgument);
+    EXPECT_EQ(RunLaunch(ls, h, p, nullptr, k, &o), KernelStatus::kInvalidArgument);
+    // The same launch on the aligned copy is served.
+    EXPECT_EQ(RunLaunch(prob.launch, h, p, nullptr, k, &o), KernelStatus::kOk);
+  }
 }
 
 }  // namespace
