@@ -519,18 +519,23 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   // ---- Which stage 1 (Stage1Kernel). A forced kernel whose conditions do
   // not hold is an argument error, never a silent fallback.
   bool mma_sync = false, wgmma = false;
+  [[maybe_unused]] Stage1Kernel wgmma_variant = args.stage1;  // the WGMMA schedule
   switch (args.stage1) {
     case Stage1Kernel::kAuto:
       mma_sync = cuda_internal::MmaStage1Eligible(args);
 #if FLASHSAMPLER_HAVE_CUTLASS
-      // Above kWgmmaMinAutoBatch rows the WGMMA kernel is the faster of the
-      // two (H200, 2026-11-26: 8% at 128 rows, 17-33% at 256-1024, D = 4096
-      // and 8192; within noise at 32-64); its outputs are those of mma.sync bit
-      // for bit (fused_sample_sm90_test), so the switch changes no row.
-      if (mma_sync && args.batch > cuda_internal::kWgmmaMinAutoBatch &&
+      // From kWgmmaMinAutoBatch rows the WGMMA kernel at two blocks per SM
+      // is the fastest stage 1 we have (H200, 2026-11-26, D = 4096 / 8192:
+      // against one block per SM 3-11% faster at 32-64 rows and 14-27% at
+      // 128-1024 in one call; against mma.sync, in another, 2-6% at 32 rows
+      // and more above); its
+      // outputs are those of mma.sync bit for bit (fused_sample_sm90_test),
+      // so the switch changes no row.
+      if (mma_sync && args.batch >= cuda_internal::kWgmmaMinAutoBatch &&
           cuda_internal::WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
         mma_sync = false;
         wgmma = true;
+        wgmma_variant = Stage1Kernel::kWgmmaOverlap;
       }
 #endif
       break;
@@ -559,9 +564,9 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   cudaError_t err = cudaSuccess;
 
   // ---- Tensor-core stage 1 (fused_sample_mma.cu, or fused_sample_sm90.cu
-  // on request) for 16-bit weights and batches of
-  // cuda_internal::kMmaMinBatch rows or more: W is read once per 128 (mma.sync)
-  // or 256 (WGMMA) rows instead of once per 8 rows. Both write 128-token tile
+  // from kWgmmaMinAutoBatch rows or on request) for 16-bit weights and
+  // batches of cuda_internal::kMmaMinBatch rows or more: W is read once per
+  // 128 or 256 rows instead of once per 8 rows. Both write 128-token tile
   // summaries, merged by the same stage 2.
   if (mma_sync || wgmma) {
     auto* hidden_rounded = reinterpret_cast<unsigned short*>(
@@ -570,7 +575,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
 #if FLASHSAMPLER_HAVE_CUTLASS
     if (wgmma) {
       err = cuda_internal::LaunchWgmmaStage1(args, mma_tiles, want_lse, tile_summaries,
-                                             hidden_rounded, stream, args.stage1);
+                                             hidden_rounded, stream, wgmma_variant);
     } else
 #endif
     {

@@ -96,9 +96,10 @@ enum class MmaPipeline : int32_t {
 // benchmarks force one; the server leaves kAuto.
 enum class Stage1Kernel : int32_t {
   // A tensor-core kernel for 16-bit weights, batch >= 3 (kMmaMinBatch),
-  // hidden_dim % 16 == 0 and 16-byte aligned W and H: the WGMMA kernel above
-  // 64 rows where it is available (WgmmaStage1Available), mma.sync otherwise;
-  // the CUDA-core kernel for every other launch.
+  // hidden_dim % 16 == 0 and 16-byte aligned W and H: from 32 rows the WGMMA
+  // kernel at two blocks per SM (kWgmmaOverlap) where it is available
+  // (WgmmaStage1Available), mma.sync otherwise; the CUDA-core kernel for
+  // every other launch.
   kAuto = 0,
   // The mma.sync tensor-core kernel (fused_sample_mma.cu) for any batch >= 1;
   // the 16-bit weight, hidden_dim and alignment conditions above must hold.
@@ -110,13 +111,16 @@ enum class Stage1Kernel : int32_t {
   // The same WGMMA + TMA kernel at two blocks per SM (fused_sample_sm90.cu,
   // "Two blocks per SM"): fewer ring stages and at most 128 rows per block,
   // so one block's epilogue overlaps the other's main loop. The same
-  // conditions and the same bits as kWgmma. Not chosen by kAuto (unmeasured).
+  // conditions and the same bits as kWgmma. kAuto's choice from 32 rows: the
+  // fastest stage 1 there (H200, BENCHMARKS.md).
   kWgmmaOverlap = 3,
   // The WGMMA + TMA stage 1 as a persistent ping-pong kernel
   // (fused_sample_sm90.cu, "Ping-pong"): one block per SM whose two consumer
   // warpgroups alternate main loop and epilogue, at most 128 rows a work
   // item. The same conditions and the same bits as kWgmma. Not chosen by
-  // kAuto (unmeasured).
+  // kAuto: within 3% of kWgmmaOverlap up to 64 rows, 12-44% slower from 128
+  // rows, where it is slower than kWgmma too (its epilogue runs on one
+  // warpgroup; H200, BENCHMARKS.md).
   kWgmmaPingpong = 4,
 };
 

@@ -13,9 +13,10 @@
 
 namespace flashsampler::kernels::cuda_internal {
 
-// Stage1Kernel::kAuto takes the WGMMA kernel for batches of more rows than
-// this (where it measured faster than mma.sync), mma.sync up to it.
-constexpr int64_t kWgmmaMinAutoBatch = 64;
+// Stage1Kernel::kAuto takes the WGMMA kernel at two blocks per SM
+// (kWgmmaOverlap) for batches of at least this many rows, where it measured
+// faster than mma.sync (32 rows on; 16 rows and below mma.sync was faster).
+constexpr int64_t kWgmmaMinAutoBatch = 32;
 
 // True when the WGMMA stage 1 can serve `args` (the sizes and pointers only;
 // the device is WgmmaStage1Available's check): fp16 / bf16 weights,

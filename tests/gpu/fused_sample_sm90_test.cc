@@ -483,6 +483,63 @@ INSTANTIATE_TEST_SUITE_P(
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 1}));
 
+// The path the server takes (kAuto): mma.sync from 3 to 31 rows, WGMMA at two
+// blocks per SM from 32. A row's bits must not change when its batch crosses
+// that line, so each probe's reference is a batch of 3 (the smallest on the
+// tensor cores; 1-2 rows run the CUDA-core kernel, whose sums differ).
+TEST_F(FusedSampleSm90Test, AutoPathRowsAreBitIdenticalFromThreeRowsUp) {
+  const Shape& s = kShapes[0];
+  constexpr int64_t kProbes = 16;
+  Problem prob;
+  MakeProblem(CudaWeightDType::kBFloat16, s.vocab, s.valid_vocab, s.hidden, s.token_offset, 91u, &prob);
+  const std::vector<float> probe_h = RandomHidden(kProbes, s.hidden, CudaWeightDType::kBFloat16, 601);
+  const std::vector<RowParams> probe_p = gpu_test::RandomParams(kProbes, 0.25, 602);
+  uint32_t seed = 700;
+  std::mt19937 rng(603);
+  // Runs the probes [first, first + n) in a batch of `batch` rows with random
+  // companions at random slots; returns each probe's (token, logz, logprob).
+  auto run = [&](int64_t batch, int64_t first, int64_t n, std::vector<Outputs>* per_probe) {
+    std::vector<float> h = RandomHidden(batch, s.hidden, CudaWeightDType::kBFloat16, ++seed);
+    std::vector<RowParams> p = gpu_test::RandomParams(batch, 0.25, ++seed);
+    std::vector<int64_t> slots(static_cast<size_t>(batch));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy(probe_h.begin() + (first + i) * s.hidden, probe_h.begin() + (first + i + 1) * s.hidden,
+                h.begin() + slots[i] * s.hidden);
+      p[slots[i]] = probe_p[first + i];
+    }
+    Outputs o;
+    ASSERT_EQ(RunLaunch(prob.launch, h, p, nullptr, Stage1Kernel::kAuto, &o), KernelStatus::kOk);
+    for (int64_t i = 0; i < n; ++i) {
+      Outputs& r = (*per_probe)[first + i];
+      r.tokens = {o.tokens[slots[i]]};
+      r.logz = {o.logz[slots[i]]};
+      r.logprobs = {o.logprobs[slots[i]]};
+    }
+  };
+  std::vector<Outputs> reference(kProbes);
+  for (int64_t i = 0; i < kProbes; ++i) run(3, i, 1, &reference);
+  int64_t differences = 0;
+  for (const int64_t batch : {3, 17, 31, 32, 33, 64, 128, 255, 1024}) {
+    std::vector<Outputs> got(kProbes);
+    const int64_t per_launch = std::min<int64_t>(kProbes, batch / 2 > 0 ? batch / 2 : 1);
+    for (int64_t first = 0; first < kProbes; first += per_launch) {
+      run(batch, first, std::min(per_launch, kProbes - first), &got);
+    }
+    for (int64_t i = 0; i < kProbes; ++i) {
+      const bool same = got[i].tokens[0] == reference[i].tokens[0] &&
+                        std::memcmp(&got[i].logz[0], &reference[i].logz[0], 4) == 0 &&
+                        std::memcmp(&got[i].logprobs[0], &reference[i].logprobs[0], 4) == 0;
+      if (!same && ++differences <= 10) {
+        ADD_FAILURE() << "batch " << batch << ", probe " << i << ": token " << got[i].tokens[0] << " vs "
+                      << reference[i].tokens[0] << ", logz " << got[i].logz[0] << " vs " << reference[i].logz[0];
+      }
+    }
+  }
+  EXPECT_EQ(differences, 0);
+}
+
 // ---- 3. Chi-square ------------------------------------------------------------------
 // As TensorCorePathChiSquare: hidden_dim 16, 2^22 rows in one launch (16384
 // chunks of 256 rows), V = 200 (two tiles, the second partial), logits
