@@ -232,6 +232,20 @@ WireHiddenRows ToWire(const HiddenStates& values, int64_t first, int64_t rows, W
   return run;
 }
 
+// `wire` (its hidden states as wire rows) gives `fp32`'s tokens, log Z and
+// logprobs bit for bit.
+void ExpectSameResults(Engine* engine, const SampleBatch& fp32, const SampleBatch& wire) {
+  const absl::StatusOr<SampleResult> want = engine->Sample(fp32);
+  const absl::StatusOr<SampleResult> got = engine->Sample(wire);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->token_ids, want->token_ids);
+  ASSERT_EQ(got->logz.size(), want->logz.size());
+  EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), want->logz.size() * sizeof(float)), 0);
+  ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+  EXPECT_EQ(std::memcmp(got->logprobs.data(), want->logprobs.data(), want->logprobs.size() * sizeof(float)), 0);
+}
+
 TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
   const EnginePair engines = MakeEnginePair();
@@ -269,15 +283,7 @@ TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
             std::fill(wire.hidden.begin() + run.first_row * kHidden,
                       wire.hidden.begin() + (run.first_row + run.rows) * kHidden, std::nanf(""));
           }
-          const absl::StatusOr<SampleResult> want = cuda->Sample(fp32);
-          const absl::StatusOr<SampleResult> got = cuda->Sample(wire);
-          ASSERT_TRUE(want.ok()) << want.status();
-          ASSERT_TRUE(got.ok()) << got.status();
-          EXPECT_EQ(got->token_ids, want->token_ids);
-          ASSERT_EQ(got->logz.size(), want->logz.size());
-          EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), want->logz.size() * sizeof(float)), 0);
-          EXPECT_EQ(
-              std::memcmp(got->logprobs.data(), want->logprobs.data(), want->logprobs.size() * sizeof(float)), 0);
+          ExpectSameResults(cuda, fp32, wire);
         }
       }
     }
@@ -342,14 +348,7 @@ TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
       wire.wire_hidden.push_back(ToWire(original.hidden, r, 1, dtype, where, &copies[r], &fp32.hidden, cuda));
       std::fill(wire.hidden.begin() + r * kHidden, wire.hidden.begin() + (r + 1) * kHidden, std::nanf(""));
     }
-    const absl::StatusOr<SampleResult> want = cuda->Sample(fp32);
-    const absl::StatusOr<SampleResult> got = cuda->Sample(wire);
-    ASSERT_TRUE(want.ok()) << want.status();
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(got->token_ids, want->token_ids);
-    ASSERT_EQ(got->logz.size(), want->logz.size());
-    EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), want->logz.size() * sizeof(float)), 0);
-    EXPECT_EQ(std::memcmp(got->logprobs.data(), want->logprobs.data(), want->logprobs.size() * sizeof(float)), 0);
+    ExpectSameResults(cuda, fp32, wire);
   }
   // Ten one-row bf16 runs, host and staged alternating (one group): the bad
   // value in the eighth is named by its batch row.

@@ -64,22 +64,12 @@ TEST_F(FusedSampleExactnessTest, SmallVocabularyChiSquare) {
 // Logits -(v % 50) / 8 plus three heavy tokens on the tile edges (127, 128)
 // and at the end (199), all exact in bf16; T = 0.8.
 TEST_F(FusedSampleExactnessTest, TensorCorePathChiSquare) {
-  constexpr int64_t kVocab = 200, kHidden = 16;
-  const HostWeights w = gpu_test::MakeWeights(
-      CudaWeightDType::kBFloat16, kVocab, kHidden, [](int64_t v, int64_t d) {
-        if (d != 0) return 0.25f;  // multiplied by H's zeros
-        if (v == 127 || v == 128 || v == 199) return 0.5f;
-        return -0.125f * static_cast<float>(v % 50);
-      });
+  HostWeights logits;
+  const HostWeights w = gpu_test::TensorCoreChiSquareWeights(CudaWeightDType::kBFloat16, &logits);
   DeviceWeights dw;
   gpu_test::UploadWeights(w, 0, &dw);
   constexpr float kTemperature = 0.8f;
   const std::vector<int64_t> counts = SampleCounts(dw, w, int64_t{1} << 22, 1, kTemperature, 43);
-  std::vector<float> column0(static_cast<size_t>(kVocab));
-  for (int64_t v = 0; v < kVocab; ++v) column0[v] = w.values[v * kHidden];
-  HostWeights logits = w;
-  logits.hidden = 1;
-  logits.values = column0;
   ExpectMatchesSoftmax(counts, logits, kTemperature);
 }
 

@@ -550,22 +550,14 @@ class FusedSampleSm90ChiSquare : public FusedSampleSm90Test,
                                  public ::testing::WithParamInterface<ChiSquareCase> {};
 
 TEST_P(FusedSampleSm90ChiSquare, MatchesSoftmax) {
-  constexpr int64_t kVocab = 200, kHidden = 16;
   const auto [stage1, dtype] = GetParam();
-  const HostWeights w = gpu_test::MakeWeights(dtype, kVocab, kHidden, [](int64_t v, int64_t d) {
-    if (d != 0) return 0.25f;  // multiplied by H's zeros
-    if (v == 127 || v == 128 || v == 199) return 0.5f;
-    return -0.125f * static_cast<float>(v % 50);
-  });
+  HostWeights logits;
+  const HostWeights w = gpu_test::TensorCoreChiSquareWeights(dtype, &logits);
   DeviceWeights dw;
   gpu_test::UploadWeights(w, 0, &dw);
   constexpr float kTemperature = 0.8f;
   const std::vector<int64_t> counts = gpu_test::SampleCounts(
       dw, w, int64_t{1} << 22, 1, kTemperature, 44, stage1);
-  HostWeights logits = w;
-  logits.hidden = 1;
-  logits.values.assign(static_cast<size_t>(kVocab), 0.0f);
-  for (int64_t v = 0; v < kVocab; ++v) logits.values[v] = w.values[v * kHidden];
   gpu_test::ExpectMatchesSoftmax(counts, logits, kTemperature);
 }
 

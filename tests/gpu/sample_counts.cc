@@ -74,4 +74,18 @@ void ExpectMatchesSoftmax(const std::vector<int64_t>& counts, const HostWeights&
       counts, flashsampler::testing::SoftmaxOfScaled(w.values, w.vocab, scale), kRequiredShift);
 }
 
+HostWeights TensorCoreChiSquareWeights(CudaWeightDType dtype, HostWeights* logits) {
+  constexpr int64_t kVocab = 200, kHidden = 16;
+  const HostWeights w = MakeWeights(dtype, kVocab, kHidden, [](int64_t v, int64_t d) {
+    if (d != 0) return 0.25f;  // multiplied by H's zeros
+    if (v == 127 || v == 128 || v == 199) return 0.5f;
+    return -0.125f * static_cast<float>(v % 50);
+  });
+  *logits = w;
+  logits->hidden = 1;
+  logits->values.assign(static_cast<size_t>(kVocab), 0.0f);
+  for (int64_t v = 0; v < kVocab; ++v) logits->values[v] = w.values[v * kHidden];
+  return w;
+}
+
 }  // namespace flashsampler::kernels::gpu_test

@@ -30,4 +30,11 @@ std::vector<int64_t> SampleCounts(const DeviceWeights& dw, const HostWeights& w,
 void ExpectMatchesSoftmax(const std::vector<int64_t>& counts, const HostWeights& w,
                           float temperature);
 
+// The tensor-core stage 1's chi-square problem (hidden_dim 16, V = 200: two
+// tiles, the second partial): logits -(v % 50) / 8 plus three heavy tokens on
+// the tile edges (127, 128) and at the end (199), exact in bf16 and fp16, in
+// W's column 0. `logits` gets that column as a hidden-1 head for
+// ExpectMatchesSoftmax.
+HostWeights TensorCoreChiSquareWeights(CudaWeightDType dtype, HostWeights* logits);
+
 }  // namespace flashsampler::kernels::gpu_test
