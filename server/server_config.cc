@@ -76,9 +76,11 @@ ABSL_FLAG(std::string, shard_exchange, "nccl",
 ABSL_FLAG(double, shard_timeout_s, 30.0,
           "CUDA backend, several --devices: a sampling step not finished after this many seconds "
           "is a hang; the server stops serving (NOT_SERVING)");
-ABSL_FLAG(int64_t, cuda_fused_max_rows, 128,
+ABSL_FLAG(int64_t, cuda_fused_max_rows, int64_t{1} << 20,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
-          "cuBLAS-materialized path (the default is the measured crossover on an H100, "
+          "cuBLAS-materialized path. The default (every batch) keeps a row's token, log Z and "
+          "logprob bit-identical in every batch it can be part of; a lower value trades that for "
+          "cuBLAS above N rows (faster only at 129-192 rows with D = 8192 on an H100, "
           "BENCHMARKS.md)");
 ABSL_FLAG(bool, cuda_fused_controls, true,
           "CUDA backend: batches with sampling controls (up to --cuda_fused_max_rows rows) apply "

@@ -39,7 +39,7 @@ struct ServerConfig {
   std::string shard_merge = "exact";  // exact | group_gumbel
   std::string shard_exchange = "nccl";  // nccl | peer
   double shard_timeout_s = 30;
-  int64_t cuda_fused_max_rows = 128; // CUDA backend: fused kernel up to this batch
+  int64_t cuda_fused_max_rows = int64_t{1} << 20;  // CUDA backend: fused kernel up to this batch
   bool cuda_fused_controls = true;   // CUDA backend: fused path for sampling controls
   double grace_period_s = 10;
   int64_t lame_duck_ms = 250;       // SIGTERM: refuse with UNAVAILABLE this long before closing

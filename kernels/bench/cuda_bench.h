@@ -35,12 +35,12 @@ struct CudaBenchOptions {
   std::string json_path;
   std::string commit;
   std::string date;  // UTC timestamp recorded in the table and the JSON
-  // The fused variant's stage-1 kernel (--stage1: auto, mma_sync, wgmma), so
-  // one binary measures both tensor-core kernels.
+  // The fused variants' stage-1 kernel (--stage1: auto, mma_sync, wgmma,
+  // wgmma_overlap, wgmma_pingpong, cuda_core), so one binary measures each.
   Stage1Kernel stage1 = Stage1Kernel::kAuto;
 };
 
-// "auto", "mma_sync", "wgmma" (the --stage1 values); nullptr-free.
+// The --stage1 value that names k ("auto", "mma_sync", ...); never null.
 const char* Stage1Name(Stage1Kernel k);
 
 // Runs the sweep, prints the table, writes JSON when json_path is set.

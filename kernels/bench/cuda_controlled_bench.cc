@@ -101,8 +101,9 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
 
   nlohmann::json results = nlohmann::json::array();
   std::printf("flashsampler-kernel-bench backend=cuda controls  %s  %s  commit %s  T=%g "
-              "logit_std=%g iterations=%d (median ms, CUDA events)\n",
-              prop.name, o.date.c_str(), o.commit.c_str(), o.temperature, o.logit_std, o.iterations);
+              "logit_std=%g iterations=%d stage1=%s (median ms, CUDA events)\n",
+              prop.name, o.date.c_str(), o.commit.c_str(), o.temperature, o.logit_std, o.iterations,
+              Stage1Name(o.stage1));
   std::printf("resident clusters (cudaOccupancyMaxActiveClusters): g=2 %d, g=4 %d, g=8 %d, g=16 %d\n",
               ControlledMaxActiveClusters(2), ControlledMaxActiveClusters(4),
               ControlledMaxActiveClusters(8), ControlledMaxActiveClusters(16));
@@ -184,6 +185,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           a.outputs = out;
           a.workspace = ws.get();
           a.workspace_bytes = ws.bytes();
+          a.stage1 = o.stage1;  // fused_ctl's stage 1 (the materialized path ignores it)
           return a;
         };
         auto plain_args = [&](const DeviceBuffer& ws) {
@@ -197,6 +199,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           a.token_ids = tokens.get<int32_t>();
           a.workspace = ws.get();
           a.workspace_bytes = ws.bytes();
+          a.stage1 = o.stage1;  // plain_fused: the same stage 1 as fused_ctl
           return a;
         };
         auto full = [&] { return LaunchControlledSample(controlled_args(ws_full), cublas, stream); };
@@ -296,6 +299,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   if (!o.json_path.empty()) {
     nlohmann::json j = BenchJsonHeader(o, "cuda", prop.name);
     j["mode"] = "controls";
+    j["stage1"] = Stage1Name(o.stage1);
     j["weight_dtype"] = "bf16";
     j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits, cluster size auto"},
                      {"filter_cluster8", "the same, 8 blocks per row"},

@@ -187,6 +187,12 @@ struct ControlledSampleArgs {
   void* workspace = nullptr;  // device, 256-byte aligned
   size_t workspace_bytes = 0;
   int cluster_blocks = kControlledClusterAuto;
+  // The fused controlled path's stage-1 kernel (fused_controlled_sample.h;
+  // FusedSampleArgs::stage1's meaning: kAuto is mma.sync below 32 rows and
+  // WGMMA at two blocks per SM from 32 where available, the same bits).
+  // kCudaCore and kWgmmaPingpong cannot run its epilogue: kInvalidArgument.
+  // The materialized path ignores it.
+  Stage1Kernel stage1 = Stage1Kernel::kAuto;
 };
 
 // Rows per chunk: the launch processes the batch in chunks of at most this

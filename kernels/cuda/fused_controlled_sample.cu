@@ -18,6 +18,7 @@
 #include "kernels/common/sample_summary.h"
 #include "kernels/cuda/fused_controls.cuh"
 #include "kernels/cuda/fused_sample_mma.cuh"
+#include "kernels/cuda/fused_sample_sm90.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels {
@@ -337,9 +338,11 @@ FusedControlledTiles FusedControlledTilesIn(void* workspace, int64_t batch, int6
   return t;
 }
 
-// Grid: stage 1 as the plain tensor-core sampler (fused_sample_mma.cu's
-// launcher: one block of 256 threads per (128-token tile, row chunk of 8..128
-// rows)).
+// Grid: stage 1 as the plain tensor-core sampler (ChooseStage1: below 32
+// rows fused_sample_mma.cu's launcher, one block of 256 threads per
+// (128-token tile, row chunk of 8..128 rows); from 32 rows on Hopper
+// fused_sample_sm90.cu's, two blocks of 288 threads per SM), with the
+// controlled epilogue.
 bool FusedControlledStage1Valid(const ControlledSampleArgs& a, int64_t token_offset) {
   return a.weight != nullptr && a.hidden != nullptr && a.params != nullptr &&
          a.controls.rows != nullptr && a.controls.touched != nullptr && a.workspace != nullptr &&
@@ -373,12 +376,26 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
   plain.valid_vocab = a.valid_vocab;
   plain.hidden_dim = a.hidden_dim;
   plain.token_offset = token_offset;
+  cuda_internal::Stage1Choice choice;
+  if (!cuda_internal::ChooseStage1(plain, a.stage1, &choice) ||
+      choice.family == cuda_internal::Stage1Choice::kCudaCore ||
+      (choice.family == cuda_internal::Stage1Choice::kWgmma &&
+       choice.wgmma_schedule == Stage1Kernel::kWgmmaPingpong)) {
+    return KernelStatus::kInvalidArgument;
+  }
   cuda_internal::MmaControls ctl;
   ctl.controls = a.controls;
   ctl.candidates = static_cast<FusedCandidate*>(t.candidates);
+  auto* summaries = static_cast<SampleSummary*>(t.summaries);
+#if FLASHSAMPLER_HAVE_CUTLASS
+  if (choice.family == cuda_internal::Stage1Choice::kWgmma) {
+    return cuda_internal::StatusFromCuda(cuda_internal::LaunchWgmmaStage1(
+        plain, t.tiles, /*want_lse=*/true, summaries, hidden_rounded, stream,
+        choice.wgmma_schedule, &ctl));
+  }
+#endif
   return cuda_internal::StatusFromCuda(cuda_internal::LaunchMmaStage1(
-      plain, t.tiles, /*want_lse=*/true, static_cast<SampleSummary*>(t.summaries), hidden_rounded,
-      stream, &ctl));
+      plain, t.tiles, /*want_lse=*/true, summaries, hidden_rounded, stream, &ctl));
 }
 
 // Grid: one block of 256 threads per row, static shared memory =

@@ -501,6 +501,48 @@ size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_di
          static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * sizeof(uint16_t);
 }
 
+namespace cuda_internal {
+
+bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice) {
+  *choice = Stage1Choice{};
+  switch (requested) {
+    case Stage1Kernel::kAuto:
+      if (!MmaStage1Serves(args)) return true;  // the CUDA-core kernel
+      choice->family = Stage1Choice::kMmaSync;
+#if FLASHSAMPLER_HAVE_CUTLASS
+      // From kWgmmaMinAutoBatch rows the WGMMA kernel at two blocks per SM
+      // is the fastest stage 1 we have (H200, 2026-11-26, D = 4096 / 8192:
+      // against one block per SM 3-11% faster at 32-64 rows and 14-27% at
+      // 128-1024 in one call; against mma.sync, in another, 2-6% at 32 rows
+      // and more above); its outputs are those of mma.sync bit for bit
+      // (fused_sample_sm90_test), so the switch changes no row.
+      if (args.batch >= kWgmmaMinAutoBatch && WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
+        choice->family = Stage1Choice::kWgmma;
+        choice->wgmma_schedule = Stage1Kernel::kWgmmaOverlap;
+      }
+#endif
+      return true;
+    case Stage1Kernel::kCudaCore:
+      return true;
+    case Stage1Kernel::kMmaSync:
+      choice->family = Stage1Choice::kMmaSync;
+      return MmaStage1Serves(args);
+    case Stage1Kernel::kWgmma:
+    case Stage1Kernel::kWgmmaOverlap:
+    case Stage1Kernel::kWgmmaPingpong:
+#if FLASHSAMPLER_HAVE_CUTLASS
+      choice->family = Stage1Choice::kWgmma;
+      choice->wgmma_schedule = requested;
+      return WgmmaStage1Eligible(args) && WgmmaStage1Available();
+#else
+      return false;  // built without FLASHSAMPLER_CUTLASS
+#endif
+  }
+  return false;  // a value outside the enum
+}
+
+}  // namespace cuda_internal
+
 KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream) {
   // ---- Arguments (nothing is enqueued when they are wrong).
   if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 16); s != KernelStatus::kOk) return s;
@@ -516,58 +558,21 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
     return KernelStatus::kInvalidArgument;
   }
 
-  // ---- Which stage 1 (Stage1Kernel). A forced kernel whose conditions do
-  // not hold is an argument error, never a silent fallback.
-  bool mma_sync = false, wgmma = false;
-  [[maybe_unused]] Stage1Kernel wgmma_variant = args.stage1;  // the WGMMA schedule
-  switch (args.stage1) {
-    case Stage1Kernel::kAuto:
-      mma_sync = cuda_internal::MmaStage1Eligible(args);
-#if FLASHSAMPLER_HAVE_CUTLASS
-      // From kWgmmaMinAutoBatch rows the WGMMA kernel at two blocks per SM
-      // is the fastest stage 1 we have (H200, 2026-11-26, D = 4096 / 8192:
-      // against one block per SM 3-11% faster at 32-64 rows and 14-27% at
-      // 128-1024 in one call; against mma.sync, in another, 2-6% at 32 rows
-      // and more above); its
-      // outputs are those of mma.sync bit for bit (fused_sample_sm90_test),
-      // so the switch changes no row.
-      if (mma_sync && args.batch >= cuda_internal::kWgmmaMinAutoBatch &&
-          cuda_internal::WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
-        mma_sync = false;
-        wgmma = true;
-        wgmma_variant = Stage1Kernel::kWgmmaOverlap;
-      }
-#endif
-      break;
-    case Stage1Kernel::kMmaSync:
-      if (!cuda_internal::MmaStage1Serves(args)) return KernelStatus::kInvalidArgument;
-      mma_sync = true;
-      break;
-    case Stage1Kernel::kWgmma:
-    case Stage1Kernel::kWgmmaOverlap:
-    case Stage1Kernel::kWgmmaPingpong:
-#if FLASHSAMPLER_HAVE_CUTLASS
-      if (!cuda_internal::WgmmaStage1Eligible(args) || !WgmmaStage1Available()) {
-        return KernelStatus::kInvalidArgument;
-      }
-      wgmma = true;
-      break;
-#else
-      return KernelStatus::kInvalidArgument;  // built without FLASHSAMPLER_CUTLASS
-#endif
-    default:
-      return KernelStatus::kInvalidArgument;
-  }
+  // ---- Which stage 1 (Stage1Kernel, ChooseStage1). A forced kernel whose
+  // conditions do not hold is an argument error, never a silent fallback.
+  cuda_internal::Stage1Choice choice;
+  if (!cuda_internal::ChooseStage1(args, args.stage1, &choice)) return KernelStatus::kInvalidArgument;
+  const bool mma_sync = choice.family == cuda_internal::Stage1Choice::kMmaSync;
+  const bool wgmma = choice.family == cuda_internal::Stage1Choice::kWgmma;
 
   const bool want_lse = cuda_internal::WantsLogSumExp(args);
   SampleSummary* tile_summaries = static_cast<SampleSummary*>(args.workspace);
   cudaError_t err = cudaSuccess;
 
   // ---- Tensor-core stage 1 (fused_sample_mma.cu, or fused_sample_sm90.cu
-  // from kWgmmaMinAutoBatch rows or on request) for 16-bit weights and
-  // batches of cuda_internal::kMmaMinBatch rows or more: W is read once per
-  // 128 or 256 rows instead of once per 8 rows. Both write 128-token tile
-  // summaries, merged by the same stage 2.
+  // from kWgmmaMinAutoBatch rows or on request) for 16-bit weights: W is
+  // read once per 128 or 256 rows instead of once per 8 rows. Both write
+  // 128-token tile summaries, merged by the same stage 2.
   if (mma_sync || wgmma) {
     auto* hidden_rounded = reinterpret_cast<unsigned short*>(
         static_cast<unsigned char*>(args.workspace) + TileSummaryBytes(args.batch, args.valid_vocab));
@@ -575,7 +580,7 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
 #if FLASHSAMPLER_HAVE_CUTLASS
     if (wgmma) {
       err = cuda_internal::LaunchWgmmaStage1(args, mma_tiles, want_lse, tile_summaries,
-                                             hidden_rounded, stream, wgmma_variant);
+                                             hidden_rounded, stream, choice.wgmma_schedule);
     } else
 #endif
     {

@@ -20,15 +20,16 @@
 // function of (seed, offset, stream, token id) computed with the same fp32 code
 // (IEEE logf / log1pf) as the CPU backend, and l' is one fp32 multiply of the
 // fp32-accumulated dot product by the fp32 reciprocal 1/T. So a row's token does
-// not depend on the batch it is in (within one stage-1 path, see below), and agrees with the CPU backend
+// not depend on the batch it is in (kAuto keeps every batch of a head on one
+// kernel family, see Stage1Kernel), and agrees with the CPU backend
 // (kernels/cpu/tiled_sampler.h) up to the fp32 rounding of the dot products,
 // i.e. except for near-ties of the two best scores.
 //
 // How (details next to the launch in fused_sample.cu). Two stage-1 kernels
 // by default, a third on request (FusedSampleArgs::stage1 = kWgmma: the
 // Hopper WGMMA + TMA kernel of fused_sample_sm90.cu, the same tile summaries):
-// - tensor cores (fused_sample_mma.cu), for fp16 / bf16 weights, batch >= 3
-//   (kMmaMinBatch), hidden_dim % 16 == 0 and 16-byte aligned W and H: H is
+// - tensor cores (fused_sample_mma.cu), for fp16 / bf16 weights,
+//   hidden_dim % 16 == 0 and 16-byte aligned W and H, at any batch: H is
 //   rounded to the weight dtype once (round to nearest even) into the
 //   workspace, then a GEMM-shaped kernel (blocks of 128 tokens x 8..128 rows,
 //   W and H tiles through a cp.async ring, mma.sync m16n8k16 with fp32
@@ -95,11 +96,14 @@ enum class MmaPipeline : int32_t {
 // Which stage-1 kernel a launch uses (FusedSampleArgs::stage1). Tests and
 // benchmarks force one; the server leaves kAuto.
 enum class Stage1Kernel : int32_t {
-  // A tensor-core kernel for 16-bit weights, batch >= 3 (kMmaMinBatch),
-  // hidden_dim % 16 == 0 and 16-byte aligned W and H: from 32 rows the WGMMA
-  // kernel at two blocks per SM (kWgmmaOverlap) where it is available
-  // (WgmmaStage1Available), mma.sync otherwise; the CUDA-core kernel for
-  // every other launch.
+  // A tensor-core kernel wherever one serves (16-bit weights, hidden_dim % 16
+  // == 0, 16-byte aligned W and H), at every batch from 1 row: mma.sync up to
+  // 31 rows, from 32 rows the WGMMA kernel at two blocks per SM
+  // (kWgmmaOverlap) where it is available (WgmmaStage1Available). The two
+  // give the same bits, so a row's token, log Z and logprob are the same in
+  // every batch it can be part of (batch invariance by construction); the
+  // price, at 1 row, is at most 0.9% over the CUDA-core kernel (H100,
+  // BENCHMARKS.md). The CUDA-core kernel for every other launch.
   kAuto = 0,
   // The mma.sync tensor-core kernel (fused_sample_mma.cu) for any batch >= 1;
   // the 16-bit weight, hidden_dim and alignment conditions above must hold.
@@ -122,6 +126,12 @@ enum class Stage1Kernel : int32_t {
   // rows, where it is slower than kWgmma too (its epilogue runs on one
   // warpgroup; H200, BENCHMARKS.md).
   kWgmmaPingpong = 4,
+  // The CUDA-core kernel (fused_sample.cu) at any batch, for any weight
+  // dtype: kAuto's kernel before it took the tensor cores at 1-2 rows.
+  // Its dot products sum in another order than the tensor cores', so its
+  // tokens differ from theirs at near-ties and its log Z by rounding.
+  // Tests and benchmarks only.
+  kCudaCore = 5,
 };
 
 // Whether Stage1Kernel::kWgmma (kWgmmaOverlap, kWgmmaPingpong) can run on the current device: the library was

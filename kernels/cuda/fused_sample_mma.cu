@@ -493,10 +493,6 @@ bool MmaStage1Serves(const FusedSampleArgs& args) {
          reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0;
 }
 
-bool MmaStage1Eligible(const FusedSampleArgs& args) {
-  return MmaStage1Serves(args) && args.batch >= kMmaMinBatch;
-}
-
 cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
                               cudaStream_t stream) {
   return args.weight_dtype == CudaWeightDType::kFloat16

@@ -1,6 +1,7 @@
 // Tensor-core stage 1 of the fused sampler (fused_sample_mma.cu), used by
-// LaunchFusedSample for 16-bit weights and batches of kMmaMinBatch rows or
-// more. Internal to kernels/cuda: include only from .cu files.
+// LaunchFusedSample and the fused controlled path for 16-bit weights, and the
+// choice between the stage-1 kernels (ChooseStage1). Internal to
+// kernels/cuda: include only from .cu files.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,10 +15,6 @@ namespace flashsampler::kernels::cuda_internal {
 
 struct MmaControls;  // fused_controls.cuh
 
-// Smallest batch that takes the tensor-core path (below it the CUDA-core
-// kernel already reads W once and is at the bandwidth floor).
-constexpr int64_t kMmaMinBatch = 3;
-
 // Tokens per workspace tile; the CUDA-core stage 1 uses these or their 64-token
 // halves (stage1_shape.h).
 constexpr int kMmaTileVocab = 128;
@@ -26,9 +23,21 @@ constexpr int kMmaTileVocab = 128;
 // weights, hidden_dim % 16 == 0, W and H 16-byte aligned (any batch >= 1).
 bool MmaStage1Serves(const FusedSampleArgs& args);
 
-// True when LaunchFusedSample picks it by itself (Stage1Kernel::kAuto):
-// MmaStage1Serves and batch >= kMmaMinBatch.
-bool MmaStage1Eligible(const FusedSampleArgs& args);
+// The stage-1 kernel a launch runs: Stage1Kernel resolved for its head and
+// batch. wgmma_schedule (kWgmma, kWgmmaOverlap or kWgmmaPingpong) applies to
+// the WGMMA family.
+struct Stage1Choice {
+  enum Family { kCudaCore, kMmaSync, kWgmma };
+  Family family = kCudaCore;
+  Stage1Kernel wgmma_schedule = Stage1Kernel::kWgmmaOverlap;
+};
+
+// Resolves `requested` for the launch `args` (weights, sizes, pointers,
+// batch; fused_sample.cu): kAuto as Stage1Kernel::kAuto says, a forced kernel
+// as itself. False when a forced kernel cannot serve the launch (its
+// conditions, the build, the device) or `requested` is outside the enum: an
+// argument error, never a silent fallback.
+bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice);
 
 // Enqueues kernel 1 of the tensor-core stage 1 alone: H (fp32 [batch,
 // hidden_dim]) rounded to the weight dtype (round to nearest even, as the

@@ -87,6 +87,14 @@
 // N = the item's rows, two 64-token atoms per warpgroup, K in order, the
 // same fold), so it too gives kWgmma's bits.
 //
+// The controlled epilogue (the fused controlled path, fused_controlled_sample.h;
+// WgmmaTileKernel<Cfg, true>): the same dot tile, and each row then runs
+// fused_controls.cuh's ControlledTileRow, the mma.sync kernel's controlled
+// epilogue statement for statement (one warp per row, lane k on tokens
+// [4k, 4k + 4)), so its summaries and candidates are mma.sync's bit for bit.
+// Built for the one- and two-blocks-per-SM schedules; the ping-pong kernel
+// refuses controls.
+//
 // Hand-written PTX: none here beyond what sample_reduce.cuh already wraps
 // (griddepcontrol for programmatic dependent launch, which CUTLASS only emits
 // under CUTLASS_ENABLE_GDC_FOR_SM90, a global switch we do not set).
@@ -108,6 +116,7 @@
 
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/fused_controls.cuh"
 #include "kernels/cuda/fused_sample_mma.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
@@ -272,6 +281,7 @@ struct WgmmaKernelParams {
   float* draft_logits;
   int64_t token_offset;
   SampleSummary* tile_summaries;
+  MmaControls ctl;  // the fused controlled path's (kControlled kernels only)
 };
 
 // ---- The epilogue's fold ----------------------------------------------------------
@@ -369,14 +379,24 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
 // with the straight-line fold, two independent chains, each row's arithmetic
 // unchanged; a row of the pair past the batch is folded on the neutral setup
 // (RowSampler::Load inactive: no draft) and not written.
-template <class Cfg, int kWarps>
-__device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const float* dots,
+// kControlled: the fused controlled path's epilogue instead
+// (ControlledTileRow, fused_controls.cuh: the mma.sync kernel's, statement
+// for statement), one row per warp and pass; it may overwrite its row of
+// the dot tile.
+template <class Cfg, int kWarps, bool kControlled>
+__device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float* dots,
                                          int64_t row0, int64_t tok0, int tile, int warp,
                                          int lane) {
   constexpr int kRows = Cfg::kRows;
   static_assert(!Cfg::kStraightEpilogue || kRows % (2 * kWarps) == 0,
                 "paired rows: every warp folds whole pairs");
-  if constexpr (Cfg::kStraightEpilogue) {
+  if constexpr (kControlled) {
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= p.batch) break;  // uniform across the warp
+      ControlledTileRow(p.ctl, p.params, row0 + r, dots + r * kDotStride, tok0, p.token_offset,
+                        p.valid_vocab, p.num_tiles, tile, lane, p.tile_summaries);
+    }
+  } else if constexpr (Cfg::kStraightEpilogue) {
     for (int r = warp; r < kRows; r += 2 * kWarps) {
       const int64_t row_a = row0 + r, row_b = row_a + kWarps;
       if (row_a >= p.batch) break;  // uniform across the warp
@@ -413,7 +433,7 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, const 
 // the producer's load warp and two consumer warpgroups (WgmmaConfig).
 // Launched as a programmatic dependent of LaunchRoundHidden's kernel: only
 // the producer reads Hr, and it waits first.
-template <class Cfg>
+template <class Cfg, bool kControlled>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
     WgmmaTileKernel(const __grid_constant__ WgmmaKernelParams<Cfg> p) {
   using namespace cute;
@@ -501,7 +521,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
   // Epilogue, 2: one warp per row (FoldTile).
-  FoldTile<Cfg, kConsumerWarps>(p, dots, static_cast<int64_t>(chunk) * kRows,
+  FoldTile<Cfg, kConsumerWarps, kControlled>(p, dots, static_cast<int64_t>(chunk) * kRows,
                 static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32, mma_thread % 32);
 }
 
@@ -598,7 +618,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + 1 + consumer);
-    FoldTile<Cfg, 4>(p, shared.dots, static_cast<int64_t>(chunk) * kRows,
+    FoldTile<Cfg, 4, false>(p, shared.dots, static_cast<int64_t>(chunk) * kRows,
                      static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32,
                      mma_thread % 32);
     order.arrive();  // each thread's reads of the dot tile are done
@@ -618,8 +638,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 template <class Element, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const MmaControls* controls) {
   using Mainloop = typename Cfg::Mainloop;
+  // The controlled epilogue is built for the non-persistent schedules only.
+  if (Cfg::kPersistent && controls != nullptr) return cudaErrorInvalidValue;
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
@@ -657,12 +679,13 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   params.draft_logits = a.draft_logprobs;
   params.token_offset = a.token_offset;
   params.tile_summaries = tile_summaries;
+  if (controls != nullptr) params.ctl = *controls;
 
-  auto* kernel = [] {
+  auto* kernel = [controls] {
     if constexpr (Cfg::kPersistent) {
       return &WgmmaPingpongKernel<Cfg>;
     } else {
-      return &WgmmaTileKernel<Cfg>;
+      return controls != nullptr ? &WgmmaTileKernel<Cfg, true> : &WgmmaTileKernel<Cfg, false>;
     }
   }();
   const cudaError_t err = cudaFuncSetAttribute(
@@ -682,21 +705,21 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
 template <class Element>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t num_tiles,
                            bool want_lse, SampleSummary* ts, cudaStream_t stream,
-                           Stage1Kernel variant) {
+                           Stage1Kernel variant, const MmaControls* c) {
   if (variant == Stage1Kernel::kWgmmaPingpong) {
-    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream);
-    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream);
-    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
   }
   if (variant == Stage1Kernel::kWgmmaOverlap) {
-    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
-    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
-    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
   }
-  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream);
-  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream);
-  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream);
-  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, num_tiles, want_lse, ts, stream);
+  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
 }
 
 }  // namespace
@@ -710,7 +733,8 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args) {
 
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                              cudaStream_t stream, Stage1Kernel variant) {
+                              cudaStream_t stream, Stage1Kernel variant,
+                              const MmaControls* controls) {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -722,10 +746,10 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, want_lse,
-                                           tile_summaries, stream, variant);
+                                           tile_summaries, stream, variant, controls);
   }
   return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, want_lse,
-                                             tile_summaries, stream, variant);
+                                             tile_summaries, stream, variant, controls);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -13,6 +13,8 @@
 
 namespace flashsampler::kernels::cuda_internal {
 
+struct MmaControls;  // fused_controls.cuh
+
 // Stage1Kernel::kAuto takes the WGMMA kernel at two blocks per SM
 // (kWgmmaOverlap) for batches of at least this many rows, where it measured
 // faster than mma.sync (32 rows on; 16 rows and below mma.sync was faster).
@@ -36,9 +38,12 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args);
 // when the current device is not compute capability 9.0. variant: which
 // schedule, all with the same bits: kWgmmaOverlap (two blocks per SM),
 // kWgmmaPingpong (persistent ping-pong), anything else one block per SM
-// (kWgmma's).
+// (kWgmma's). controls: as LaunchMmaStage1's (the fused controlled path's
+// epilogue, the same bits as mma.sync's), not with kWgmmaPingpong
+// (cudaErrorInvalidValue: its epilogue is built plain only).
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                              cudaStream_t stream, Stage1Kernel variant);
+                              cudaStream_t stream, Stage1Kernel variant,
+                              const MmaControls* controls = nullptr);
 
 }  // namespace flashsampler::kernels::cuda_internal

@@ -245,10 +245,13 @@ struct CudaEngineOptions {
   // the NCCL communicators are aborted and the engine turns unhealthy.
   double shard_timeout_s = 30.0;
   // Batches of up to this many rows use the fused kernel; larger ones the
-  // cuBLAS-materialized path. Default from BENCHMARKS.md (H100, bf16): the
-  // fused kernel is faster at every measured B <= 128, the materialized path
-  // at B = 256 (its cuBLAS GEMM beats our mma.sync stage 1 there).
-  int64_t fused_max_rows = 128;
+  // cuBLAS-materialized path. Default: every batch (the server's
+  // --max_batch_rows bound), so a row's bits do not depend on its batch: the
+  // fused kernel keeps one kernel family for every B (fused_sample.h,
+  // Stage1Kernel::kAuto), cuBLAS does not. With the WGMMA stage 1 the fused
+  // kernel is also the faster path from 256 to 1024 rows (H100, bf16,
+  // BENCHMARKS.md); the one measured exception is 129-192 rows at D = 8192.
+  int64_t fused_max_rows = int64_t{1} << 20;
   // Batches with sampling controls of up to fused_max_rows rows take the fused
   // controlled path (kernels/cuda/fused_controlled_sample.h) when every row
   // is one it serves; false: always the materialized controlled path.

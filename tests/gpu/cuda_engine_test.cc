@@ -81,6 +81,63 @@ TEST(CudaEngine, MatchesTheCpuEngineOnBothPaths) {
 
 // Every third row plain (draft -1); of the drafted rows, half draft the CPU
 // engine's greedy token (the likely case: p(x) large) and half a random one.
+// The served path under the default options (EngineOptions{}: the fused
+// kernel for every batch, on the tensor cores from one row, WGMMA from 32 on
+// Hopper): a row's token, log Z and logprob are bit-identical alone and inside
+// batches of 2 ... 1024 with random companions at random slots.
+TEST(CudaEngine, DefaultPathGivesARowTheSameBitsInEveryBatch) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.valid_vocab = kVocab - 7;
+  options.max_batch_rows = 1024;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  constexpr int64_t kProbes = 8;
+  const SampleBatch probes = RandomBatch(kProbes, 777);
+  // Runs the probes in a batch of `rows` (random companions, shuffled
+  // slots); returns each probe's (token, logz, logprob).
+  std::mt19937 shuffle(4242);
+  auto run = [&](int64_t rows, std::vector<int32_t>* tokens, std::vector<float>* logz,
+                 std::vector<float>* logprobs, int64_t only_probe) {
+    SampleBatch b = RandomBatch(rows, 5000 + rows + only_probe);
+    std::vector<int64_t> slots(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) slots[i] = i;
+    std::shuffle(slots.begin(), slots.end(), shuffle);
+    const int64_t first = only_probe >= 0 ? only_probe : 0;
+    const int64_t count = only_probe >= 0 ? 1 : std::min(kProbes, rows);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t probe = first + i, slot = slots[i];
+      std::copy(probes.hidden.begin() + probe * kHidden, probes.hidden.begin() + (probe + 1) * kHidden,
+                b.hidden.begin() + slot * kHidden);
+      b.params[slot] = probes.params[probe];
+    }
+    absl::StatusOr<SampleResult> r = (*engine)->Sample(b);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (int64_t i = 0; i < count; ++i) {
+      (*tokens)[first + i] = r->token_ids[slots[i]];
+      (*logz)[first + i] = r->logz[slots[i]];
+      (*logprobs)[first + i] = r->logprobs[slots[i]];
+    }
+  };
+  std::vector<int32_t> ref_tokens(kProbes);
+  std::vector<float> ref_logz(kProbes), ref_logprobs(kProbes);
+  for (int64_t i = 0; i < kProbes; ++i) run(1, &ref_tokens, &ref_logz, &ref_logprobs, i);
+  for (int64_t rows : {2, 3, 17, 64, 128, 255, 256, 512, 1024}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    std::vector<int32_t> tokens(kProbes, -1);
+    std::vector<float> logz(kProbes), logprobs(kProbes);
+    if (rows >= kProbes) {
+      run(rows, &tokens, &logz, &logprobs, -1);
+    } else {
+      for (int64_t i = 0; i < kProbes; ++i) run(rows, &tokens, &logz, &logprobs, i);
+    }
+    EXPECT_EQ(tokens, ref_tokens);
+    EXPECT_EQ(0, std::memcmp(logz.data(), ref_logz.data(), sizeof(float) * kProbes));
+    EXPECT_EQ(0, std::memcmp(logprobs.data(), ref_logprobs.data(), sizeof(float) * kProbes));
+  }
+}
+
 TEST(CudaEngine, DraftRowsMatchTheCpuEngineOnBothPaths) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
   const EnginePair engines = MakeEnginePair();

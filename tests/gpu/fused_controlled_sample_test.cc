@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,7 @@ class FusedControlledSampleTest : public GpuTest {
   // w and h must be bf16 values (RoundToBf16).
   Outputs Run(const std::vector<float>& w, const std::vector<float>& h,
               const std::vector<RowParams>& params, const std::vector<RowControls>& controls,
-              Path path = Path::kFused) {
+              Path path = Path::kFused, Stage1Kernel stage1 = Stage1Kernel::kAuto) {
     Outputs out;
     const int64_t vocab = static_cast<int64_t>(w.size());
     const int64_t rows = static_cast<int64_t>(h.size());
@@ -97,6 +98,7 @@ class FusedControlledSampleTest : public GpuTest {
     a.outputs = outputs.View();
     a.workspace = workspace.data();
     a.workspace_bytes = ws;
+    a.stage1 = stage1;
     out.launch = fused ? LaunchFusedControlledSample(a, nullptr) : LaunchControlledSample(a, cublas_, nullptr);
     const cudaError_t sync = cudaDeviceSynchronize();
     EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
@@ -232,6 +234,60 @@ TEST_F(FusedControlledSampleTest, MatchesTheMaterializedPath) {
     ASSERT_EQ(fused.launch, KernelStatus::kOk);
     ASSERT_EQ(materialized.launch, KernelStatus::kOk);
     ExpectAgrees(fused, materialized, p);
+  }
+}
+
+// The stage-1 kernels run one epilogue on the same dots (fused_sample_sm90.cu
+// gives mma.sync's bits), so every output is the same bit for bit, whichever
+// kernel kAuto picks for the batch: 5 rows (mma.sync) and 300 (from 32 rows
+// WGMMA at two blocks per SM on Hopper: three 128-row chunks). Elsewhere than
+// on Hopper the WGMMA kernels are refused and only mma.sync and kAuto run.
+void ExpectSameBits(const Outputs& a, const Outputs& b) {
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.row_status, b.row_status);
+  EXPECT_EQ(0, std::memcmp(a.logz.data(), b.logz.data(), a.logz.size() * sizeof(float)));
+  ASSERT_EQ(a.details.size(), b.details.size());
+  for (size_t r = 0; r < a.details.size(); ++r) {
+    const RowSampleDetail& x = a.details[r];
+    const RowSampleDetail& y = b.details[r];
+    EXPECT_EQ(x.token_ids, y.token_ids) << "row " << r;
+    EXPECT_EQ(x.ranks, y.ranks) << "row " << r;
+    ASSERT_EQ(x.logprobs.size(), y.logprobs.size()) << "row " << r;
+    EXPECT_EQ(0, std::memcmp(x.logprobs.data(), y.logprobs.data(), x.logprobs.size() * sizeof(float)))
+        << "row " << r;
+    ASSERT_EQ(x.top.size(), y.top.size()) << "row " << r;
+    for (size_t i = 0; i < x.top.size(); ++i) {
+      EXPECT_EQ(x.top[i].token_id, y.top[i].token_id) << "row " << r << " top " << i;
+      EXPECT_EQ(0, std::memcmp(&x.top[i].logprob, &y.top[i].logprob, sizeof(float)))
+          << "row " << r << " top " << i;
+    }
+  }
+}
+
+TEST_F(FusedControlledSampleTest, EveryStage1GivesTheSameBits) {
+  const bool hopper = WgmmaStage1Available();
+  for (int64_t rows : {int64_t{5}, int64_t{300}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    const RandomProblem p = MakeRandomProblem(20000, rows, 0.0f, 41 + static_cast<uint32_t>(rows), true);
+    const Outputs mma = Run(p.w, p.h, p.params, p.controls, Path::kFused, Stage1Kernel::kMmaSync);
+    ASSERT_EQ(mma.launch, KernelStatus::kOk);
+    for (const Stage1Kernel k :
+         {Stage1Kernel::kAuto, Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap}) {
+      SCOPED_TRACE(::testing::Message() << "stage1 " << static_cast<int>(k));
+      const Outputs other = Run(p.w, p.h, p.params, p.controls, Path::kFused, k);
+      if (k != Stage1Kernel::kAuto && !hopper) {
+        EXPECT_EQ(other.launch, KernelStatus::kInvalidArgument);
+        continue;
+      }
+      ASSERT_EQ(other.launch, KernelStatus::kOk);
+      ExpectSameBits(other, mma);
+    }
+    // Kernels without the controlled epilogue are refused, never substituted.
+    for (const Stage1Kernel k : {Stage1Kernel::kCudaCore, Stage1Kernel::kWgmmaPingpong}) {
+      EXPECT_EQ(Run(p.w, p.h, p.params, p.controls, Path::kFused, k).launch,
+                KernelStatus::kInvalidArgument);
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 // The tensor-core stage 1 of the fused sampler (kernels/cuda/fused_sample_mma.cu,
-// taken for fp16 / bf16 weights, batch >= 3 and hidden_dim % 16 == 0) against
-// the CPU backend and against the CUDA-core stage 1 (ctest label `gpu`).
+// taken for fp16 / bf16 weights and hidden_dim % 16 == 0 at every batch; from
+// 32 rows on Hopper the WGMMA kernel, the same bits) against the CPU backend
+// and against the CUDA-core stage 1 (forced, Stage1Kernel::kCudaCore; ctest
+// label `gpu`).
 //
 // Hidden states are rounded to the weight dtype (the path's precondition,
 // fused_sample.h). valid_vocab < vocab with masked W rows of all 4s and
@@ -93,12 +95,14 @@ TEST_P(FusedSampleMmaTest, MatchesCpuAndCudaCorePath) {
     }
   }
 
-  // Against the CUDA-core stage 1: rows launched alone (batch 1 < kMmaMinBatch).
+  // Against the CUDA-core stage 1 (forced): rows launched alone.
+  Problem cuda_core = problem;
+  cuda_core.stage1 = Stage1Kernel::kCudaCore;
   for (int64_t r : {int64_t{0}, batch / 2, batch - 1}) {
     const std::vector<float> h(hidden.begin() + r * hidden_dim,
                                hidden.begin() + (r + 1) * hidden_dim);
     SampleOutputs alone;
-    ASSERT_EQ(gpu_test::RunSampler(problem, h, {params[r]}, true, &alone), KernelStatus::kOk);
+    ASSERT_EQ(gpu_test::RunSampler(cuda_core, h, {params[r]}, true, &alone), KernelStatus::kOk);
     if (alone.tokens[0] != gpu.tokens[r]) {
       const float* hr = hidden.data() + r * hidden_dim;
       EXPECT_LE(std::fabs(gpu_test::ReferenceScore(w, hr, params[r], alone.tokens[0]) -
@@ -157,9 +161,10 @@ std::string CaseName(const ::testing::TestParamInfo<MmaCase>& info) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedSampleMmaTest,
     ::testing::Combine(::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16),
-                       // One batch per block shape (8, 16, 32, 64, 128 rows), a
-                       // partial 128-row block and three 128-row chunks.
-                       ::testing::Values(int64_t{3}, int64_t{8}, int64_t{16}, int64_t{32},
+                       // One batch per block shape (8, 16, 32, 64, 128 rows; 1
+                       // and 2 rows in an 8-row block), a partial 128-row
+                       // block and three 128-row chunks.
+                       ::testing::Values(int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, int64_t{16}, int64_t{32},
                                          int64_t{64}, int64_t{100}, int64_t{128},
                                          int64_t{257}),
                        ::testing::Values(int64_t{16}, int64_t{1024}, int64_t{4096})),

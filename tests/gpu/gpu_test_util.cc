@@ -160,6 +160,7 @@ KernelStatus RunSampler(const Problem& problem, const std::vector<float>& hidden
   args.hidden_dim = problem.hidden;
   args.cuda_core_tile = problem.cuda_core_tile;
   args.mma_pipeline = problem.mma_pipeline;
+  args.stage1 = problem.stage1;
   args.token_ids = d_tokens.data();
   args.logz = want_lse ? d_logz.data() : nullptr;
   args.logprobs = want_lse ? d_logprobs.data() : nullptr;

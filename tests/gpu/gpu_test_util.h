@@ -146,6 +146,7 @@ struct Problem {
   int64_t hidden = 0;
   int32_t cuda_core_tile = 0;  // FusedSampleArgs::cuda_core_tile (0: the launcher's choice)
   MmaPipeline mma_pipeline = MmaPipeline::kAuto;  // FusedSampleArgs::mma_pipeline
+  Stage1Kernel stage1 = Stage1Kernel::kAuto;       // FusedSampleArgs::stage1
 };
 
 // Uploads H and params, poisons the outputs (0xff bytes: token -1, NaN),

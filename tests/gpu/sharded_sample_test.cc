@@ -156,8 +156,8 @@ SampleOutputs RunSimulatedShards(const HostWeights& w, const std::vector<int64_t
 class ShardedSampleTest : public GpuTest {};
 
 // V = 20000 of which 19990 valid (the shards cover [0, 19990)), D = 256, random
-// weights and inputs, 20% greedy rows. Batches 1 and 2 take the CUDA-core
-// stage 1, 5 and 40 the tensor-core one (16-bit weights).
+// weights and inputs, 20% greedy rows. bf16 weights take the tensor-core
+// stage 1 at every batch (1, 2, 5, 40), fp32 the CUDA-core one.
 TEST_F(ShardedSampleTest, SimulatedShardsMatchTheWholeHead) {
   constexpr int64_t kVocab = 20000, kValid = 19990, kHidden = 256;
   for (CudaWeightDType dtype : {CudaWeightDType::kBFloat16, CudaWeightDType::kFloat32}) {
