@@ -8,8 +8,8 @@ its peers, from the JSON of one device call.
 `--ours` is flashsampler-kernel-bench --backend=cuda --json; `--peers` is
 kernels/bench/peers.py --json (with --paper-ref for the FlashSampling paper's
 Triton kernel). Lines (log-log, median ms): FlashSampler as the engine serves a
-batch (the fused kernel up to 128 rows, the cuBLAS-materialized path above,
---cuda_fused_max_rows), the paper's Triton kernel, torch.compile'd
+batch (the fused kernel up to --fused_max_rows rows, default every batch as the
+engine's --cuda_fused_max_rows; the cuBLAS-materialized path above), the paper's Triton kernel, torch.compile'd
 matmul + softmax + multinomial, vLLM's eager sampler (exponential race), and
 the floor (reading W once at the copy bandwidth). The title names the device
 and date from the JSON. --table also prints the figures as a Markdown table
@@ -22,19 +22,19 @@ import argparse
 import json
 import sys
 
-FUSED_MAX_ROWS = 128  # the engine's default --cuda_fused_max_rows
+FUSED_MAX_ROWS = 1 << 20  # the engine's default --cuda_fused_max_rows: every batch
 
 
 def rows_of(runs, d, v):
     return {r["batch"]: r for r in runs["results"] if r["hidden"] == d and r["vocab"] == v}
 
 
-def series(ours, peers):
+def series(ours, peers, fused_max_rows=FUSED_MAX_ROWS):
     """{name: {batch: ms}} for every line that has data."""
     out = {"FlashSampler (as served)": {}, "FlashSampling paper (Triton)": {},
            "torch.compile": {}, "vLLM sampler (eager)": {}, "floor (read W once)": {}}
     for b, r in ours.items():
-        served = r["fused"] if b <= FUSED_MAX_ROWS else r["materialized"]
+        served = r["fused"] if b <= fused_max_rows else r["materialized"]
         out["FlashSampler (as served)"][b] = served["median_ms"]
         out["floor (read W once)"][b] = r["floor_ms"]
     for b, r in peers.items():
@@ -66,11 +66,14 @@ def main():
     ap.add_argument("--shape", default="4096x151936", help="DxV to plot")
     ap.add_argument("--out", default="", help="PNG to write")
     ap.add_argument("--table", action="store_true", help="print a Markdown table")
+    ap.add_argument("--fused_max_rows", type=int, default=FUSED_MAX_ROWS,
+                    help="the served path: fused up to this batch, materialized above "
+                         "(the server's --cuda_fused_max_rows; default every batch)")
     args = ap.parse_args()
     d, v = (int(x) for x in args.shape.split("x"))
     ours_runs = json.load(open(args.ours))
     peers_runs = json.load(open(args.peers))
-    lines = series(rows_of(ours_runs, d, v), rows_of(peers_runs, d, v))
+    lines = series(rows_of(ours_runs, d, v), rows_of(peers_runs, d, v), args.fused_max_rows)
     if "FlashSampler (as served)" not in lines:
         sys.exit(f"plot_kernel_peers.py: no {args.shape} rows in {args.ours}")
     if args.table:

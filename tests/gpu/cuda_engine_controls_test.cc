@@ -10,6 +10,7 @@
 // Needs a GPU: FAILS (does not skip) without one.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -344,6 +345,56 @@ TEST(CudaEngineControls, NeutralControlsTakeThePlainPath) {
   EXPECT_EQ(a->token_ids, b->token_ids);
   ASSERT_EQ(a->details.size(), 8u);
   for (int r = 0; r < 8; ++r) EXPECT_EQ(a->details[r].token_ids, std::vector<int32_t>{a->token_ids[r]});
+}
+
+// A plain row beside rows with sampling controls that the fused controlled
+// path serves: the batch takes that path, whose summary rows fold and merge
+// exactly as the plain kernels do (fused_controls.cuh, the same stage-2
+// tree), so the plain row's token, log Z and logprob are the bits it gets
+// alone on the plain path; under the default options, in batches of 3 to 512
+// (mma.sync and WGMMA stage 1s).
+TEST(CudaEngineControls, PlainRowsKeepTheirBitsBesideFusedControlledRows) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.valid_vocab = kValid;
+  options.max_batch_rows = 512;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  constexpr int64_t kProbes = 4;
+  std::mt19937 gen(77);
+  const SampleBatch probes = testing::PlainRowsFrom(gen, kProbes, kHidden, 77);
+  absl::StatusOr<SampleResult> alone_all = (*engine)->Sample(probes);
+  ASSERT_TRUE(alone_all.ok()) << alone_all.status();
+  for (int64_t rows : {3, 40, 512}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    SampleBatch b = testing::PlainRowsFrom(gen, rows, kHidden, 1000 + rows);
+    b.controls.assign(static_cast<size_t>(rows), RowControls{});
+    for (int64_t r = 0; r < rows; ++r) {
+      b.controls[r].top_k = 1 + static_cast<int32_t>(r % 64);  // every row one the fused path serves
+      b.controls[r].top_p = 0.9f;
+    }
+    // The probes at the last slots (at most rows - 1 of them: one companion
+    // keeps the batch controlled), with neutral controls.
+    const int64_t n = std::min<int64_t>(kProbes, rows - 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = rows - 1 - i;
+      std::copy(probes.hidden.begin() + i * kHidden, probes.hidden.begin() + (i + 1) * kHidden,
+                b.hidden.begin() + slot * kHidden);
+      b.params[slot] = probes.params[i];
+      b.controls[slot] = RowControls{};
+    }
+    absl::StatusOr<SampleResult> mixed = (*engine)->Sample(b);
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    EXPECT_EQ(mixed->path, LaunchPath::kFusedControlled);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = rows - 1 - i;
+      EXPECT_EQ(mixed->token_ids[slot], alone_all->token_ids[i]) << "probe " << i;
+      EXPECT_EQ(0, std::memcmp(&mixed->logz[slot], &alone_all->logz[i], sizeof(float))) << "probe " << i;
+      EXPECT_EQ(0, std::memcmp(&mixed->logprobs[slot], &alone_all->logprobs[i], sizeof(float)))
+          << "probe " << i;
+    }
+  }
 }
 
 }  // namespace
