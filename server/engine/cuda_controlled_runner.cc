@@ -40,6 +40,8 @@ CudaSamplerPath PlanCudaSamplerPath(const SampleBatch& batch, int64_t fused_max_
 }
 
 CudaControlledRunner::~CudaControlledRunner() {
+  cudaFree(subset_hidden_);
+  cudaFree(subset_params_);
   for (Buffer* b : {&tokens_, &logz_, &logprobs_, &status_, &sample_tokens_, &sample_logprobs_,
                     &sample_ranks_, &top_ids_, &top_logprobs_, &top_counts_, &draft_logprobs_,
                     &controls_}) {
@@ -152,30 +154,109 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   args.workspace_bytes = workspace_bytes;
 
   // Draft rows take the materialized path (the fused one does not verify).
-  const bool fused =
+  const bool fused_applies =
       draft_tokens == nullptr && batch.rows <= fused_max_rows_ &&
       kernels::FusedControlledShapeSupported(dtype, shape.valid_vocab, shape.hidden_size) &&
-      fused_serves_every_row();
-  if (fused) {
-    if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
-      return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
+      std::any_of(flat_.rows.begin(), flat_.rows.end(), [](const kernels::ControlledRowDesc& d) {
+        return kernels::FusedRowKindOf(d) != kernels::kFusedUnservedRow;
+      });
+  if (!fused_applies) {
+    if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
+      return KernelStatusToStatus(s, "cuda controlled sampler launch");
     }
     absl::StatusOr<SampleResult> result = Finish(batch, stream);
-    if (!result.ok()) return result;
-    if (!fused_row_not_served_) {
-      result->path = LaunchPath::kFusedControlled;
-      return result;
-    }
-    // A tile held more of some row's top-k than it kept: the materialized path.
+    if (result.ok()) result->path = LaunchPath::kControlled;
+    return result;
   }
-  if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
-    return KernelStatusToStatus(s, "cuda controlled sampler launch");
+  // The fused path over the whole batch: the rows it serves are final (their
+  // bits do not depend on their companions); the rows it cannot serve, and
+  // those it hands back, come back with row_status 2 and run alone on the
+  // materialized path next.
+  if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
+    return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
   }
-  absl::StatusOr<SampleResult> result = Finish(batch, stream);
-  if (result.ok()) {
-    result->path = fused ? LaunchPath::kFusedControlledFallback : LaunchPath::kControlled;
+  if (absl::Status s = EnqueueDownloads(batch, stream); !s.ok()) return s;
+  FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  std::vector<int64_t> rest;
+  absl::StatusOr<SampleResult> result = CollectRows(batch, &rest);
+  if (!result.ok()) return result;
+  if (rest.empty()) {
+    result->path = LaunchPath::kFusedControlled;
+    return result;
   }
+  absl::Status s = RunMaterializedRows(batch, shape, rest, args, cublas, stream, &*result);
+  if (!s.ok()) return s;
+  result->path = LaunchPath::kFusedControlledFallback;
   return result;
+}
+
+absl::Status CudaControlledRunner::RunMaterializedRows(const SampleBatch& batch,
+                                                       const ModelShape& shape,
+                                                       const std::vector<int64_t>& rows,
+                                                       const kernels::ControlledSampleArgs& whole,
+                                                       cublasHandle_t cublas, cudaStream_t stream,
+                                                       SampleResult* result) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const size_t row_bytes = static_cast<size_t>(whole.hidden_dim) * sizeof(float);
+  const size_t hidden_bytes = static_cast<size_t>(max_rows_) * row_bytes;
+  if (subset_hidden_bytes_ < hidden_bytes) {
+    cudaFree(subset_hidden_);
+    subset_hidden_ = nullptr;
+    subset_hidden_bytes_ = 0;
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&subset_hidden_, hidden_bytes));
+    subset_hidden_bytes_ = hidden_bytes;
+  }
+  if (subset_params_ == nullptr) {
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&subset_params_, static_cast<size_t>(max_rows_) * sizeof(RowParams)));
+  }
+  // The rows' hidden states and params, gathered on the device in one
+  // batched copy (the engine's buffers hold them rounded and checked).
+  std::vector<void*> dst;
+  std::vector<const void*> src;
+  std::vector<size_t> bytes;
+  dst.reserve(2 * n);
+  src.reserve(2 * n);
+  bytes.reserve(2 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    dst.push_back(static_cast<char*>(subset_hidden_) + i * row_bytes);
+    src.push_back(reinterpret_cast<const char*>(whole.hidden) + rows[i] * row_bytes);
+    bytes.push_back(row_bytes);
+    dst.push_back(static_cast<RowParams*>(subset_params_) + i);
+    src.push_back(whole.params + rows[i]);
+    bytes.push_back(sizeof(RowParams));
+  }
+  cudaMemcpyAttributes in_stream_order{};
+  in_stream_order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t attribute_index = 0;
+  FS_RETURN_IF_CUDA_ERROR(cudaMemcpyBatchAsync(dst.data(), src.data(), bytes.data(), dst.size(),
+                                               &in_stream_order, &attribute_index, 1, stream));
+  SampleBatch subset;
+  subset.rows = n;
+  subset.want_logz = batch.want_logz;
+  subset.want_logprobs = batch.want_logprobs;
+  subset.controls.reserve(static_cast<size_t>(n));
+  for (int64_t r : rows) subset.controls.push_back(batch.controls[r]);
+  absl::StatusOr<LaunchBuffers> buffers = Prepare(subset, shape, nullptr, stream);
+  if (!buffers.ok()) return buffers.status();
+  kernels::ControlledSampleArgs args = whole;
+  args.hidden = static_cast<const float*>(subset_hidden_);
+  args.params = static_cast<const RowParams*>(subset_params_);
+  args.batch = n;
+  args.controls = buffers->controls;
+  args.outputs = buffers->outputs;
+  if (const KernelStatus k = kernels::LaunchControlledSample(args, cublas, stream); k != KernelStatus::kOk) {
+    return KernelStatusToStatus(k, "cuda controlled sampler launch");
+  }
+  absl::StatusOr<SampleResult> part = Finish(subset, stream);
+  if (!part.ok()) return part.status();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows[i];
+    result->token_ids[r] = part->token_ids[i];
+    if (batch.want_logz) result->logz[r] = part->logz[i];
+    if (batch.want_logprobs) result->logprobs[r] = part->logprobs[i];
+    result->details[r] = std::move(part->details[i]);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaControlledRunner::EnqueueDownloads(const SampleBatch& batch, cudaStream_t stream) {
@@ -215,10 +296,22 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Collect(const SampleBatch& ba
   const auto* status = static_cast<const int32_t*>(status_.host);
   if (std::any_of(status, status + rows,
                   [](int32_t s) { return s == kernels::kFusedRowNotServed; })) {
-    fused_row_not_served_ = true;  // only the fused path writes it: Run retries
+    fused_row_not_served_ = true;  // only the fused path writes it: the caller re-runs
     return SampleResult{};
   }
-  if (std::any_of(status, status + rows, [](int32_t s) { return s != 0; })) {
+  return CollectRows(batch, nullptr);
+}
+
+absl::StatusOr<SampleResult> CudaControlledRunner::CollectRows(const SampleBatch& batch,
+                                                               std::vector<int64_t>* not_served) {
+  const int64_t rows = batch.rows;
+  const auto* status = static_cast<const int32_t*>(status_.host);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (status[r] == 0) continue;
+    if (status[r] == kernels::kFusedRowNotServed && not_served != nullptr) {
+      not_served->push_back(r);
+      continue;
+    }
     return KernelStatusToStatus(KernelStatus::kFailedPrecondition, "cuda controlled sampler");
   }
   const kernels::FlatControls& flat = flat_;
@@ -245,6 +338,7 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Collect(const SampleBatch& ba
   const auto* top_counts = static_cast<const int32_t*>(top_counts_.host);
   result.details.resize(rows);
   for (int64_t r = 0; r < rows; ++r) {
+    if (status[r] != 0) continue;  // a row the caller re-runs (not_served)
     const kernels::ControlledRowDesc& d = flat.rows[r];
     RowSampleDetail& detail = result.details[r];
     detail.token_ids.assign(sample_tokens + d.sample_begin,

@@ -10,22 +10,26 @@
 // (flattened controls, per-row status, the per-sample and top-list outputs,
 // device and pinned host copies) and runs one batch on the engine's stream,
 // after the engine has enqueued the upload of the hidden states and params.
-// It picks, per batch:
+// It picks, per row:
 //  - the fused controlled path (kernels/cuda/fused_controlled_sample.h: the
-//    controls inside the LM-head matmul, no logits in memory) when the batch
-//    has at most fused_max_rows rows and every row is one that path serves
-//    (top_k <= 64 with any other control, or no filter at all);
-//  - else the materialized path (kernels/cuda/controlled_sample.h: cuBLAS
-//    logits, then one block per row applies every control).
+//    controls inside the LM-head matmul, no logits in memory) for the rows
+//    it serves (top_k <= 64 with any other control, or no filter at all)
+//    when the batch has at most fused_max_rows rows, no drafts and a head
+//    it supports: one launch over the whole batch;
+//  - the materialized path (kernels/cuda/controlled_sample.h: cuBLAS
+//    logits, then one block per row applies every control) for the other
+//    rows: after the fused launch, those rows alone (RunMaterializedRows:
+//    their hidden states and params gathered on the device), or the whole
+//    batch where the fused path applies to none of it.
 // A row the fused path finds it cannot finish exactly (a tile held more of
-// the row's top-k than it kept, row_status 2) sends the whole batch through
-// the materialized path again, with the same noise: the results are those the
-// materialized path gives (the result's path says kFusedControlledFallback,
-// counted by flashsampler_launches_total). The other rows of that batch are then
-// served by the materialized path too, whose logits (cuBLAS) and top_p sums
-// (fixed point) round differently: at a near-tie, or a cut within rounding of
-// a token, a row's outcome can depend on whether a neighbour forced the
-// fallback.
+// the row's top-k than it kept, row_status 2) is re-run the same way, alone
+// with the other materialized rows, with the same noise. So a row the fused
+// path serves gets the same bits whatever its companions (its summary rows
+// fold and merge as the plain kernels do); a materialized row's logits come
+// from cuBLAS, whose rounding may depend on how many rows it runs with. The
+// result's path: kFusedControlled (every row fused), kFusedControlledFallback
+// (some rows materialized after the fused launch), kControlled (the whole
+// batch materialized); flashsampler_launches_total counts them.
 //
 // Thread safety: like the engine, one batch at a time (Run is not reentrant).
 // Outcomes of Run: OK with the batch's SampleResult (details for every row);
@@ -41,6 +45,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/controlled_sample.h"
@@ -116,6 +121,18 @@ class CudaControlledRunner {
   // fused_row_not_served_ (and returns an empty result) when a row has
   // row_status kFusedRowNotServed.
   absl::StatusOr<SampleResult> Finish(const SampleBatch& batch, cudaStream_t stream);
+  // Collect for a batch whose rows with row_status kFusedRowNotServed are
+  // listed in *not_served (their entries left default) instead of failing
+  // the batch; not_served = nullptr: such a row is FailedPrecondition.
+  absl::StatusOr<SampleResult> CollectRows(const SampleBatch& batch,
+                                           std::vector<int64_t>* not_served);
+  // The materialized controlled path for `rows` of `batch` alone (hidden
+  // states and params gathered from `whole`'s device buffers into this
+  // runner's), their results written into *result at their rows.
+  absl::Status RunMaterializedRows(const SampleBatch& batch, const ModelShape& shape,
+                                   const std::vector<int64_t>& rows,
+                                   const kernels::ControlledSampleArgs& whole,
+                                   cublasHandle_t cublas, cudaStream_t stream, SampleResult* result);
 
   int64_t max_rows_ = 0;
   int64_t fused_max_rows_ = 0;
@@ -130,6 +147,10 @@ class CudaControlledRunner {
       top_ids_, top_logprobs_, top_counts_, draft_logprobs_;
   Buffer controls_;
   size_t controls_capacity_ = 0;
+  // RunMaterializedRows' gathered hidden states and params (device).
+  void* subset_hidden_ = nullptr;
+  size_t subset_hidden_bytes_ = 0;
+  void* subset_params_ = nullptr;
 };
 
 }  // namespace flashsampler

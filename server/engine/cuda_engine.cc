@@ -6,10 +6,11 @@
 // cross the bus in the caller's dtype, or not at all for a CUDA IPC buffer on
 // this GPU, and are widened, rounded and checked on the device), one sampler
 // launch runs (PlanCudaSamplerPath,
-// cuda_controlled_runner.h: batches with sampling controls take the fused or
-// the materialized controlled path; plain ones the fused kernel up to --cuda_fused_max_rows
-// rows, the cuBLAS-materialized path above: whichever measured faster for that
-// batch size, BENCHMARKS.md), the results come back through pinned memory
+// cuda_controlled_runner.h: batches with sampling controls take the fused
+// controlled path for the rows it serves and the materialized one for the
+// rest; plain ones the fused kernel up to --cuda_fused_max_rows rows, by
+// default every batch, so a row's bits do not depend on its batch; the
+// cuBLAS-materialized path above), the results come back through pinned memory
 // and the stream is synchronised. Speculative-verification rows
 // (SampleBatch::draft_tokens) ride in the same launch on the fused and
 // materialized paths: their draft tokens are uploaded beside the params and

@@ -160,8 +160,8 @@ enum class LaunchPath : int32_t {
   kFused,                   // CUDA: LaunchFusedSample
   kMaterialized,            // CUDA: LaunchMaterializedSample (cuBLAS logits)
   kFusedControlled,         // CUDA: LaunchFusedControlledSample
-  kFusedControlledFallback, // CUDA: the fused controlled path handed the batch back (row_status 2),
-                            // then LaunchControlledSample served it
+  kFusedControlledFallback, // CUDA: LaunchFusedControlledSample, then LaunchControlledSample for
+                            // the rows it did not serve or handed back (row_status 2), by themselves
   kControlled,              // CUDA: LaunchControlledSample (materialized controls)
   kSharded,                 // CUDA, several GPUs: LaunchShardedSample
   kShardedControlled,       // CUDA, several GPUs: LaunchShardedControlledSample (controls, drafts)

@@ -51,6 +51,15 @@ Engines MakeEngines(int64_t max_rows, int64_t fused_max_rows = 4) {
   return e;
 }
 
+// The CUDA engine on the demo head under the default options (the fused
+// kernel for every batch size).
+absl::StatusOr<std::unique_ptr<Engine>> DefaultCudaEngine(int64_t max_rows) {
+  EngineOptions options;
+  options.valid_vocab = kValid;
+  options.max_batch_rows = max_rows;
+  return MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+}
+
 // The planner needs no device: controls anywhere in the batch pick the
 // controlled path; neutral controls and plain batches keep the size rule.
 TEST(CudaPlanner, ControlsPickTheControlledPath) {
@@ -355,11 +364,7 @@ TEST(CudaEngineControls, NeutralControlsTakeThePlainPath) {
 // (mma.sync and WGMMA stage 1s).
 TEST(CudaEngineControls, PlainRowsKeepTheirBitsBesideFusedControlledRows) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
-  EngineOptions options;
-  options.valid_vocab = kValid;
-  options.max_batch_rows = 512;
-  absl::StatusOr<std::unique_ptr<Engine>> engine =
-      MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = DefaultCudaEngine(512);
   ASSERT_TRUE(engine.ok()) << engine.status();
   constexpr int64_t kProbes = 4;
   std::mt19937 gen(77);
@@ -395,6 +400,70 @@ TEST(CudaEngineControls, PlainRowsKeepTheirBitsBesideFusedControlledRows) {
           << "probe " << i;
     }
   }
+}
+
+// A row the fused controlled path cannot serve (top_p without top_k) runs
+// alone on the materialized path after the fused launch; the rows the fused
+// path serves keep the bits they get without it: the same token, log Z,
+// logprob and samples as in a batch of their own. The materialized row gets
+// what it gets alone too (a one-row cuBLAS launch either way).
+TEST(CudaEngineControls, FusedRowsKeepTheirBitsBesideARowTheFusedPathCannotServe) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  absl::StatusOr<std::unique_ptr<Engine>> engine = DefaultCudaEngine(64);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 gen(91);
+  constexpr int64_t kRows = 40;
+  SampleBatch served = testing::PlainRowsFrom(gen, kRows, kHidden, 91);
+  served.controls.assign(kRows, RowControls{});
+  for (int64_t r = 0; r < kRows; ++r) {
+    if (r % 4 == 0) continue;  // a plain row
+    served.controls[r].top_k = 1 + static_cast<int32_t>((7 * r) % 64);
+    served.controls[r].top_p = 0.8f;
+    served.controls[r].num_samples = 1 + static_cast<int32_t>(r % 2);
+    served.controls[r].top_logprobs = static_cast<int32_t>(r % 3);
+  }
+  // The unservable row alone, and the mixed batch: the same rows with it at
+  // slot 17 (its own row moved to the end).
+  SampleBatch lone = testing::PlainRowsFrom(gen, 1, kHidden, 92);
+  lone.controls.assign(1, RowControls{});
+  lone.controls[0].top_p = 0.9f;
+  lone.params[0].temperature = 1.0f;  // row 0 of PlainRowsFrom is greedy
+  SampleBatch mixed = served;
+  mixed.rows = kRows + 1;
+  mixed.hidden.insert(mixed.hidden.begin() + 17 * kHidden, lone.hidden.begin(), lone.hidden.end());
+  mixed.params.insert(mixed.params.begin() + 17, lone.params[0]);
+  mixed.controls.insert(mixed.controls.begin() + 17, lone.controls[0]);
+
+  absl::StatusOr<SampleResult> a = (*engine)->Sample(served);
+  absl::StatusOr<SampleResult> b = (*engine)->Sample(lone);
+  absl::StatusOr<SampleResult> m = (*engine)->Sample(mixed);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(a->path, LaunchPath::kFusedControlled) << LaunchPathName(a->path);
+  EXPECT_EQ(b->path, LaunchPath::kControlled) << LaunchPathName(b->path);
+  EXPECT_EQ(m->path, LaunchPath::kFusedControlledFallback) << LaunchPathName(m->path);
+  auto expect_same_row = [](const SampleResult& x, int64_t i, const SampleResult& y, int64_t j) {
+    EXPECT_EQ(x.token_ids[i], y.token_ids[j]);
+    EXPECT_EQ(0, std::memcmp(&x.logz[i], &y.logz[j], sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(&x.logprobs[i], &y.logprobs[j], sizeof(float)));
+    EXPECT_EQ(x.details[i].token_ids, y.details[j].token_ids);
+    EXPECT_EQ(x.details[i].ranks, y.details[j].ranks);
+    ASSERT_EQ(x.details[i].logprobs.size(), y.details[j].logprobs.size());
+    EXPECT_EQ(0, std::memcmp(x.details[i].logprobs.data(), y.details[j].logprobs.data(),
+                             sizeof(float) * x.details[i].logprobs.size()));
+    ASSERT_EQ(x.details[i].top.size(), y.details[j].top.size());
+    for (size_t t = 0; t < x.details[i].top.size(); ++t) {
+      EXPECT_EQ(x.details[i].top[t].token_id, y.details[j].top[t].token_id);
+      EXPECT_EQ(0, std::memcmp(&x.details[i].top[t].logprob, &y.details[j].top[t].logprob, sizeof(float)));
+    }
+  };
+  for (int64_t r = 0; r < kRows; ++r) {
+    SCOPED_TRACE(::testing::Message() << "row " << r);
+    expect_same_row(*m, r < 17 ? r : r + 1, *a, r);
+  }
+  SCOPED_TRACE("the materialized row");
+  expect_same_row(*m, 17, *b, 0);
 }
 
 }  // namespace
