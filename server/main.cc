@@ -253,6 +253,7 @@ int main(int argc, char** argv) {
     options.max_batch_rows = config->max_batch_rows;  // the batcher never launches more
     options.cuda.fused_max_rows = config->cuda_fused_max_rows;
     options.cuda.fused_controls = config->cuda_fused_controls;
+    options.cuda.batch_invariant = config->batch_invariant;
     options.cuda.devices = config->devices;
     options.cuda.shard_split = config->shard_split;
     options.cuda.shard_merge = config->shard_merge == "group_gumbel"

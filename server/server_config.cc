@@ -86,6 +86,14 @@ ABSL_FLAG(bool, cuda_fused_controls, true,
           "CUDA backend: batches with sampling controls (up to --cuda_fused_max_rows rows) apply "
           "them inside the fused kernel when every row allows it (top_k <= 64, or no filter); "
           "false: always the materialized controlled path");
+ABSL_FLAG(bool, batch_invariant, false,
+          "CUDA backend: a batch that mixes rows with top_k <= 64 (or no filter) and rows the "
+          "fused controlled path cannot serve (top_p or min_p without top_k, top_k > 64, ...) "
+          "runs the first on the fused path and the others by themselves on the materialized "
+          "path, so every row of the first kind keeps its bits whatever its companions (a second "
+          "pass over W for such batches: 1.2-1.8x the kernel time at 16-256 rows on an H100, "
+          "BENCHMARKS.md). Without it the whole batch takes the materialized path. Batches "
+          "without such rows, and the CPU backend, are batch-invariant either way");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
 ABSL_FLAG(int64_t, lame_duck_ms, 250,
@@ -140,6 +148,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   }
   c.cuda_fused_max_rows = absl::GetFlag(FLAGS_cuda_fused_max_rows);
   c.cuda_fused_controls = absl::GetFlag(FLAGS_cuda_fused_controls);
+  c.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
   c.demo_hidden = absl::GetFlag(FLAGS_demo_hidden);
   c.demo_seed = absl::GetFlag(FLAGS_demo_seed);

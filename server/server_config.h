@@ -41,6 +41,7 @@ struct ServerConfig {
   double shard_timeout_s = 30;
   int64_t cuda_fused_max_rows = int64_t{1} << 20;  // CUDA backend: fused kernel up to this batch
   bool cuda_fused_controls = true;   // CUDA backend: fused path for sampling controls
+  bool batch_invariant = false;      // CUDA backend: split mixed controlled batches per row
   double grace_period_s = 10;
   int64_t lame_duck_ms = 250;       // SIGTERM: refuse with UNAVAILABLE this long before closing
   int64_t demo_vocab = 32000;

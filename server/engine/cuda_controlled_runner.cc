@@ -50,9 +50,10 @@ CudaControlledRunner::~CudaControlledRunner() {
   }
 }
 
-absl::Status CudaControlledRunner::Init(int64_t max_rows, int64_t fused_max_rows) {
+absl::Status CudaControlledRunner::Init(int64_t max_rows, int64_t fused_max_rows, bool split_rows) {
   max_rows_ = max_rows;
   fused_max_rows_ = fused_max_rows;
+  split_rows_ = split_rows;
   const size_t rows = static_cast<size_t>(max_rows);
   const size_t samples = rows * kMaxNumSamples;
   const size_t top = rows * kMaxTopLogprobs;
@@ -157,9 +158,11 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   const bool fused_applies =
       draft_tokens == nullptr && batch.rows <= fused_max_rows_ &&
       kernels::FusedControlledShapeSupported(dtype, shape.valid_vocab, shape.hidden_size) &&
-      std::any_of(flat_.rows.begin(), flat_.rows.end(), [](const kernels::ControlledRowDesc& d) {
-        return kernels::FusedRowKindOf(d) != kernels::kFusedUnservedRow;
-      });
+      (split_rows_ ? std::any_of(flat_.rows.begin(), flat_.rows.end(),
+                                 [](const kernels::ControlledRowDesc& d) {
+                                   return kernels::FusedRowKindOf(d) != kernels::kFusedUnservedRow;
+                                 })
+                   : fused_serves_every_row());
   if (!fused_applies) {
     if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
       return KernelStatusToStatus(s, "cuda controlled sampler launch");
@@ -168,10 +171,10 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
     if (result.ok()) result->path = LaunchPath::kControlled;
     return result;
   }
-  // The fused path over the whole batch: the rows it serves are final (their
-  // bits do not depend on their companions); the rows it cannot serve, and
-  // those it hands back, come back with row_status 2 and run alone on the
-  // materialized path next.
+  // The fused path over the whole batch: the rows it serves are final; the
+  // rows it cannot serve, and those it hands back, come back with row_status
+  // 2 and run on the materialized path next: alone under split_rows (so the
+  // fused rows' bits do not depend on them), else with the whole batch.
   if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
     return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
   }
@@ -184,8 +187,16 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
     result->path = LaunchPath::kFusedControlled;
     return result;
   }
-  absl::Status s = RunMaterializedRows(batch, shape, rest, args, cublas, stream, &*result);
-  if (!s.ok()) return s;
+  if (split_rows_) {
+    absl::Status s = RunMaterializedRows(batch, shape, rest, args, cublas, stream, &*result);
+    if (!s.ok()) return s;
+  } else {
+    if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
+      return KernelStatusToStatus(s, "cuda controlled sampler launch");
+    }
+    result = Finish(batch, stream);
+    if (!result.ok()) return result;
+  }
   result->path = LaunchPath::kFusedControlledFallback;
   return result;
 }

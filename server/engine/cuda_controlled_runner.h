@@ -10,26 +10,30 @@
 // (flattened controls, per-row status, the per-sample and top-list outputs,
 // device and pinned host copies) and runs one batch on the engine's stream,
 // after the engine has enqueued the upload of the hidden states and params.
-// It picks, per row:
-//  - the fused controlled path (kernels/cuda/fused_controlled_sample.h: the
-//    controls inside the LM-head matmul, no logits in memory) for the rows
-//    it serves (top_k <= 64 with any other control, or no filter at all)
-//    when the batch has at most fused_max_rows rows, no drafts and a head
-//    it supports: one launch over the whole batch;
-//  - the materialized path (kernels/cuda/controlled_sample.h: cuBLAS
-//    logits, then one block per row applies every control) for the other
-//    rows: after the fused launch, those rows alone (RunMaterializedRows:
-//    their hidden states and params gathered on the device), or the whole
-//    batch where the fused path applies to none of it.
+// The fused controlled path (kernels/cuda/fused_controlled_sample.h: the
+// controls inside the LM-head matmul, no logits in memory) serves rows with
+// top_k <= 64 (with any other control) or no filter at all, in batches of at
+// most fused_max_rows rows without drafts, on heads it supports; the
+// materialized path (kernels/cuda/controlled_sample.h: cuBLAS logits, then
+// one block per row applies every control) serves every row. Per batch:
+//  - every row one the fused path serves: one fused launch;
+//  - none: one materialized launch;
+//  - a mix: with split_rows (--batch_invariant), the fused launch over the
+//    batch, then the rows it did not serve by themselves on the materialized
+//    path (RunMaterializedRows: their hidden states and params gathered on
+//    the device); without, one materialized launch for the whole batch.
 // A row the fused path finds it cannot finish exactly (a tile held more of
-// the row's top-k than it kept, row_status 2) is re-run the same way, alone
-// with the other materialized rows, with the same noise. So a row the fused
-// path serves gets the same bits whatever its companions (its summary rows
-// fold and merge as the plain kernels do); a materialized row's logits come
-// from cuBLAS, whose rounding may depend on how many rows it runs with. The
-// result's path: kFusedControlled (every row fused), kFusedControlledFallback
-// (some rows materialized after the fused launch), kControlled (the whole
-// batch materialized); flashsampler_launches_total counts them.
+// the row's top-k than it kept, row_status 2) is re-run with the same noise
+// on the materialized path: alone with the other unserved rows under
+// split_rows, else with the whole batch. A row the fused path serves gets
+// the same bits whatever its companions as long as it is served there (its
+// summary rows fold and merge as the plain kernels do); a row on the
+// materialized path gets cuBLAS logits, whose rounding may depend on how
+// many rows share the launch, and under !split_rows so do its companions.
+// The result's path: kFusedControlled (every row fused),
+// kFusedControlledFallback (the fused launch, then the materialized path
+// for some rows or, without split_rows, the whole batch), kControlled (one
+// materialized launch); flashsampler_launches_total counts them.
 //
 // Thread safety: like the engine, one batch at a time (Run is not reentrant).
 // Outcomes of Run: OK with the batch's SampleResult (details for every row);
@@ -69,7 +73,12 @@ class CudaControlledRunner {
   // kernels::ControlledSampleWorkspaceBytes(max_rows, ...) and, when
   // fused_max_rows > 0, kernels::FusedControlledWorkspaceBytes(fused_max_rows,
   // ...). fused_max_rows = 0: never the fused controlled path.
-  absl::Status Init(int64_t max_rows, int64_t fused_max_rows);
+  // split_rows: a batch that mixes rows the fused path serves with rows it
+  // cannot runs the fused launch and then only the others on the
+  // materialized path (CudaEngineOptions::batch_invariant); false: such a
+  // batch, and one in which the fused path hands a row back, runs whole on
+  // the materialized path.
+  absl::Status Init(int64_t max_rows, int64_t fused_max_rows, bool split_rows = false);
 
   // Samples `batch` (controls non-empty) whose hidden states (rounded to the
   // weight dtype), params and draft tokens (device [rows], exactly when the
@@ -136,6 +145,7 @@ class CudaControlledRunner {
 
   int64_t max_rows_ = 0;
   int64_t fused_max_rows_ = 0;
+  bool split_rows_ = false;
   bool fused_row_not_served_ = false;
   kernels::FlatControls flat_;  // the batch in flight's (Prepare .. Collect)
   // Device outputs and their pinned host copies.

@@ -144,7 +144,7 @@ class CudaEngine final : public Engine {
     }
     if (workspace_bytes_ == 0) return absl::InvalidArgumentError("model too large for the CUDA backend");
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
-    return controlled_.Init(max_rows_, fused_controls ? fused_rows : 0);
+    return controlled_.Init(max_rows_, fused_controls ? fused_rows : 0, options_.batch_invariant);
   }
 
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {

@@ -160,8 +160,9 @@ enum class LaunchPath : int32_t {
   kFused,                   // CUDA: LaunchFusedSample
   kMaterialized,            // CUDA: LaunchMaterializedSample (cuBLAS logits)
   kFusedControlled,         // CUDA: LaunchFusedControlledSample
-  kFusedControlledFallback, // CUDA: LaunchFusedControlledSample, then LaunchControlledSample for
-                            // the rows it did not serve or handed back (row_status 2), by themselves
+  kFusedControlledFallback, // CUDA: LaunchFusedControlledSample, then LaunchControlledSample for the
+                            // batch it handed back (row_status 2) or, with batch_invariant, for the
+                            // rows it did not serve, by themselves
   kControlled,              // CUDA: LaunchControlledSample (materialized controls)
   kSharded,                 // CUDA, several GPUs: LaunchShardedSample
   kShardedControlled,       // CUDA, several GPUs: LaunchShardedControlledSample (controls, drafts)
@@ -256,6 +257,13 @@ struct CudaEngineOptions {
   // controlled path (kernels/cuda/fused_controlled_sample.h) when every row
   // is one it serves; false: always the materialized controlled path.
   bool fused_controls = true;
+  // Batches with sampling controls that mix rows the fused controlled path
+  // serves with rows it cannot (top_p without top_k, say): true runs the
+  // fused launch for the batch and then the other rows by themselves on the
+  // materialized path, so a fused row's bits never depend on its companions
+  // (a second pass over W for such batches); false runs the whole batch on
+  // the materialized path (one pass; every row's logits from cuBLAS).
+  bool batch_invariant = false;
 };
 
 struct EngineOptions {

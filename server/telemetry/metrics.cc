@@ -113,8 +113,9 @@ struct ServerMetrics::Impl {
         launches(prometheus::BuildCounter()
                      .Name("flashsampler_launches_total")
                      .Help("Engine launches by kernel path (cpu, fused, materialized, fused_controlled, "
-                           "fused_controlled_fallback: fused controlled then materialized for the rows "
-                           "it did not serve, controlled, sharded; error for failed launches).")
+                           "fused_controlled_fallback: fused controlled, then materialized for rows it "
+                           "handed back or, with --batch_invariant, did not serve; controlled, sharded; "
+                           "error for failed launches).")
                      .Register(*registry)),
         queue_rows(prometheus::BuildGauge()
                        .Name("flashsampler_queue_rows")

@@ -52,11 +52,12 @@ Engines MakeEngines(int64_t max_rows, int64_t fused_max_rows = 4) {
 }
 
 // The CUDA engine on the demo head under the default options (the fused
-// kernel for every batch size).
-absl::StatusOr<std::unique_ptr<Engine>> DefaultCudaEngine(int64_t max_rows) {
+// kernel for every batch size), with CudaEngineOptions::batch_invariant.
+absl::StatusOr<std::unique_ptr<Engine>> DefaultCudaEngine(int64_t max_rows, bool batch_invariant = false) {
   EngineOptions options;
   options.valid_vocab = kValid;
   options.max_batch_rows = max_rows;
+  options.cuda.batch_invariant = batch_invariant;
   return MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
 }
 
@@ -402,15 +403,19 @@ TEST(CudaEngineControls, PlainRowsKeepTheirBitsBesideFusedControlledRows) {
   }
 }
 
-// A row the fused controlled path cannot serve (top_p without top_k) runs
-// alone on the materialized path after the fused launch; the rows the fused
-// path serves keep the bits they get without it: the same token, log Z,
-// logprob and samples as in a batch of their own. The materialized row gets
-// what it gets alone too (a one-row cuBLAS launch either way).
+// --batch_invariant: a row the fused controlled path cannot serve (top_p
+// without top_k) runs alone on the materialized path after the fused launch;
+// the rows the fused path serves keep the bits they get without it: the same
+// token, log Z, logprob and samples as in a batch of their own. The
+// materialized row gets what it gets alone too (a one-row cuBLAS launch
+// either way). Without the flag the mixed batch runs whole on the
+// materialized path.
 TEST(CudaEngineControls, FusedRowsKeepTheirBitsBesideARowTheFusedPathCannotServe) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
-  absl::StatusOr<std::unique_ptr<Engine>> engine = DefaultCudaEngine(64);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = DefaultCudaEngine(64, /*batch_invariant=*/true);
   ASSERT_TRUE(engine.ok()) << engine.status();
+  absl::StatusOr<std::unique_ptr<Engine>> one_pass = DefaultCudaEngine(64);
+  ASSERT_TRUE(one_pass.ok()) << one_pass.status();
   std::mt19937 gen(91);
   constexpr int64_t kRows = 40;
   SampleBatch served = testing::PlainRowsFrom(gen, kRows, kHidden, 91);
@@ -462,8 +467,13 @@ TEST(CudaEngineControls, FusedRowsKeepTheirBitsBesideARowTheFusedPathCannotServe
     SCOPED_TRACE(::testing::Message() << "row " << r);
     expect_same_row(*m, r < 17 ? r : r + 1, *a, r);
   }
-  SCOPED_TRACE("the materialized row");
-  expect_same_row(*m, 17, *b, 0);
+  {
+    SCOPED_TRACE("the materialized row");
+    expect_same_row(*m, 17, *b, 0);
+  }
+  absl::StatusOr<SampleResult> whole = (*one_pass)->Sample(mixed);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->path, LaunchPath::kControlled) << LaunchPathName(whole->path);
 }
 
 }  // namespace
