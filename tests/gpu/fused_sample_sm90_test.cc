@@ -485,59 +485,79 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The path the server takes (kAuto): mma.sync from 1 to 31 rows, WGMMA at two
 // blocks per SM from 32. A row's bits must not change with its batch, across
-// that line too, so each probe's reference is the probe launched alone, and
-// it is compared inside batches of 2 ... 1024 with random companions.
+// that line too: 64 probes with random params (a quarter greedy), each first
+// launched alone, then inside batches of 2 ... 1024 with random companions
+// at random slots; on both shapes (the D = 8192 one a vocabulary shard at
+// global token 4096), and on the whole head with draft tokens too (every
+// other probe verifies a random draft; companions likewise): token, log Z,
+// logprob and the draft's log-prob bit for bit.
 TEST_F(FusedSampleSm90Test, AutoPathRowsAreBitIdenticalInEveryBatch) {
-  const Shape& s = kShapes[0];
-  constexpr int64_t kProbes = 16;
-  Problem prob;
-  MakeProblem(CudaWeightDType::kBFloat16, s.vocab, s.valid_vocab, s.hidden, s.token_offset, 91u, &prob);
-  const std::vector<float> probe_h = RandomHidden(kProbes, s.hidden, CudaWeightDType::kBFloat16, 601);
-  const std::vector<RowParams> probe_p = gpu_test::RandomParams(kProbes, 0.25, 602);
-  uint32_t seed = 700;
-  std::mt19937 rng(603);
-  // Runs the probes [first, first + n) in a batch of `batch` rows with random
-  // companions at random slots; returns each probe's (token, logz, logprob).
-  auto run = [&](int64_t batch, int64_t first, int64_t n, std::vector<Outputs>* per_probe) {
-    std::vector<float> h = RandomHidden(batch, s.hidden, CudaWeightDType::kBFloat16, ++seed);
-    std::vector<RowParams> p = gpu_test::RandomParams(batch, 0.25, ++seed);
-    std::vector<int64_t> slots(static_cast<size_t>(batch));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy(probe_h.begin() + (first + i) * s.hidden, probe_h.begin() + (first + i + 1) * s.hidden,
-                h.begin() + slots[i] * s.hidden);
-      p[slots[i]] = probe_p[first + i];
-    }
-    Outputs o;
-    ASSERT_EQ(RunLaunch(prob.launch, h, p, nullptr, Stage1Kernel::kAuto, &o), KernelStatus::kOk);
-    for (int64_t i = 0; i < n; ++i) {
-      Outputs& r = (*per_probe)[first + i];
-      r.tokens = {o.tokens[slots[i]]};
-      r.logz = {o.logz[slots[i]]};
-      r.logprobs = {o.logprobs[slots[i]]};
-    }
-  };
-  std::vector<Outputs> reference(kProbes);
-  for (int64_t i = 0; i < kProbes; ++i) run(1, i, 1, &reference);
-  int64_t differences = 0;
-  for (const int64_t batch : {2, 3, 17, 31, 32, 33, 64, 128, 255, 256, 512, 1024}) {
-    std::vector<Outputs> got(kProbes);
-    const int64_t per_launch = std::min<int64_t>(kProbes, batch / 2 > 0 ? batch / 2 : 1);
-    for (int64_t first = 0; first < kProbes; first += per_launch) {
-      run(batch, first, std::min(per_launch, kProbes - first), &got);
-    }
-    for (int64_t i = 0; i < kProbes; ++i) {
-      const bool same = got[i].tokens[0] == reference[i].tokens[0] &&
-                        std::memcmp(&got[i].logz[0], &reference[i].logz[0], 4) == 0 &&
-                        std::memcmp(&got[i].logprobs[0], &reference[i].logprobs[0], 4) == 0;
-      if (!same && ++differences <= 10) {
-        ADD_FAILURE() << "batch " << batch << ", probe " << i << ": token " << got[i].tokens[0] << " vs "
-                      << reference[i].tokens[0] << ", logz " << got[i].logz[0] << " vs " << reference[i].logz[0];
+  constexpr int64_t kProbes = 64;
+  for (int shape_index = 0; shape_index < 2; ++shape_index) {
+    const Shape& s = kShapes[shape_index];
+    const bool drafts = s.token_offset == 0;  // a shard's launch takes no drafts
+    SCOPED_TRACE(::testing::Message() << "D " << s.hidden << " V " << s.vocab);
+    Problem prob;
+    MakeProblem(CudaWeightDType::kBFloat16, s.vocab, s.valid_vocab, s.hidden, s.token_offset,
+                91u + shape_index, &prob);
+    const std::vector<float> probe_h =
+        RandomHidden(kProbes, s.hidden, CudaWeightDType::kBFloat16, 601 + shape_index);
+    const std::vector<RowParams> probe_p = gpu_test::RandomParams(kProbes, 0.25, 602 + shape_index);
+    std::mt19937 rng(603 + shape_index);
+    std::vector<int32_t> probe_d(kProbes, -1);
+    for (int64_t i = 1; i < kProbes; i += 2) probe_d[i] = static_cast<int32_t>(rng() % s.valid_vocab);
+    uint32_t seed = 700;
+    // Runs the probes [first, first + n) in a batch of `batch` rows with
+    // random companions at random slots; returns each probe's outputs.
+    auto run = [&](int64_t batch, int64_t first, int64_t n, std::vector<Outputs>* per_probe) {
+      std::vector<float> h = RandomHidden(batch, s.hidden, CudaWeightDType::kBFloat16, ++seed);
+      std::vector<RowParams> p = gpu_test::RandomParams(batch, 0.25, ++seed);
+      std::vector<int32_t> d(static_cast<size_t>(batch), -1);
+      for (int32_t& x : d) x = rng() % 2 == 0 ? -1 : static_cast<int32_t>(rng() % s.valid_vocab);
+      std::vector<int64_t> slots(static_cast<size_t>(batch));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy(probe_h.begin() + (first + i) * s.hidden, probe_h.begin() + (first + i + 1) * s.hidden,
+                  h.begin() + slots[i] * s.hidden);
+        p[slots[i]] = probe_p[first + i];
+        d[slots[i]] = probe_d[first + i];
+      }
+      Outputs o;
+      ASSERT_EQ(RunLaunch(prob.launch, h, p, drafts ? &d : nullptr, Stage1Kernel::kAuto, &o),
+                KernelStatus::kOk);
+      for (int64_t i = 0; i < n; ++i) {
+        Outputs& r = (*per_probe)[first + i];
+        r.tokens = {o.tokens[slots[i]]};
+        r.logz = {o.logz[slots[i]]};
+        r.logprobs = {o.logprobs[slots[i]]};
+        r.draft_logprobs = {drafts ? o.draft_logprobs[slots[i]] : 0.0f};
+      }
+    };
+    std::vector<Outputs> reference(kProbes);
+    for (int64_t i = 0; i < kProbes; ++i) run(1, i, 1, &reference);
+    int64_t differences = 0;
+    for (const int64_t batch : {2, 3, 17, 31, 32, 33, 64, 128, 255, 256, 512, 1024}) {
+      std::vector<Outputs> got(kProbes);
+      const int64_t per_launch = std::min<int64_t>(kProbes, batch / 2 > 0 ? batch / 2 : 1);
+      for (int64_t first = 0; first < kProbes; first += per_launch) {
+        run(batch, first, std::min(per_launch, kProbes - first), &got);
+      }
+      for (int64_t i = 0; i < kProbes; ++i) {
+        // Bits, not values: a NaN draft log-prob (no draft) equals itself here.
+        const bool same = got[i].tokens[0] == reference[i].tokens[0] &&
+                          std::memcmp(&got[i].logz[0], &reference[i].logz[0], 4) == 0 &&
+                          std::memcmp(&got[i].logprobs[0], &reference[i].logprobs[0], 4) == 0 &&
+                          std::memcmp(&got[i].draft_logprobs[0], &reference[i].draft_logprobs[0], 4) == 0;
+        if (!same && ++differences <= 10) {
+          ADD_FAILURE() << "batch " << batch << ", probe " << i << ": token " << got[i].tokens[0]
+                        << " vs " << reference[i].tokens[0] << ", logz " << got[i].logz[0] << " vs "
+                        << reference[i].logz[0];
+        }
       }
     }
+    EXPECT_EQ(differences, 0);
   }
-  EXPECT_EQ(differences, 0);
 }
 
 // ---- 3. Chi-square ------------------------------------------------------------------
