@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/half_precision.h"
@@ -237,6 +238,27 @@ uint64_t OutputBytes(int64_t rows, bool logz, bool logprobs) {
                                         (logprobs ? sizeof(float) : 0));
 }
 
+// Empties `p` for the next parse; vectors keep their capacity.
+void ResetKeepingBuffers(ParsedSampleRequest* p) {
+  SampleBatch& b = p->batch;
+  b.rows = 0;
+  b.hidden.clear();
+  b.wire_hidden.clear();
+  b.params.clear();
+  b.controls.clear();
+  b.want_logz = false;
+  b.want_logprobs = false;
+  b.hidden_in_weight_dtype = false;
+  b.draft_tokens.clear();
+  p->seeds.clear();
+  p->request_id.clear();
+  p->output.reset();
+}
+
+bool TemperatureIsValid(float t) {
+  return std::isfinite(t) && (t == 0.0f || t >= kMinTemperature);
+}
+
 }  // namespace
 
 absl::Status CheckTemperature(float t, const std::string& field) {
@@ -265,6 +287,19 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
                                                        const RequestLimits& limits,
                                                        const std::function<uint64_t()>& draw_seed,
                                                        const MemoryRegions* regions, const WireInput* wire) {
+  ParsedSampleRequest parsed;
+  if (absl::Status s = ParseSampleRequestInto(request, shape, limits, draw_seed, regions, wire, &parsed);
+      !s.ok()) {
+    return s;
+  }
+  return parsed;
+}
+
+absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const ModelShape& shape,
+                                    const RequestLimits& limits,
+                                    const std::function<uint64_t()>& draw_seed,
+                                    const MemoryRegions* regions, const WireInput* wire,
+                                    ParsedSampleRequest* out) {
   if (!request.has_hidden_states()) {
     return absl::InvalidArgumentError("hidden_states is missing");
   }
@@ -272,7 +307,8 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   if (uses_regions && regions == nullptr) {
     return absl::FailedPreconditionError("this server does not serve memory regions");
   }
-  ParsedSampleRequest parsed;
+  ParsedSampleRequest& parsed = *out;
+  ResetKeepingBuffers(&parsed);
   SampleBatch& batch = parsed.batch;
   absl::StatusOr<int64_t> decoded =
       DecodeHidden(request.hidden_states(), "hidden_states", shape.hidden_size, limits.max_request_rows,
@@ -301,14 +337,15 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
         "params must have 1 entry (shared by all rows) or B = ", rows, " entries, got ", num_params));
   }
   bool any_controls = false;
-  std::vector<RowControls> entry_controls(num_params);
   for (int i = 0; i < num_params; ++i) {
-    if (absl::Status s = CheckTemperature(request.params(i).temperature(), absl::StrCat("params[", i, "]"));
-        !s.ok()) {
-      return s;
-    }
+    const float t = request.params(i).temperature();
+    if (!TemperatureIsValid(t)) return CheckTemperature(t, absl::StrCat("params[", i, "]"));
+    any_controls = any_controls || HasControls(request.params(i));
+  }
+  // Only requests with controls pay for the per-entry controls.
+  std::vector<RowControls> entry_controls(any_controls ? num_params : 0);
+  for (int i = 0; any_controls && i < num_params; ++i) {
     if (!HasControls(request.params(i))) continue;
-    any_controls = true;
     // Rows sharing an entry are spaced `rows` streams apart per extra sample.
     const uint32_t stride = num_params == 1 ? static_cast<uint32_t>(rows) : 1u;
     absl::StatusOr<RowControls> c = ParseRowControls(request.params(i), absl::StrCat("params[", i, "]"), shape, stride);
@@ -316,7 +353,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     entry_controls[i] = *std::move(c);
   }
   int64_t expanded = 0;
-  for (int i = 0; i < num_params; ++i) {
+  for (int i = 0; any_controls && i < num_params; ++i) {
     expanded += ControlElements(entry_controls[i]) * (num_params == 1 ? rows : 1);
   }
   if (expanded > kMaxExpandedControlElements) {
@@ -331,7 +368,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   batch.want_logprobs = request.return_logprobs();
   parsed.request_id = request.request_id();
   batch.hidden_in_weight_dtype = true;  // DecodeHiddenTensor rounded it
-  std::vector<uint64_t> entry_seeds(num_params);
+  absl::InlinedVector<uint64_t, 1> entry_seeds(static_cast<size_t>(num_params));
   for (int i = 0; i < num_params; ++i) {
     const v1::SamplingParams& p = request.params(i);
     entry_seeds[i] = p.has_seed() ? p.seed() : draw_seed();
@@ -353,7 +390,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     batch.controls.resize(rows);
     for (int64_t r = 0; r < rows; ++r) batch.controls[r] = entry_controls[num_params == 1 ? 0 : r];
   }
-  return parsed;
+  return absl::OkStatus();
 }
 
 absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,

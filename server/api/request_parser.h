@@ -64,6 +64,15 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
                                                        const std::function<uint64_t()>& draw_seed,
                                                        const MemoryRegions* regions = nullptr,
                                                        const WireInput* wire = nullptr);
+// The same, into `out`, whose previous contents are replaced but whose
+// buffers are kept: a stream parses every message into one
+// ParsedSampleRequest, so a message of the same size allocates nothing. On
+// an error `out` holds a partial parse (only fit to be parsed into again).
+absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const ModelShape& shape,
+                                    const RequestLimits& limits,
+                                    const std::function<uint64_t()>& draw_seed,
+                                    const MemoryRegions* regions, const WireInput* wire,
+                                    ParsedSampleRequest* out);
 
 // The response for a parsed request and its engine result; with
 // parsed.output, token ids, logz and logprobs are written to that slice

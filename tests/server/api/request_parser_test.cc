@@ -279,6 +279,50 @@ TEST(RequestParser, PerRowControlsLeaveOtherRowsPlain) {
   EXPECT_EQ(p->batch.controls[1].sample_stream_stride, 1u);
 }
 
+// A stream parses each message into one ParsedSampleRequest: every field is
+// the new message's (nothing of an earlier, larger or controlled one stays),
+// the result equals a fresh parse, and a message no larger than the last
+// reuses its buffers.
+TEST(RequestParser, ParsingIntoAnEarlierRequestReplacesItAndKeepsItsBuffers) {
+  uint64_t seed = 1;
+  const auto draw = [&] { return seed++; };
+  ParsedSampleRequest parsed;
+  v1::SampleRequest big = ValidRequest(3);
+  big.mutable_params(0)->set_top_k(5);
+  big.set_return_logz(true);
+  big.set_request_id("first");
+  ASSERT_TRUE(ParseSampleRequestInto(big, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).ok());
+  ASSERT_EQ(parsed.batch.controls.size(), 3u);
+  const float* hidden_buffer = parsed.batch.hidden.data();
+
+  v1::SampleRequest small = ValidRequest(2);
+  small.mutable_params(0)->set_seed(77);
+  ASSERT_TRUE(ParseSampleRequestInto(small, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).ok());
+  absl::StatusOr<ParsedSampleRequest> fresh = Parse(small);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(parsed.batch.rows, 2);
+  EXPECT_EQ(parsed.batch.hidden, fresh->batch.hidden);
+  EXPECT_EQ(parsed.batch.params.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(parsed.batch.params[r].seed, fresh->batch.params[r].seed) << r;
+    EXPECT_EQ(parsed.batch.params[r].stream, fresh->batch.params[r].stream) << r;
+  }
+  EXPECT_EQ(parsed.seeds, fresh->seeds);
+  EXPECT_TRUE(parsed.batch.controls.empty()) << "the first message's controls stayed";
+  EXPECT_FALSE(parsed.batch.want_logz);
+  EXPECT_TRUE(parsed.request_id.empty());
+  EXPECT_TRUE(parsed.batch.hidden_in_weight_dtype);
+  EXPECT_EQ(parsed.batch.hidden.data(), hidden_buffer) << "a smaller message reallocated the hidden states";
+
+  // An invalid message reports its error; the next valid one parses cleanly.
+  v1::SampleRequest bad = ValidRequest(2);
+  bad.mutable_params(0)->set_temperature(-1.0f);
+  EXPECT_EQ(ParseSampleRequestInto(bad, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ParseSampleRequestInto(small, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).ok());
+  EXPECT_EQ(parsed.batch.hidden, fresh->batch.hidden);
+}
+
 TEST(RequestParser, ControlErrorsNameTheirEntry) {
   v1::SampleRequest r = ValidRequest(2);
   r.add_params()->set_top_p(0.0f);
