@@ -241,9 +241,11 @@ void SamplerService::StartSample(grpc::CallbackServerContext* context,
     return;
   }
   const DynamicBatcher::EngineInput input = batcher_->engine_input();
+  // An engine that takes fp32: rows in the weights' 16-bit dtype stay in the
+  // message (alive until the answer) and the batcher widens them.
   if (absl::Status s = ParseSampleRequestInto(request, input.shape, limits_, [this] { return DrawSeed(); },
                                               regions_, input.wire.has_value() ? &*input.wire : nullptr,
-                                              &call->parsed);
+                                              &call->parsed, /*widen_in_batcher=*/!input.wire.has_value());
       !s.ok()) {
     AnswerSample(call, ToGrpcStatus(s));
     return;

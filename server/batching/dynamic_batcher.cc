@@ -282,11 +282,18 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
 absl::StatusOr<SampleResult> DynamicBatcher::SampleSlices(Engine* engine,
                                                           const std::vector<RowSlice>& slices) {
   const absl::Time start = absl::Now();
+  // Host wire rows of an engine that takes fp32 (the parser left rows in the
+  // weights' 16-bit dtype in their message) are widened here, straight into
+  // the launch.
+  const bool widen_wire_rows = !engine->reads_wire_hidden(kHostMemory);
   // One whole request runs on the request's own batch: no copy.
   const bool whole_request = slices.size() == 1 && slices[0].first_row == 0 &&
-                             slices[0].rows == slices[0].batch->rows;
+                             slices[0].rows == slices[0].batch->rows &&
+                             !(widen_wire_rows && !slices[0].batch->wire_hidden.empty());
   SampleBatch concatenated;
-  if (!whole_request) concatenated = ConcatenateSlices(slices, engine->shape().hidden_size);
+  if (!whole_request) {
+    concatenated = ConcatenateSlices(slices, engine->shape().hidden_size, widen_wire_rows);
+  }
   const SampleBatch& batch = whole_request ? *slices[0].batch : concatenated;
   // The engine is only touched by this thread; the lock is not held while
   // computing, so Submit never waits for a launch to finish.
