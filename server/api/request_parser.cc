@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/half_precision.h"
@@ -58,15 +59,45 @@ bool WidenHidden(const char* src, int dtype, int64_t n, float* dst) {
   return WidenAndCheck<uint16_t, 0x7c00u>(src, n, dst, [](uint16_t b) { return Fp16ToFloat(b); });
 }
 
+// The error for element i (of rows of `cols`), whose value is `value`.
+absl::Status NonFiniteError(const std::string& field, int64_t i, int64_t cols, float value) {
+  return absl::InvalidArgumentError(absl::StrCat(field, "[", i / cols, "][", i % cols, "] is ",
+                                                 std::isnan(value) ? "NaN" : "infinite",
+                                                 "; hidden states must be finite"));
+}
+
 // The error for widened values `dst` [n] of which WidenHidden flagged one.
 absl::Status FirstNonFinite(const float* dst, int64_t n, int64_t cols, const std::string& field) {
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(dst[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i / cols, "][", i % cols, "] is ",
-                       std::isnan(dst[i]) ? "NaN" : "infinite",
-                       "; hidden states must be finite"));
-    }
+    if (!std::isfinite(dst[i])) return NonFiniteError(field, i, cols, dst[i]);
+  }
+  return absl::InternalError("non-finite hidden state flagged but not found");
+}
+
+// True when none of the n 16-bit values at `src` is inf or NaN (exponent
+// bits all ones): WidenAndCheck's test without the widening, one pass, no
+// branch per element.
+template <uint16_t kExponentMask>
+bool AllFinite16(const char* src, int64_t n) {
+  uint16_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, sizeof bits);
+    bad |= static_cast<uint16_t>((bits & kExponentMask) == kExponentMask);
+  }
+  return bad == 0;
+}
+
+// Checks n bf16 or fp16 values (`dtype`) as WidenHidden would, without
+// widening them; the error names the first bad element.
+absl::Status CheckFinite16(const char* src, int dtype, int64_t n, int64_t cols, const std::string& field) {
+  const bool bf16 = dtype == v1::DTYPE_BF16;
+  if (bf16 ? AllFinite16<0x7f80u>(src, n) : AllFinite16<0x7c00u>(src, n)) return absl::OkStatus();
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, sizeof bits);
+    const float value = bf16 ? Bf16ToFloat(bits) : Fp16ToFloat(bits);
+    if (!std::isfinite(value)) return NonFiniteError(field, i, cols, value);
   }
   return absl::InternalError("non-finite hidden state flagged but not found");
 }
@@ -152,12 +183,14 @@ absl::StatusOr<int64_t> CheckHiddenShape(const v1::Tensor& t, const std::string&
 // With `wire_input` (an engine that widens itself; `out` must then be empty,
 // as for a Sample request's one tensor) the values are not decoded: `out`
 // gets room for them, unwritten, and `wire` one run covering every row.
-// Returns B.
+// With `widen_in_batcher` (and no wire_input; `out` empty), bytes in the
+// message in the weights' own 16-bit dtype are only checked: `wire` gets one
+// run pointing at them and `out` stays empty. Returns B.
 absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& field, int64_t hidden_size,
                                      int64_t max_rows, WeightDType weight_dtype,
                                      const v1::RegionSlice* region, const MemoryRegions* regions,
                                      HiddenStates* out, const WireInput* wire_input,
-                                     std::vector<WireHiddenRows>* wire) {
+                                     std::vector<WireHiddenRows>* wire, bool widen_in_batcher = false) {
   absl::StatusOr<int64_t> rows = CheckHiddenShape(t, field, hidden_size, max_rows);
   if (!rows.ok()) return rows.status();
   const int64_t cols = hidden_size;
@@ -185,6 +218,17 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
         regions->Resolve(region->region(), region->offset(), region->byte_size(), field + "_region");
     if (!resolved.ok()) return resolved.status();
     slice = *std::move(resolved);
+  }
+  // Widening such bytes is exact and needs no rounding, so the batcher can
+  // widen them straight into the launch: one pass over the payload instead
+  // of widening here and copying the fp32 rows there (and no fp32 buffer per
+  // request).
+  const bool own_16_bit_dtype = (t.dtype() == v1::DTYPE_BF16 && weight_dtype == WeightDType::kBFloat16) ||
+                                (t.dtype() == v1::DTYPE_FP16 && weight_dtype == WeightDType::kFloat16);
+  if (widen_in_batcher && wire_input == nullptr && !slice.has_value() && own_16_bit_dtype) {
+    if (absl::Status s = CheckFinite16(t.data().data(), t.dtype(), n, cols, field); !s.ok()) return s;
+    wire->push_back(WireHiddenRows{0, *rows, t.data().data(), weight_dtype, kHostMemory, false, nullptr});
+    return *rows;
   }
   const size_t base = out->size();
   out->resize(base + static_cast<size_t>(n));
@@ -237,6 +281,27 @@ uint64_t OutputBytes(int64_t rows, bool logz, bool logprobs) {
                                         (logprobs ? sizeof(float) : 0));
 }
 
+// Empties `p` for the next parse; vectors keep their capacity.
+void ResetKeepingBuffers(ParsedSampleRequest* p) {
+  SampleBatch& b = p->batch;
+  b.rows = 0;
+  b.hidden.clear();
+  b.wire_hidden.clear();
+  b.params.clear();
+  b.controls.clear();
+  b.want_logz = false;
+  b.want_logprobs = false;
+  b.hidden_in_weight_dtype = false;
+  b.draft_tokens.clear();
+  p->seeds.clear();
+  p->request_id.clear();
+  p->output.reset();
+}
+
+bool TemperatureIsValid(float t) {
+  return std::isfinite(t) && (t == 0.0f || t >= kMinTemperature);
+}
+
 }  // namespace
 
 absl::Status CheckTemperature(float t, const std::string& field) {
@@ -265,6 +330,19 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
                                                        const RequestLimits& limits,
                                                        const std::function<uint64_t()>& draw_seed,
                                                        const MemoryRegions* regions, const WireInput* wire) {
+  ParsedSampleRequest parsed;
+  if (absl::Status s = ParseSampleRequestInto(request, shape, limits, draw_seed, regions, wire, &parsed);
+      !s.ok()) {
+    return s;
+  }
+  return parsed;
+}
+
+absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const ModelShape& shape,
+                                    const RequestLimits& limits,
+                                    const std::function<uint64_t()>& draw_seed,
+                                    const MemoryRegions* regions, const WireInput* wire,
+                                    ParsedSampleRequest* out, bool widen_in_batcher) {
   if (!request.has_hidden_states()) {
     return absl::InvalidArgumentError("hidden_states is missing");
   }
@@ -272,13 +350,14 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   if (uses_regions && regions == nullptr) {
     return absl::FailedPreconditionError("this server does not serve memory regions");
   }
-  ParsedSampleRequest parsed;
+  ParsedSampleRequest& parsed = *out;
+  ResetKeepingBuffers(&parsed);
   SampleBatch& batch = parsed.batch;
   absl::StatusOr<int64_t> decoded =
       DecodeHidden(request.hidden_states(), "hidden_states", shape.hidden_size, limits.max_request_rows,
                    shape.weight_dtype,
                    request.has_hidden_states_region() ? &request.hidden_states_region() : nullptr, regions,
-                   &batch.hidden, wire, &batch.wire_hidden);
+                   &batch.hidden, wire, &batch.wire_hidden, widen_in_batcher);
   if (!decoded.ok()) return decoded.status();
   const int64_t rows = *decoded;
   if (request.has_output_region()) {
@@ -301,14 +380,15 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
         "params must have 1 entry (shared by all rows) or B = ", rows, " entries, got ", num_params));
   }
   bool any_controls = false;
-  std::vector<RowControls> entry_controls(num_params);
   for (int i = 0; i < num_params; ++i) {
-    if (absl::Status s = CheckTemperature(request.params(i).temperature(), absl::StrCat("params[", i, "]"));
-        !s.ok()) {
-      return s;
-    }
+    const float t = request.params(i).temperature();
+    if (!TemperatureIsValid(t)) return CheckTemperature(t, absl::StrCat("params[", i, "]"));
+    any_controls = any_controls || HasControls(request.params(i));
+  }
+  // Only requests with controls pay for the per-entry controls.
+  std::vector<RowControls> entry_controls(any_controls ? num_params : 0);
+  for (int i = 0; any_controls && i < num_params; ++i) {
     if (!HasControls(request.params(i))) continue;
-    any_controls = true;
     // Rows sharing an entry are spaced `rows` streams apart per extra sample.
     const uint32_t stride = num_params == 1 ? static_cast<uint32_t>(rows) : 1u;
     absl::StatusOr<RowControls> c = ParseRowControls(request.params(i), absl::StrCat("params[", i, "]"), shape, stride);
@@ -316,7 +396,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     entry_controls[i] = *std::move(c);
   }
   int64_t expanded = 0;
-  for (int i = 0; i < num_params; ++i) {
+  for (int i = 0; any_controls && i < num_params; ++i) {
     expanded += ControlElements(entry_controls[i]) * (num_params == 1 ? rows : 1);
   }
   if (expanded > kMaxExpandedControlElements) {
@@ -331,7 +411,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
   batch.want_logprobs = request.return_logprobs();
   parsed.request_id = request.request_id();
   batch.hidden_in_weight_dtype = true;  // DecodeHiddenTensor rounded it
-  std::vector<uint64_t> entry_seeds(num_params);
+  absl::InlinedVector<uint64_t, 1> entry_seeds(static_cast<size_t>(num_params));
   for (int i = 0; i < num_params; ++i) {
     const v1::SamplingParams& p = request.params(i);
     entry_seeds[i] = p.has_seed() ? p.seed() : draw_seed();
@@ -353,7 +433,7 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
     batch.controls.resize(rows);
     for (int64_t r = 0; r < rows; ++r) batch.controls[r] = entry_controls[num_params == 1 ? 0 : r];
   }
-  return parsed;
+  return absl::OkStatus();
 }
 
 absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,

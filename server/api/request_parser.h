@@ -64,6 +64,23 @@ absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& 
                                                        const std::function<uint64_t()>& draw_seed,
                                                        const MemoryRegions* regions = nullptr,
                                                        const WireInput* wire = nullptr);
+// The same, into `out`, whose previous contents are replaced but whose
+// buffers are kept: a stream parses every message into one
+// ParsedSampleRequest, so a message of the same size allocates nothing. On
+// an error `out` holds a partial parse (only fit to be parsed into again).
+//
+// `widen_in_batcher` (without `wire`: an engine that takes fp32): hidden
+// states sent in the message in the LM head's own 16-bit dtype (bf16 for a
+// bf16 head, fp16 for fp16) are checked (NaN/Inf, the same errors) but not
+// widened: batch.wire_hidden gets one host run pointing into `request`
+// (which must outlive the batch) and batch.hidden stays empty. Such a batch
+// is for the DynamicBatcher only, whose ConcatenateSlices widens the rows
+// into the launch (exact: no rounding is needed).
+absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const ModelShape& shape,
+                                    const RequestLimits& limits,
+                                    const std::function<uint64_t()>& draw_seed,
+                                    const MemoryRegions* regions, const WireInput* wire,
+                                    ParsedSampleRequest* out, bool widen_in_batcher = false);
 
 // The response for a parsed request and its engine result; with
 // parsed.output, token ids, logz and logprobs are written to that slice

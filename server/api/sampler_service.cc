@@ -28,7 +28,9 @@ v1::DType ToWireDType(WeightDType d) {
 // finished_ and calls Finish. OnDone deletes the reactor; gRPC calls it only
 // after Finish and after every started read/write completed, and Finish is
 // never called while a sample is in flight, so the batcher callback always
-// finds the reactor alive.
+// finds the reactor alive. The reactor is the SampleCall of each message in
+// turn, so a message allocates nothing of its own: the parsed request's
+// buffers are reused from the previous message.
 //
 // Draining (SIGTERM): an idle stream (a read pending, nothing in flight) is
 // finished at once with UNAVAILABLE, which gRPC allows with a read pending
@@ -36,10 +38,13 @@ v1::DType ToWireDType(WeightDType d) {
 // same way right after its current response is written. So open streams never
 // hold the drain until the grace period.
 class SampleStreamReactor final
-    : public grpc::ServerBidiReactor<v1::SampleRequest, v1::SampleResponse> {
+    : public grpc::ServerBidiReactor<v1::SampleRequest, v1::SampleResponse>,
+      public SampleCall {
  public:
   SampleStreamReactor(SamplerService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
+    response = &response_;
+    method = RpcMethod::kSampleStream;
     if (service_->RegisterStream(this)) {
       StartRead(&request_);
     } else {
@@ -62,14 +67,18 @@ class SampleStreamReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    service_->StartSample(RpcMethod::kSampleStream, context_, request_, &parsed_, &response_, [this](grpc::Status status) {
-      if (!status.ok()) {
-        MarkFinished();
-        Finish(status);
-        return;
-      }
-      StartWrite(&response_);
-    });
+    service_->StartSample(context_, request_, this);
+  }
+
+  // The message's answer (SampleCall): its response, or the error that ends
+  // the stream.
+  void Answer(grpc::Status status) override {
+    if (!status.ok()) {
+      MarkFinished();
+      Finish(status);
+      return;
+    }
+    StartWrite(&response_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -141,10 +150,7 @@ void SamplerService::UnregisterStream(SampleStreamReactor* stream) {
 }
 
 void SamplerService::BeginDrain() {
-  {
-    absl::MutexLock lock(&inflight_mu_);
-    refusing_ = true;
-  }
+  refusing_.store(true);
   std::vector<SampleStreamReactor*> idle;
   {
     absl::MutexLock lock(&streams_mu_);
@@ -158,9 +164,9 @@ void SamplerService::BeginDrain() {
 }
 
 bool SamplerService::WaitUntilIdle(absl::Time deadline) {
-  absl::MutexLock lock(&inflight_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inflight_mu_) { return inflight_ == 0; };
-  return inflight_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  absl::MutexLock lock(&idle_mu_);
+  auto idle = [this] { return inflight_.load() == 0; };
+  return idle_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
 SamplerService::SamplerService(DynamicBatcher* batcher, RequestLimits limits,
@@ -172,37 +178,45 @@ uint64_t SamplerService::DrawSeed() {
   return absl::Uniform<uint64_t>(seed_gen_);
 }
 
-bool SamplerService::Admit(RpcMethod method, const SampleBatch* batch,
-                           std::function<void(grpc::Status)>* done) {
-  if (metrics_ != nullptr) {
-    metrics_->RequestStarted();
-    *done = [this, method, batch, start = absl::Now(), done = std::move(*done)](grpc::Status status) {
-      metrics_->RequestFinished(method, status.error_code(), batch->rows, absl::Now() - start);
-      done(std::move(status));
-    };
+grpc::Status SamplerService::Admit(bool* in_flight) {
+  if (metrics_ != nullptr) metrics_->RequestStarted();
+  inflight_.fetch_add(1);
+  *in_flight = true;
+  if (refusing_.load()) {
+    *in_flight = false;
+    Finished();  // draining: not counted, the drain need not wait for it
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "server is shutting down; the request was not processed");
   }
-  bool refused;
-  {
-    absl::MutexLock lock(&inflight_mu_);
-    refused = refusing_;
-    if (!refused) ++inflight_;
-  }
-  if (refused) {
-    (*done)(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                         "server is shutting down; the request was not processed"));
-    return false;
-  }
-  // From here the request is accepted: it is answered, and counted out, once.
-  *done = [this, done = std::move(*done)](grpc::Status status) {
-    done(std::move(status));
-    absl::MutexLock lock(&inflight_mu_);
-    --inflight_;
-  };
+  // From here the request is counted in flight until its answer is sent,
+  // refused or not.
   if (!batcher_->ready()) {
-    (*done)(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving"));
-    return false;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is not loaded or not serving");
   }
-  return true;
+  return grpc::Status::OK;
+}
+
+void SamplerService::Refused(RpcMethod method, absl::Time start, grpc::StatusCode code) {
+  Answering(method, start, 0, code);
+}
+
+void SamplerService::Answering(RpcMethod method, absl::Time start, int64_t rows,
+                               grpc::StatusCode code) {
+  if (metrics_ != nullptr) metrics_->RequestFinished(method, code, rows, absl::Now() - start);
+}
+
+void SamplerService::Finished() {
+  // The last answer of a drain wakes WaitUntilIdle: taking idle_mu_ makes it
+  // re-evaluate its condition. Outside a drain nobody waits, so no lock.
+  if (inflight_.fetch_sub(1) == 1 && refusing_.load()) {
+    absl::MutexLock lock(&idle_mu_);
+  }
+}
+
+void SamplerService::AnswerSample(SampleCall* call, grpc::Status status) {
+  Answering(call->method, call->start, call->parsed.batch.rows, status.error_code());
+  call->Answer(std::move(status));  // may delete `call` (a unary call)
+  Finished();
 }
 
 void SamplerService::SubmitBatch(grpc::CallbackServerContext* context, const SampleBatch* batch,
@@ -216,67 +230,99 @@ void SamplerService::SubmitBatch(grpc::CallbackServerContext* context, const Sam
       [context] { return context->IsCancelled(); });
 }
 
-void SamplerService::StartSample(RpcMethod method, grpc::CallbackServerContext* context,
-                                 const v1::SampleRequest& request, ParsedSampleRequest* parsed,
-                                 v1::SampleResponse* response,
-                                 std::function<void(grpc::Status)> done) {
-  if (!Admit(method, &parsed->batch, &done)) return;
-  const DynamicBatcher::EngineInput input = batcher_->engine_input();
-  absl::StatusOr<ParsedSampleRequest> p =
-      ParseSampleRequest(request, input.shape, limits_, [this] { return DrawSeed(); }, regions_,
-                         input.wire.has_value() ? &*input.wire : nullptr);
-  if (!p.ok()) {
-    done(ToGrpcStatus(p.status()));
+void SamplerService::StartSample(grpc::CallbackServerContext* context,
+                                 const v1::SampleRequest& request, SampleCall* call) {
+  call->start = absl::Now();
+  bool in_flight = false;
+  if (grpc::Status refusal = Admit(&in_flight); !refusal.ok()) {
+    Refused(call->method, call->start, refusal.error_code());
+    call->Answer(std::move(refusal));  // may delete `call`
+    if (in_flight) Finished();
     return;
   }
-  *parsed = *std::move(p);
-  SubmitBatch(context, &parsed->batch,
-              [parsed, response, done = std::move(done)](absl::StatusOr<SampleResult> result) {
-                if (!result.ok()) {
-                  done(ToGrpcStatus(result.status()));
-                  return;
-                }
-                done(ToGrpcStatus(FillSampleResponse(*parsed, *result, response)));
-              });
+  const DynamicBatcher::EngineInput input = batcher_->engine_input();
+  // An engine that takes fp32: rows in the weights' 16-bit dtype stay in the
+  // message (alive until the answer) and the batcher widens them.
+  if (absl::Status s = ParseSampleRequestInto(request, input.shape, limits_, [this] { return DrawSeed(); },
+                                              regions_, input.wire.has_value() ? &*input.wire : nullptr,
+                                              &call->parsed, /*widen_in_batcher=*/!input.wire.has_value());
+      !s.ok()) {
+    AnswerSample(call, ToGrpcStatus(s));
+    return;
+  }
+  // Two pointers: std::function keeps them inline, no allocation.
+  SubmitBatch(context, &call->parsed.batch, [this, call](absl::StatusOr<SampleResult> result) {
+    if (!result.ok()) {
+      AnswerSample(call, ToGrpcStatus(result.status()));
+      return;
+    }
+    AnswerSample(call, ToGrpcStatus(FillSampleResponse(call->parsed, *result, call->response)));
+  });
 }
 
 grpc::ServerUnaryReactor* SamplerService::Verify(grpc::CallbackServerContext* context,
                                                  const v1::VerifyRequest* request,
                                                  v1::VerifyResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // The parsed batch must outlive the batcher job; the callbacks own it.
+  const absl::Time start = absl::Now();
+  bool in_flight = false;
+  if (grpc::Status refusal = Admit(&in_flight); !refusal.ok()) {
+    Refused(RpcMethod::kVerify, start, refusal.error_code());
+    reactor->Finish(std::move(refusal));
+    if (in_flight) Finished();
+    return reactor;
+  }
+  // The parsed batch must outlive the batcher job; the callback owns it.
   auto parsed = std::make_shared<ParsedVerifyRequest>();
-  std::function<void(grpc::Status)> done = [reactor, parsed](grpc::Status status) {
+  auto answer = [this, reactor, start](int64_t rows, grpc::Status status) {
+    Answering(RpcMethod::kVerify, start, rows, status.error_code());
     reactor->Finish(std::move(status));
+    Finished();
   };
-  if (!Admit(RpcMethod::kVerify, &parsed->batch, &done)) return reactor;
   absl::StatusOr<ParsedVerifyRequest> p =
       ParseVerifyRequest(*request, batcher_->shape(), limits_, [this] { return DrawSeed(); });
   if (!p.ok()) {
-    done(ToGrpcStatus(p.status()));
+    answer(0, ToGrpcStatus(p.status()));
     return reactor;
   }
   *parsed = *std::move(p);
   SubmitBatch(context, &parsed->batch,
-              [parsed, response, done = std::move(done)](absl::StatusOr<SampleResult> result) {
+              [parsed, response, answer](absl::StatusOr<SampleResult> result) {
                 if (!result.ok()) {
-                  done(ToGrpcStatus(result.status()));
+                  answer(parsed->batch.rows, ToGrpcStatus(result.status()));
                   return;
                 }
                 FillVerifyResponse(*parsed, *result, response);
-                done(grpc::Status::OK);
+                answer(parsed->batch.rows, grpc::Status::OK);
               });
   return reactor;
 }
+
+namespace {
+
+// A unary Sample call: owns its parsed request until the answer, then goes.
+class UnarySampleCall final : public SampleCall {
+ public:
+  UnarySampleCall(grpc::ServerUnaryReactor* reactor, v1::SampleResponse* out) : reactor_(reactor) {
+    response = out;
+    method = RpcMethod::kSample;
+  }
+  void Answer(grpc::Status status) override {
+    reactor_->Finish(std::move(status));
+    delete this;
+  }
+
+ private:
+  grpc::ServerUnaryReactor* const reactor_;
+};
+
+}  // namespace
 
 grpc::ServerUnaryReactor* SamplerService::Sample(grpc::CallbackServerContext* context,
                                                  const v1::SampleRequest* request,
                                                  v1::SampleResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // The parsed batch must outlive the batcher job; the callback owns it.
-  auto parsed = std::make_shared<ParsedSampleRequest>();
-  StartSample(RpcMethod::kSample, context, *request, parsed.get(), response,
-              [reactor, parsed](grpc::Status status) { reactor->Finish(std::move(status)); });
+  StartSample(context, *request, new UnarySampleCall(reactor, response));
   return reactor;
 }
 

@@ -13,11 +13,18 @@
 // Every finished request (unary call, stream message or Verify) is counted in
 // ServerMetrics by method and status code (Verify's rows: its positions).
 //
+// A Sample request costs no lock of the service's and no heap allocation of
+// its own on the way in and out (the in-flight count is atomic; the batcher
+// callback captures two pointers, which std::function stores inline): a
+// stream message is the hot path, thousands a second per core.
+//
 // Thread safety: gRPC calls the methods concurrently; the service holds
-// immutable configuration, the batcher, the metrics, a mutex-guarded seed generator and a
-// mutex-guarded registry of open streams.
+// immutable configuration, the batcher, the metrics, a mutex-guarded seed
+// generator, an atomic in-flight count and a mutex-guarded registry of open
+// streams.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
@@ -35,6 +42,23 @@
 namespace flashsampler {
 
 class SampleStreamReactor;
+
+// One Sample request (a unary call, or one message of a stream) from
+// admission to answer. Its owner keeps it alive until Answer has run: the
+// unary call deletes it there; a stream reactor is one and reuses it (and
+// `parsed`'s buffers) for every message, one at a time.
+class SampleCall {
+ public:
+  virtual ~SampleCall() = default;
+  // Exactly once per StartSample: OK when `response` holds the answer, else
+  // the error that ends the call.
+  virtual void Answer(grpc::Status status) = 0;
+
+  ParsedSampleRequest parsed;
+  v1::SampleResponse* response = nullptr;
+  RpcMethod method = RpcMethod::kSample;
+  absl::Time start;  // receipt, for the duration metric
+};
 
 class SamplerService final : public v1::Sampler::CallbackService {
  public:
@@ -80,20 +104,30 @@ class SamplerService final : public v1::Sampler::CallbackService {
   void UnregisterStream(SampleStreamReactor* stream);
 
   // Validates `request` and, when valid and the model is loaded, queues it;
-  // `done` gets the status, and `parsed` is filled for the response. `method`
-  // labels the request in the metrics. Exposed for the stream reactor.
-  void StartSample(RpcMethod method, grpc::CallbackServerContext* context,
-                   const v1::SampleRequest& request,
-                   ParsedSampleRequest* parsed, v1::SampleResponse* response,
-                   std::function<void(grpc::Status)> done);
+  // `call->Answer` gets the status, with `call->response` filled when OK.
+  // `call->method` labels the request in the metrics. Exposed for the stream
+  // reactor.
+  void StartSample(grpc::CallbackServerContext* context, const v1::SampleRequest& request,
+                   SampleCall* call);
 
  private:
   uint64_t DrawSeed();
-  // Admission shared by Sample, stream messages and Verify: wraps `done` with
-  // the metrics (rows read from `batch` when answered) and the in-flight
-  // count, and answers UNAVAILABLE (returning false) while draining or before
-  // the model is loaded. After true, `done` must be called exactly once.
-  bool Admit(RpcMethod method, const SampleBatch* batch, std::function<void(grpc::Status)>* done);
+  // Admission shared by Sample, stream messages and Verify: counts the
+  // request as started in the metrics and in flight. Returns OK when it is
+  // accepted, else the refusal (UNAVAILABLE: draining, or the model is not
+  // loaded), which the caller answers with Refused. When `*in_flight` is
+  // set (accepted, or refused for the model), Finished must follow the
+  // answer exactly once; a refusal by the drain is not waited for.
+  grpc::Status Admit(bool* in_flight);
+  // The answer of a refused request: the metrics only.
+  void Refused(RpcMethod method, absl::Time start, grpc::StatusCode code);
+  // Around the answer of an accepted request: Answering records the metrics
+  // (`rows` counted when OK) before the reply leaves, Finished counts it out
+  // of flight after, so WaitUntilIdle returns only once every reply is sent.
+  void Answering(RpcMethod method, absl::Time start, int64_t rows, grpc::StatusCode code);
+  void Finished();
+  // Answers `call` (an accepted request) with `status`.
+  void AnswerSample(SampleCall* call, grpc::Status status);
   // Hands a parsed batch to the batcher with the call's deadline and cancellation.
   void SubmitBatch(grpc::CallbackServerContext* context, const SampleBatch* batch,
                    DynamicBatcher::Done on_result);
@@ -104,9 +138,14 @@ class SamplerService final : public v1::Sampler::CallbackService {
   MemoryRegions* const regions_;
   absl::Mutex seed_mu_;
   absl::BitGen seed_gen_ ABSL_GUARDED_BY(seed_mu_);
-  absl::Mutex inflight_mu_;
-  int64_t inflight_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // accepted, unanswered requests
-  bool refusing_ ABSL_GUARDED_BY(inflight_mu_) = false;  // BeginDrain was called
+  // Accepted, unanswered requests, and whether BeginDrain was called. Both
+  // sequentially consistent: Admit increments, then reads refusing_; BeginDrain
+  // sets refusing_, then WaitUntilIdle reads the count; so a request is either
+  // refused or counted by the drain. idle_mu_ only lets WaitUntilIdle sleep:
+  // Finished takes it when the count drops to 0 during a drain.
+  std::atomic<int64_t> inflight_{0};
+  std::atomic<bool> refusing_{false};
+  absl::Mutex idle_mu_;
   absl::Mutex streams_mu_;
   absl::flat_hash_set<SampleStreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool draining_ ABSL_GUARDED_BY(streams_mu_) = false;

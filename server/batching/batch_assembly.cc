@@ -1,7 +1,10 @@
 #include "server/batching/batch_assembly.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
+
+#include "kernels/common/half_precision.h"
 
 namespace flashsampler {
 
@@ -25,7 +28,40 @@ std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64
   return slices;
 }
 
-SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size) {
+namespace {
+
+// Appends `rows` rows of `dtype` values at `data` to `hidden`, widened to fp32.
+void AppendWidened(const void* data, WeightDType dtype, int64_t rows, int64_t hidden_size,
+                   HiddenStates* hidden) {
+  const size_t n = static_cast<size_t>(rows * hidden_size);
+  const size_t base = hidden->size();
+  hidden->resize(base + n);
+  float* const dst = hidden->data() + base;
+  if (dtype == WeightDType::kFloat32) {
+    std::memcpy(dst, data, n * sizeof(float));
+    return;
+  }
+  // One loop per dtype, no branch inside: the compiler vectorizes it (this
+  // is the payload's only pass on the CPU backend's launch path).
+  const auto widen = [&](auto to_float) {
+    const auto* src = static_cast<const char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, src + 2 * i, sizeof bits);
+      dst[i] = to_float(bits);
+    }
+  };
+  if (dtype == WeightDType::kBFloat16) {
+    widen([](uint16_t b) { return Bf16ToFloat(b); });
+  } else {
+    widen([](uint16_t b) { return Fp16ToFloat(b); });
+  }
+}
+
+}  // namespace
+
+SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size,
+                              bool widen_wire_rows) {
   SampleBatch launch;
   bool any_controls = false;
   bool any_drafts = false;
@@ -47,6 +83,11 @@ SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidde
     if (b.wire_hidden.empty()) {
       launch.hidden.insert(launch.hidden.end(), b.hidden.begin() + s.first_row * hidden_size,
                            b.hidden.begin() + (s.first_row + s.rows) * hidden_size);
+    } else if (widen_wire_rows) {
+      const WireHiddenRows& d = b.wire_hidden.front();
+      const int64_t row_bytes = hidden_size * WeightDTypeSize(d.dtype);
+      AppendWidened(static_cast<const char*>(d.data) + (s.first_row - d.first_row) * row_bytes, d.dtype,
+                    s.rows, hidden_size, &launch.hidden);
     } else {
       // The request's rows are wire rows (one run covering them all, as the
       // parser makes them): the launch refers to them, and its fp32 rows for

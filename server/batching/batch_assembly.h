@@ -70,9 +70,14 @@ std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64
 
 // One SampleBatch holding every slice's rows, in slice order. `hidden_size` is
 // the model's D (each request's hidden has rows * D values). A request whose
-// hidden states are wire rows has one WireHiddenRows covering all its rows;
-// its slice becomes a WireHiddenRows of the launch (no copy).
-SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size);
+// hidden states are wire rows has one WireHiddenRows covering all its rows
+// (host memory the caller keeps alive, when `widen_wire_rows`); its slice
+// becomes a WireHiddenRows of the launch (no copy), or, with
+// `widen_wire_rows` (an engine that takes fp32), rows of the launch's fp32
+// hidden states, widened from the wire dtype (exact: such rows are in the
+// weights' dtype, server/api/request_parser.h).
+SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size,
+                              bool widen_wire_rows = false);
 
 // A result for the whole of `request`, sized for its rows and for the outputs
 // it asked for, to be filled by ScatterSlice.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <utility>
 
 #if defined(__linux__)
@@ -47,19 +48,20 @@ DynamicBatcher::~DynamicBatcher() { Stop(); }
 void DynamicBatcher::SetEngine(std::unique_ptr<Engine> engine) {
   absl::MutexLock lock(&mu_);
   engine_ = std::move(engine);
+  loaded_.store(engine_.get(), std::memory_order_release);
 }
 
 DynamicBatcher::EngineInput DynamicBatcher::engine_input() const {
-  absl::MutexLock lock(&mu_);
-  if (engine_ == nullptr) return {};
-  EngineInput input{engine_->shape(), std::nullopt};
-  if (engine_->reads_wire_hidden(kHostMemory)) input.wire = WireInput{engine_->host_staging()};
+  const Engine* engine = loaded_.load(std::memory_order_acquire);
+  if (engine == nullptr) return {};
+  EngineInput input{engine->shape(), std::nullopt};
+  if (engine->reads_wire_hidden(kHostMemory)) input.wire = WireInput{engine->host_staging()};
   return input;
 }
 
 bool DynamicBatcher::ready() const {
-  absl::MutexLock lock(&mu_);
-  return engine_ != nullptr && engine_->healthy();
+  const Engine* engine = loaded_.load(std::memory_order_acquire);
+  return engine != nullptr && engine->healthy();
 }
 
 ModelShape DynamicBatcher::shape() const {
@@ -265,21 +267,33 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
   // would delay the launch their successors are about to join.
   const bool inline_completion =
       launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0;
+  std::vector<std::shared_ptr<Job>> answered;
+  answered.reserve(launch.jobs.size());
   int64_t launch_row = 0;
   for (size_t i = 0; i < launch.jobs.size(); ++i) {
-    CompleteSlice(*launch.jobs[i], launch.slices[i], *result, launch_row, inline_completion);
+    if (CompleteSlice(*launch.jobs[i], launch.slices[i], *result, launch_row)) {
+      answered.push_back(std::move(launch.jobs[i]));
+    }
     launch_row += launch.slices[i].rows;
   }
+  Answer(std::move(answered), inline_completion);
 }
 
 absl::StatusOr<SampleResult> DynamicBatcher::SampleSlices(Engine* engine,
                                                           const std::vector<RowSlice>& slices) {
   const absl::Time start = absl::Now();
+  // Host wire rows of an engine that takes fp32 (the parser left rows in the
+  // weights' 16-bit dtype in their message) are widened here, straight into
+  // the launch.
+  const bool widen_wire_rows = !engine->reads_wire_hidden(kHostMemory);
   // One whole request runs on the request's own batch: no copy.
   const bool whole_request = slices.size() == 1 && slices[0].first_row == 0 &&
-                             slices[0].rows == slices[0].batch->rows;
+                             slices[0].rows == slices[0].batch->rows &&
+                             !(widen_wire_rows && !slices[0].batch->wire_hidden.empty());
   SampleBatch concatenated;
-  if (!whole_request) concatenated = ConcatenateSlices(slices, engine->shape().hidden_size);
+  if (!whole_request) {
+    concatenated = ConcatenateSlices(slices, engine->shape().hidden_size, widen_wire_rows);
+  }
   const SampleBatch& batch = whole_request ? *slices[0].batch : concatenated;
   // The engine is only touched by this thread; the lock is not held while
   // computing, so Submit never waits for a launch to finish.
@@ -299,18 +313,45 @@ absl::StatusOr<SampleResult> DynamicBatcher::SampleSlices(Engine* engine,
   return result;
 }
 
-void DynamicBatcher::CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
-                                   int64_t launch_row, bool inline_completion) {
+bool DynamicBatcher::CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
+                                   int64_t launch_row) {
   ScatterSlice(result, launch_row, slice, &job.result);
   job.rows_done += slice.rows;
-  if (job.rows_done != job.batch->rows) return;
+  return job.rows_done == job.batch->rows;
+}
+
+namespace {
+// Each posted chunk answers at least this many requests (or all there are):
+// a chunk is one pool lock round and may wake a pool thread, while the
+// launch's answers still spread over the pool's threads.
+constexpr size_t kMinAnswersPerChunk = 4;
+}  // namespace
+
+void DynamicBatcher::Answer(std::vector<std::shared_ptr<Job>> jobs, bool inline_completion) {
+  const auto answer = [](std::vector<std::shared_ptr<Job>>& some) {
+    for (std::shared_ptr<Job>& job : some) {
+      Done done = std::move(job->done);  // released when it returns
+      done(std::move(job->result));
+    }
+  };
+  if (jobs.empty()) return;
   if (inline_completion) {
-    Done done = std::move(job.done);  // released here, as a posted one is by the pool
-    done(std::move(job.result));
-  } else {
-    completions_.Post([done = std::move(job.done), result = std::move(job.result)]() mutable {
-      done(std::move(result));
-    });
+    answer(jobs);
+    return;
+  }
+  // The launch's answers go out in at most completion_threads chunks, one
+  // Post (and at most one wake-up) each, instead of one per request.
+  const size_t n = jobs.size();
+  const size_t chunks = std::max<size_t>(
+      1, std::min<size_t>(static_cast<size_t>(options_.completion_threads), n / kMinAnswersPerChunk));
+  if (chunks == 1) {
+    completions_.Post([answer, jobs = std::move(jobs)]() mutable { answer(jobs); });
+    return;
+  }
+  for (size_t c = 0; c < chunks; ++c) {
+    std::vector<std::shared_ptr<Job>> chunk(std::make_move_iterator(jobs.begin() + n * c / chunks),
+                                            std::make_move_iterator(jobs.begin() + n * (c + 1) / chunks));
+    completions_.Post([answer, chunk = std::move(chunk)]() mutable { answer(chunk); });
   }
 }
 
@@ -346,14 +387,18 @@ void DynamicBatcher::RunSlicesAlone(Engine* engine, Launch& launch) {
   }
   // The split request at the end whose slice failed leaves the queue.
   if (!results.back().ok()) DropQueuedRest(launch.jobs.back());
+  std::vector<std::shared_ptr<Job>> answered;
   for (size_t i = 0; i < n; ++i) {
     Job& job = *launch.jobs[i];
     if (!results[i].ok()) {
       job.done(results[i].status());
       continue;
     }
-    CompleteSlice(job, launch.slices[i], *results[i], /*launch_row=*/0, /*inline_completion=*/false);
+    if (CompleteSlice(job, launch.slices[i], *results[i], /*launch_row=*/0)) {
+      answered.push_back(launch.jobs[i]);
+    }
   }
+  Answer(std::move(answered), /*inline_completion=*/false);
   if (!engine->healthy() && on_engine_failure_) on_engine_failure_();
 }
 

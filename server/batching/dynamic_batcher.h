@@ -25,7 +25,9 @@
 // to a CompletionPool of `completion_threads` threads (answering a gRPC call
 // costs a few microseconds each; done one by one on the worker they would
 // delay the next launch by tens to hundreds of microseconds) and forms the next
-// launch at once. A launch of a single request with nothing queued behind it
+// launch at once. It posts them a few per pool callback (at least 4, at most
+// completion_threads callbacks a launch): each posted callback is a pool lock
+// round and may wake a thread, which cost more than answering a request. A launch of a single request with nothing queued behind it
 // delays no one: the worker answers that request itself, sparing the hand-off.
 //
 // Idle: with idle_spin > 0 the worker polls the queue (without the lock) for
@@ -109,7 +111,8 @@ class DynamicBatcher {
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
-  // Installs the engine once it is loaded; before that Submit answers Unavailable.
+  // Installs the engine once it is loaded (at most once); before that Submit
+  // answers Unavailable.
   void SetEngine(std::unique_ptr<Engine> engine);
   bool ready() const;
   // The engine's shape, backend and device memory; empty until an engine is set.
@@ -160,10 +163,13 @@ class DynamicBatcher {
   // A request answered early: its rows still queued (only ever at the
   // queue's front) leave the queue.
   void DropQueuedRest(const std::shared_ptr<Job>& job);
-  // Scatters one slice's result into its request; answers the request once
-  // all its rows are done (inline: on this thread, else through the pool).
-  void CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
-                     int64_t launch_row, bool inline_completion);
+  // Scatters one slice's result into its request; true once all the
+  // request's rows are done (it is then to be answered).
+  bool CompleteSlice(Job& job, const RowSlice& slice, const SampleResult& result,
+                     int64_t launch_row);
+  // Answers finished requests: inline (on this thread), else through the
+  // completion pool, a few requests per posted callback.
+  void Answer(std::vector<std::shared_ptr<Job>> jobs, bool inline_completion);
   void PublishQueueRows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls queued_jobs_ for up to options_.idle_spin while it is 0.
   void SpinWhileIdle() const;
@@ -173,6 +179,11 @@ class DynamicBatcher {
   const std::function<void()> on_engine_failure_;
   mutable absl::Mutex mu_;
   std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(mu_);
+  // engine_.get(), published once by SetEngine, for the lock-free readers
+  // on the request path (ready, engine_input): the engine, once set, lives
+  // as long as the batcher, and what they read of it is immutable or
+  // callable from any thread.
+  std::atomic<const Engine*> loaded_{nullptr};
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

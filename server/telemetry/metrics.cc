@@ -9,6 +9,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <array>
+#include <atomic>
 #include <exception>
 #include <utility>
 
@@ -23,6 +24,17 @@ namespace {
 
 constexpr std::array<const char*, 4> kMethodNames = {"Sample", "SampleStream", "GetModelInfo",
                                                      "Verify"};
+constexpr std::array<const char*, 17> kCodeNames = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED"};
+
+// The `code` label's index: the code itself, or UNKNOWN's for values outside the enum.
+size_t CodeIndex(grpc::StatusCode code) {
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < static_cast<int>(kCodeNames.size()) ? static_cast<size_t>(i) : 2;
+}
 
 // 50 us .. 10 s in 1-2.5-5 steps: fine where the service lives (sub-ms to ms),
 // coarse where only overload goes.
@@ -163,6 +175,11 @@ struct ServerMetrics::Impl {
   prometheus::Gauge& inflight;
   prometheus::Family<prometheus::Gauge>& model_info;
   std::array<prometheus::Counter*, kMethodNames.size()> rows_by_method{};
+  // requests_total's series by (method, code), created on first use (so the
+  // exposition lists only codes that happened): Family::Add builds a label
+  // map, hashes it and takes the family's lock, per request before.
+  std::array<std::atomic<prometheus::Counter*>, kMethodNames.size() * kCodeNames.size()>
+      requests_by_code{};
   std::array<prometheus::Histogram*, kMethodNames.size()> duration_by_method{};
   std::unique_ptr<MetricsHttpServer> http;  // last: stops serving before the rest goes
 };
@@ -178,7 +195,15 @@ void ServerMetrics::RequestFinished(RpcMethod method, grpc::StatusCode code, int
                                     absl::Duration elapsed) {
   const auto m = static_cast<size_t>(method);
   impl_->inflight.Decrement();
-  impl_->requests.Add({{"method", kMethodNames[m]}, {"code", GrpcCodeName(code)}}).Increment();
+  const size_t c = CodeIndex(code);
+  std::atomic<prometheus::Counter*>& slot = impl_->requests_by_code[m * kCodeNames.size() + c];
+  prometheus::Counter* counter = slot.load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    // Racing first uses get the same series from the family.
+    counter = &impl_->requests.Add({{"method", kMethodNames[m]}, {"code", kCodeNames[c]}});
+    slot.store(counter, std::memory_order_release);
+  }
+  counter->Increment();
   if (code == grpc::StatusCode::OK) impl_->rows_by_method[m]->Increment(static_cast<double>(rows));
   impl_->duration_by_method[m]->Observe(absl::ToDoubleSeconds(elapsed));
 }
@@ -228,14 +253,6 @@ std::string ServerMetrics::Scrape() const {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-const char* GrpcCodeName(grpc::StatusCode code) {
-  static constexpr std::array<const char*, 17> kNames = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < static_cast<int>(kNames.size()) ? kNames[i] : "UNKNOWN";
-}
+const char* GrpcCodeName(grpc::StatusCode code) { return kCodeNames[CodeIndex(code)]; }
 
 }  // namespace flashsampler

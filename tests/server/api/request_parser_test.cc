@@ -279,6 +279,50 @@ TEST(RequestParser, PerRowControlsLeaveOtherRowsPlain) {
   EXPECT_EQ(p->batch.controls[1].sample_stream_stride, 1u);
 }
 
+// A stream parses each message into one ParsedSampleRequest: every field is
+// the new message's (nothing of an earlier, larger or controlled one stays),
+// the result equals a fresh parse, and a message no larger than the last
+// reuses its buffers.
+TEST(RequestParser, ParsingIntoAnEarlierRequestReplacesItAndKeepsItsBuffers) {
+  uint64_t seed = 1;
+  const auto draw = [&] { return seed++; };
+  ParsedSampleRequest parsed;
+  v1::SampleRequest big = ValidRequest(3);
+  big.mutable_params(0)->set_top_k(5);
+  big.set_return_logz(true);
+  big.set_request_id("first");
+  ASSERT_TRUE(ParseSampleRequestInto(big, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).ok());
+  ASSERT_EQ(parsed.batch.controls.size(), 3u);
+  const float* hidden_buffer = parsed.batch.hidden.data();
+
+  v1::SampleRequest small = ValidRequest(2);
+  small.mutable_params(0)->set_seed(77);
+  ASSERT_TRUE(ParseSampleRequestInto(small, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).ok());
+  absl::StatusOr<ParsedSampleRequest> fresh = Parse(small);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(parsed.batch.rows, 2);
+  EXPECT_EQ(parsed.batch.hidden, fresh->batch.hidden);
+  EXPECT_EQ(parsed.batch.params.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(parsed.batch.params[r].seed, fresh->batch.params[r].seed) << r;
+    EXPECT_EQ(parsed.batch.params[r].stream, fresh->batch.params[r].stream) << r;
+  }
+  EXPECT_EQ(parsed.seeds, fresh->seeds);
+  EXPECT_TRUE(parsed.batch.controls.empty()) << "the first message's controls stayed";
+  EXPECT_FALSE(parsed.batch.want_logz);
+  EXPECT_TRUE(parsed.request_id.empty());
+  EXPECT_TRUE(parsed.batch.hidden_in_weight_dtype);
+  EXPECT_EQ(parsed.batch.hidden.data(), hidden_buffer) << "a smaller message reallocated the hidden states";
+
+  // An invalid message reports its error; the next valid one parses cleanly.
+  v1::SampleRequest bad = ValidRequest(2);
+  bad.mutable_params(0)->set_temperature(-1.0f);
+  EXPECT_EQ(ParseSampleRequestInto(bad, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ParseSampleRequestInto(small, Shape(), RequestLimits{8}, draw, nullptr, nullptr, &parsed).ok());
+  EXPECT_EQ(parsed.batch.hidden, fresh->batch.hidden);
+}
+
 TEST(RequestParser, ControlErrorsNameTheirEntry) {
   v1::SampleRequest r = ValidRequest(2);
   r.add_params()->set_top_p(0.0f);
@@ -386,6 +430,50 @@ v1::Tensor MakeBf16(const std::vector<float>& values, int64_t rows) {
     std::memcpy(data->data() + 2 * i, &bits, 2);
   }
   return t;
+}
+
+// With widen_in_batcher, rows sent in the weights' own 16-bit dtype stay in
+// the message (one host run, no fp32 copy) and are checked with the same
+// errors; other dtypes are widened here as before.
+TEST(RequestParser, RowsInTheWeightsOwnDTypeAreLeftForTheBatcherToWiden) {
+  uint64_t seed = 1;
+  const auto draw = [&] { return seed++; };
+  ModelShape shape = Shape();  // bf16 weights
+  std::vector<float> values = {1.0f, -2.0f, 0.5f, 3.0f, -0.25f, 1024.0f, 7.0f, 0.0f};
+  v1::SampleRequest r;
+  *r.mutable_hidden_states() = MakeBf16(values, 2);
+  r.add_params()->set_temperature(1.0f);
+  ParsedSampleRequest parsed;
+  ASSERT_TRUE(ParseSampleRequestInto(r, shape, RequestLimits{8}, draw, nullptr, nullptr, &parsed,
+                                     /*widen_in_batcher=*/true).ok());
+  EXPECT_EQ(parsed.batch.rows, 2);
+  EXPECT_TRUE(parsed.batch.hidden.empty());
+  EXPECT_TRUE(parsed.batch.hidden_in_weight_dtype);
+  ASSERT_EQ(parsed.batch.wire_hidden.size(), 1u);
+  const WireHiddenRows& run = parsed.batch.wire_hidden[0];
+  EXPECT_EQ(run.first_row, 0);
+  EXPECT_EQ(run.rows, 2);
+  EXPECT_EQ(run.data, r.hidden_states().data().data()) << "the rows were copied";
+  EXPECT_EQ(run.dtype, WeightDType::kBFloat16);
+  EXPECT_EQ(run.device, kHostMemory);
+
+  // A NaN is named as when widening here.
+  std::vector<float> bad = values;
+  bad[5] = std::nanf("");
+  v1::SampleRequest nan_request = r;
+  *nan_request.mutable_hidden_states() = MakeBf16(bad, 2);
+  const absl::Status deferred =
+      ParseSampleRequestInto(nan_request, shape, RequestLimits{8}, draw, nullptr, nullptr, &parsed, true);
+  absl::StatusOr<ParsedSampleRequest> widened = Parse(nan_request);
+  ASSERT_FALSE(widened.ok());
+  EXPECT_EQ(deferred, widened.status());
+  EXPECT_THAT(std::string(deferred.message()), HasSubstr("hidden_states[1][1] is NaN"));
+
+  // fp32 on the wire, or fp16 for bf16 weights: widened and rounded here.
+  ASSERT_TRUE(ParseSampleRequestInto(ValidRequest(2), shape, RequestLimits{8}, draw, nullptr, nullptr,
+                                     &parsed, true).ok());
+  EXPECT_TRUE(parsed.batch.wire_hidden.empty());
+  EXPECT_EQ(parsed.batch.hidden.size(), 2u * kHidden);
 }
 
 class RequestParserRegions : public ::testing::Test {

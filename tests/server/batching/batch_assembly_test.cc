@@ -88,6 +88,32 @@ TEST(BatchAssembly, RowsInGpuMemoryJoinTheLaunchByReference) {
   EXPECT_EQ(launch.params[1].seed, 201u);
 }
 
+// For an engine that takes fp32, host wire rows (bf16 or fp16 in the
+// message, as the parser leaves rows in the weights' own 16-bit dtype) are
+// widened exactly into the launch's hidden states at their place, from the
+// slice's first row; no wire run reaches the launch.
+TEST(BatchAssembly, HostWireRowsAreWidenedIntoTheLaunchForAnFp32Engine) {
+  const SampleBatch a = Request(1, 1, false, false);
+  // bf16 1.0, -2.0, 0.5, 3.0, -0.25, 1024 (rows of kHidden = 2 values).
+  static const uint16_t kBf16[6] = {0x3f80, 0xc000, 0x3f00, 0x4040, 0xbe80, 0x4480};
+  SampleBatch b = Request(2, 3, false, false);
+  b.hidden.clear();  // the parser leaves it empty for such rows
+  b.wire_hidden.push_back(WireHiddenRows{0, 3, kBf16, WeightDType::kBFloat16, kHostMemory, false, nullptr});
+  // fp16 -1.5, 65504 (the largest finite fp16).
+  static const uint16_t kFp16[2] = {0xbe00, 0x7bff};
+  SampleBatch c = Request(3, 1, false, false);
+  c.hidden.clear();
+  c.wire_hidden.push_back(WireHiddenRows{0, 1, kFp16, WeightDType::kFloat16, kHostMemory, false, nullptr});
+  const SampleBatch launch =
+      ConcatenateSlices({{&a, 0, 1}, {&b, 1, 2}, {&c, 0, 1}}, kHidden, /*widen_wire_rows=*/true);
+  EXPECT_EQ(launch.rows, 4);
+  EXPECT_TRUE(launch.wire_hidden.empty());
+  EXPECT_THAT(launch.hidden, ElementsAre(100, -100, 0.5f, 3.0f, -0.25f, 1024.0f, -1.5f, 65504.0f));
+  ASSERT_EQ(launch.params.size(), 4u);
+  EXPECT_EQ(launch.params[1].seed, 201u);
+  EXPECT_EQ(launch.params[3].seed, 300u);
+}
+
 TEST(BatchAssembly, ScatterGivesEachRequestItsRowsAndOnlyWhatItAskedFor) {
   const SampleBatch plain = Request(1, 2, false, false);
   const SampleBatch with_logz = Request(2, 1, true, false);

@@ -233,6 +233,48 @@ TEST(DynamicBatcher, AnswersOnTheWorkerOnlyALoneRequestWithNothingQueued) {
   EXPECT_EQ(lone_outcome.state->thread, engine->sample_thread()) << "a lone request: the worker answers";
 }
 
+// A launch's answers go to the pool a few requests per posted callback: a
+// launch of fewer than four requests is answered by one pool thread; a larger
+// one still reaches every request once, with its own rows, off the worker.
+TEST(DynamicBatcher, AnswersALaunchInChunksOverThePool) {
+  BatcherOptions options = Options(64, absl::ZeroDuration());
+  options.completion_threads = 3;
+  DynamicBatcher batcher(options);
+  SampleBatch first = Batch(1, 7);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  std::vector<SampleBatch> few = {Batch(1, 10), Batch(2, 20), Batch(1, 30)};
+  std::vector<Outcome> few_outcomes(few.size());
+  for (size_t i = 0; i < few.size(); ++i) batcher.Submit(&few[i], few_outcomes[i].Callback());
+  engine->Release();
+  for (Outcome& o : few_outcomes) ASSERT_EQ(o.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(few_outcomes[0].state->thread, few_outcomes[1].state->thread);
+  EXPECT_EQ(few_outcomes[1].state->thread, few_outcomes[2].state->thread);
+  EXPECT_NE(few_outcomes[0].state->thread, engine->sample_thread());
+
+  // 13 requests queued behind a held launch form one launch: more than one
+  // chunk.
+  DynamicBatcher many_batcher(options);
+  SampleBatch held = Batch(1, 5);
+  Outcome held_outcome;
+  FakeEngine* many_engine = StartHeld(many_batcher, &held_outcome, &held);
+  constexpr int kRequests = 13;
+  std::vector<SampleBatch> many;
+  for (int i = 0; i < kRequests; ++i) many.push_back(Batch(1 + i % 2, 100 * (i + 1)));
+  std::vector<Outcome> many_outcomes(kRequests);
+  for (int i = 0; i < kRequests; ++i) many_batcher.Submit(&many[i], many_outcomes[i].Callback());
+  many_engine->Release();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_EQ(many_outcomes[i].code(), absl::StatusCode::kOk) << i;
+    const SampleResult& r = *many_outcomes[i].result;
+    ASSERT_EQ(static_cast<int64_t>(r.token_ids.size()), many[i].rows) << i;
+    for (int64_t row = 0; row < many[i].rows; ++row) EXPECT_EQ(r.token_ids[row], 100 * (i + 1) + row) << i;
+    EXPECT_NE(many_outcomes[i].state->thread, many_engine->sample_thread()) << i;
+  }
+  ASSERT_EQ(held_outcome.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(many_engine->launches().size(), 2u) << "the queued requests were not one launch";
+}
+
 // With an idle poll far longer than the test, requests submitted while the
 // worker polls are served, and Stop() ends the poll (a hang here is the
 // failure: the ctest timeout reports it).

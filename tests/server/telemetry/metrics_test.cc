@@ -70,6 +70,28 @@ TEST(ServerMetrics, RecordsRequestsLaunchesAndModelInfo) {
   EXPECT_THAT(text, Not(HasSubstr("flashsampler_device_memory")));
 }
 
+// requests_total's series are cached after first use: repeated answers add
+// to the one series, codes never seen have none, and every method keeps its own.
+TEST(ServerMetrics, RepeatedAnswersCountInOneSeriesPerMethodAndCode) {
+  ServerMetrics metrics(8);
+  for (int i = 0; i < 5; ++i) {
+    metrics.RequestStarted();
+    metrics.RequestFinished(RpcMethod::kSampleStream, grpc::StatusCode::OK, 1, absl::Microseconds(80));
+  }
+  metrics.RequestStarted();
+  metrics.RequestFinished(RpcMethod::kSampleStream, grpc::StatusCode::CANCELLED, 1, absl::Microseconds(80));
+  metrics.RequestStarted();
+  metrics.RequestFinished(RpcMethod::kSample, grpc::StatusCode::OK, 3, absl::Microseconds(80));
+  const std::string text = metrics.Scrape();
+  EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"OK\",method=\"SampleStream\"} 5"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"CANCELLED\",method=\"SampleStream\"} 1"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"OK\",method=\"Sample\"} 1"));
+  EXPECT_THAT(text, Not(HasSubstr("code=\"CANCELLED\",method=\"Sample\"")));
+  EXPECT_THAT(text, Not(HasSubstr("code=\"INTERNAL\"")));
+  EXPECT_THAT(text, HasSubstr("flashsampler_rows_total{method=\"SampleStream\"} 5"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_inflight_requests 0"));
+}
+
 TEST(ServerMetrics, DeviceMemoryIsReadAtScrapeTime) {
   ServerMetrics metrics(8);
   int64_t used = 100;
