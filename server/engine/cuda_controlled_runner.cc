@@ -163,14 +163,16 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
                                    return kernels::FusedRowKindOf(d) != kernels::kFusedUnservedRow;
                                  })
                    : fused_serves_every_row());
-  if (!fused_applies) {
+  // The whole batch on the materialized path.
+  const auto materialized = [&](LaunchPath path) -> absl::StatusOr<SampleResult> {
     if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
       return KernelStatusToStatus(s, "cuda controlled sampler launch");
     }
     absl::StatusOr<SampleResult> result = Finish(batch, stream);
-    if (result.ok()) result->path = LaunchPath::kControlled;
+    if (result.ok()) result->path = path;
     return result;
-  }
+  };
+  if (!fused_applies) return materialized(LaunchPath::kControlled);
   // The fused path over the whole batch: the rows it serves are final; the
   // rows it cannot serve, and those it hands back, come back with row_status
   // 2 and run on the materialized path next: alone under split_rows (so the
@@ -178,25 +180,16 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   if (const KernelStatus s = kernels::LaunchFusedControlledSample(args, stream); s != KernelStatus::kOk) {
     return KernelStatusToStatus(s, "cuda fused controlled sampler launch");
   }
-  if (absl::Status s = EnqueueDownloads(batch, stream); !s.ok()) return s;
-  FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
   std::vector<int64_t> rest;
-  absl::StatusOr<SampleResult> result = CollectRows(batch, &rest);
+  absl::StatusOr<SampleResult> result = Finish(batch, stream, &rest);
   if (!result.ok()) return result;
   if (rest.empty()) {
     result->path = LaunchPath::kFusedControlled;
     return result;
   }
-  if (split_rows_) {
-    absl::Status s = RunMaterializedRows(batch, shape, rest, args, cublas, stream, &*result);
-    if (!s.ok()) return s;
-  } else {
-    if (const KernelStatus s = kernels::LaunchControlledSample(args, cublas, stream); s != KernelStatus::kOk) {
-      return KernelStatusToStatus(s, "cuda controlled sampler launch");
-    }
-    result = Finish(batch, stream);
-    if (!result.ok()) return result;
-  }
+  if (!split_rows_) return materialized(LaunchPath::kFusedControlledFallback);
+  absl::Status s = RunMaterializedRows(batch, shape, rest, args, cublas, stream, &*result);
+  if (!s.ok()) return s;
   result->path = LaunchPath::kFusedControlledFallback;
   return result;
 }
@@ -295,10 +288,11 @@ absl::Status CudaControlledRunner::EnqueueDownloads(const SampleBatch& batch, cu
 }
 
 absl::StatusOr<SampleResult> CudaControlledRunner::Finish(const SampleBatch& batch,
-                                                          cudaStream_t stream) {
+                                                          cudaStream_t stream,
+                                                          std::vector<int64_t>* not_served) {
   if (absl::Status s = EnqueueDownloads(batch, stream); !s.ok()) return s;
   FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
-  return Collect(batch);
+  return not_served != nullptr ? CollectRows(batch, not_served) : Collect(batch);
 }
 
 absl::StatusOr<SampleResult> CudaControlledRunner::Collect(const SampleBatch& batch) {

@@ -126,10 +126,11 @@ class CudaControlledRunner {
 
  private:
   absl::Status EnsureControlsCapacity(size_t bytes);
-  // EnqueueDownloads, a wait for `stream`, Collect. Sets
-  // fused_row_not_served_ (and returns an empty result) when a row has
-  // row_status kFusedRowNotServed.
-  absl::StatusOr<SampleResult> Finish(const SampleBatch& batch, cudaStream_t stream);
+  // EnqueueDownloads, a wait for `stream`, then Collect (which sets
+  // fused_row_not_served_ and returns an empty result when a row has
+  // row_status kFusedRowNotServed) or, with not_served, CollectRows.
+  absl::StatusOr<SampleResult> Finish(const SampleBatch& batch, cudaStream_t stream,
+                                      std::vector<int64_t>* not_served = nullptr);
   // Collect for a batch whose rows with row_status kFusedRowNotServed are
   // listed in *not_served (their entries left default) instead of failing
   // the batch; not_served = nullptr: such a row is FailedPrecondition.
