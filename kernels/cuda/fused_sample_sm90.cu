@@ -64,9 +64,10 @@
 // registers each: two blocks fill the SM's 64K) and declare 2 blocks per
 // SM, so the block scheduler runs one block's epilogue against the other's
 // main loop, as the mma.sync kernel's 2-blocks-per-SM configs do. Their
-// warps also fold two rows at a time with a straight-line form of the fold
-// (AddFourStraight: the same operations without data-dependent branches),
-// so the rows' and the tokens' dependency chains can interleave. Nothing that decides a bit changes: the WGMMA is
+// warps also fold two rows at a time with the pruned fold (FoldRowPair: the
+// noise's two logs only for each lane's most promising token and for the
+// tokens whose bound reaches the tile's best score; the same summary bits),
+// so the rows' dependency chains interleave. Nothing that decides a bit changes: the WGMMA is
 // m64nNk16 with N = the block's rows as before, the same K order, the same
 // epilogue per row; only the block shape and stage count differ, which the
 // batch-invariance argument above already covers (256-row batches take two
@@ -82,7 +83,7 @@
 // main loop, then B's main loop while A runs its epilogue, then A's next
 // main loop while B runs its epilogue, ... The producer warp keeps loading
 // the next item's stages throughout, so the TMA and the tensor cores never
-// wait for an epilogue unless the epilogue (4 warps, two rows a pass, straight-line) is the
+// wait for an epilogue unless the epilogue (4 warps, two rows a pass, pruned) is the
 // longer of the two. Per item the arithmetic is the one above (m64nNk16 with
 // N = the item's rows, two 64-token atoms per warpgroup, K in order, the
 // same fold), so it too gives kWgmma's bits.
@@ -144,7 +145,7 @@ static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a
 // so kStages - 1 steps of W, 16 KB each, are in flight per SM while the
 // tensor cores work on one) or 2 (two rings of ~100 KB, one block's epilogue
 // against the other's main loop). kStraightEpilogue: the epilogue's warps
-// fold two rows per pass with the straight-line fold (FoldTile).
+// fold two rows per pass with the pruned fold (FoldTile, FoldRowPair).
 template <class Element, int kRows_, int kStages_, int kBlocksPerSm_, bool kStraightEpilogue_>
 struct WgmmaConfig {
   static constexpr int kRows = kRows_;
@@ -285,6 +286,29 @@ struct WgmmaKernelParams {
 };
 
 // ---- The epilogue's fold ----------------------------------------------------------
+// The pruned fold (the two-blocks-per-SM and ping-pong schedules: two rows a
+// warp pass). It gives RowSampler::AddFour's summary bit for bit while
+// evaluating the noise (Philox word -> two logs) for about one token per
+// lane and row instead of four:
+//  1. Each lane forms its four transformed logits l' and Philox words, and
+//     for each token that may win (below valid_vocab, not a sampled row's
+//     draft) the bound ub = fl(l' + GumbelLeadingOnesBound(r)) >= its score
+//     fl(l' + g) (fp32 addition is monotone).
+//  2. The probe: each lane scores its token of largest ub exactly; the warp's
+//     best probe score L is a score the row's tile really has.
+//  3. A token with ub < L cannot win or tie, so it is skipped. Every other
+//     token is scored exactly, in a loop that runs while any lane has one
+//     left (the winner among them included: its score >= L, so ub >= L).
+// The winner is the maximum of the scores under ScoreBeats' total order
+// (score, then lower id), which no fold order changes, so the tile summary's
+// best_score / best_index / best_logit are those of folding all four tokens
+// in order. The log-sum-exp does not use the noise; it folds all four tokens
+// in token order as before (one expf of the argument AddToken's branch would
+// pass, then selects), so max_logit and sum_exp keep their bits. Greedy rows
+// (no noise) fold their four tokens directly. Typical cost: one noise per
+// lane and row, plus a loop pass for the few tokens within ~ln 2 of the
+// tile's best; a row whose every l' is -inf has L = -inf and prunes nothing.
+
 // GumbelFromBits (kernels/common/gumbel_noise.h) without its branch: both
 // halves' -log u are evaluated (logf of the exact u, log1pf of the exact
 // 1 - u) and the one ExponentialFromBits takes is selected. The same calls
@@ -297,77 +321,146 @@ __device__ __forceinline__ float GumbelFromBitsStraight(uint32_t r) {
   return -logf(k < (1u << 23) ? lower : upper);
 }
 
-// RowSampler::AddFour (sample_reduce.cuh) bit for bit, as straight-line code
-// so that a lane's four noise chains and a warp's two rows (FoldTile) can
-// interleave: the Philox block and the four noises are computed for every
-// row (a greedy row ignores them, as AddFour's selects do); AddToken's winner
-// test becomes selects; its two log-sum-exp cases share one expf of the
-// argument their branch would pass (max - l when l is a new maximum, else
-// l - max) and select fmaf(sum, e, 1), sum + e or sum as AddToken would; a
-// token past valid_vocab changes nothing, as AddFour's break. The winner and
-// the log-sum-exp are separate states, so folding all four tokens into one
-// and then into the other keeps each in token order. The draft's logit store
-// stays a branch (one token of a row).
-__device__ __forceinline__ void AddFourStraight(const RowSampler& row, SampleSummary& s,
-                                                int64_t local_token0, const float4& dots,
-                                                int64_t valid_vocab, bool want_lse) {
+template <class T>
+__device__ __forceinline__ T PickOfFour(const T (&v)[4], int i) {
+  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
+}
+
+// One lane's four tokens of one row.
+struct LaneTokens {
+  float logit[4];   // l' = TransformLogit(dot, 1/T)
+  uint32_t bits[4]; // the tokens' Philox words
+  float bound[4];   // >= the score when it may win, else -inf
+  bool live[4];     // below valid_vocab
+  bool compete[4];  // may win: live, and not a sampled row's draft (score NaN)
+  int32_t token0;   // global id of the first
+};
+
+// Step 1, and RowSampler::DraftScore's store of the draft's l'.
+__device__ __forceinline__ LaneTokens PrepareLaneTokens(const RowSampler& row,
+                                                        int64_t local_token0, const float4& dots,
+                                                        int64_t valid_vocab) {
+  LaneTokens t;
   const int64_t token0 = local_token0 + row.token_offset;
+  t.token0 = static_cast<int32_t>(token0);
   const r123::Philox4x32::ctr_type block = PhiloxNoiseBlock(
       row.params.seed, row.params.offset, row.params.stream, static_cast<uint32_t>(token0) >> 2);
   const float dot[4] = {dots.x, dots.y, dots.z, dots.w};
-  float logit[4], score[4];
-  bool live[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    live[i] = local_token0 + i < valid_vocab;
-    logit[i] = TransformLogit(dot[i], row.scale);
-    const float noise = GumbelFromBitsStraight(block.v[i]);
-    score[i] = row.sampled ? __fadd_rn(logit[i], noise) : logit[i];
-    const int32_t token = static_cast<int32_t>(token0 + i);
-    if (live[i] && token == row.draft) {  // RowSampler::DraftScore
-      *row.draft_logit = logit[i];
-      if (row.sampled) score[i] = __int_as_float(0x7fffffff);
-    }
+    t.live[i] = local_token0 + i < valid_vocab;
+    t.logit[i] = TransformLogit(dot[i], row.scale);
+    t.bits[i] = block.v[i];
+    const bool draft = t.live[i] && t.token0 + i == row.draft;
+    if (draft) *row.draft_logit = t.logit[i];
+    t.compete[i] = t.live[i] && !(draft && row.sampled);
+    t.bound[i] =
+        t.compete[i] ? __fadd_rn(t.logit[i], GumbelLeadingOnesBound(t.bits[i])) : -INFINITY;
   }
+  return t;
+}
+
+// AddToken's winner test as selects; a NaN score never wins.
+__device__ __forceinline__ void FoldScore(SampleSummary& s, bool fold, float score,
+                                          int32_t token, float logit) {
+  const bool take = fold && score == score && ScoreBeats(score, token, s.best_score, s.best_index);
+  s.best_score = take ? score : s.best_score;
+  s.best_index = take ? token : s.best_index;
+  s.best_logit = take ? logit : s.best_logit;
+}
+
+// AddToken's log-sum-exp over the four tokens, in token order.
+__device__ __forceinline__ void FoldLogSumExp(SampleSummary& s, const LaneTokens& t) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int32_t token = static_cast<int32_t>(token0 + i);
-    const bool take = live[i] && score[i] == score[i] &&
-                      ScoreBeats(score[i], token, s.best_score, s.best_index);
-    s.best_score = take ? score[i] : s.best_score;
-    s.best_index = take ? token : s.best_index;
-    s.best_logit = take ? logit[i] : s.best_logit;
+    const float l = t.logit[i];
+    const bool raise = t.live[i] && l > s.max_logit;
+    const bool add = t.live[i] && !raise && l > -INFINITY;  // skips -inf and NaN
+    const float e = expf(raise ? s.max_logit - l : l - s.max_logit);
+    s.sum_exp = raise ? __fmaf_rn(s.sum_exp, e, 1.0f) : add ? __fadd_rn(s.sum_exp, e) : s.sum_exp;
+    s.max_logit = raise ? l : s.max_logit;
+  }
+}
+
+// Steps 2 and 3's selection for one row: folds the probe (sampled rows) or
+// all four tokens (greedy rows) into s, and returns the mask of the lane's
+// tokens that still need their exact score.
+__device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneTokens& t,
+                                              SampleSummary& s) {
+  int j = 0;
+#pragma unroll
+  for (int i = 1; i < 4; ++i) j = t.bound[i] > PickOfFour(t.bound, j) ? i : j;
+  const float logit_j = PickOfFour(t.logit, j);
+  const bool probe_may_win = PickOfFour(t.compete, j);
+  const float score_j = __fadd_rn(logit_j, GumbelFromBitsStraight(PickOfFour(t.bits, j)));
+  FoldScore(s, row.sampled && probe_may_win, score_j, t.token0 + j, logit_j);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    FoldScore(s, !row.sampled && t.compete[i], t.logit[i], t.token0 + i, t.logit[i]);
+  }
+  float best = row.sampled && probe_may_win ? score_j : -INFINITY;
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) best = fmaxf(best, __shfl_xor_sync(kFullWarpMask, best, m));
+  uint32_t need = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // A -inf bound (l' = -inf) is kept while best is -inf: it may still win.
+    if (row.sampled && t.compete[i] && i != j && !(t.bound[i] < best)) need |= 1u << i;
+  }
+  return need;
+}
+
+// Rows a and b of the dot tile (their 128 fp32 dots each, before the scale)
+// to their tile summaries: lane k folds tokens [4k, 4k + 4) of each, as
+// above, then the butterfly (the mma.sync epilogue's shape). The two rows'
+// chains are independent, so they interleave. All 32 lanes call it.
+__device__ __forceinline__ void FoldRowPair(const RowSampler& a, const RowSampler& b,
+                                            const float* dots_a, const float* dots_b,
+                                            int64_t tok0, int lane, int64_t valid_vocab,
+                                            bool want_lse, SampleSummary& sa, SampleSummary& sb) {
+  const LaneTokens ta = PrepareLaneTokens(
+      a, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_a + 4 * lane), valid_vocab);
+  const LaneTokens tb = PrepareLaneTokens(
+      b, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_b + 4 * lane), valid_vocab);
+  sa = EmptySampleSummary();
+  sb = EmptySampleSummary();
+  uint32_t need = FoldProbe(a, ta, sa) | FoldProbe(b, tb, sb) << 4;
+  // Step 3: one token per lane and pass (bits 0-3: row a's, 4-7: row b's).
+  while (__any_sync(kFullWarpMask, need != 0)) {
+    const bool has = need != 0;
+    const int bit = has ? __ffs(static_cast<int>(need)) - 1 : 0;
+    const bool in_b = bit >= 4;
+    const int i = bit & 3;
+    const float logit = in_b ? PickOfFour(tb.logit, i) : PickOfFour(ta.logit, i);
+    const uint32_t bits = in_b ? PickOfFour(tb.bits, i) : PickOfFour(ta.bits, i);
+    const float score = __fadd_rn(logit, GumbelFromBitsStraight(bits));
+    FoldScore(sa, has && !in_b, score, ta.token0 + i, logit);
+    FoldScore(sb, has && in_b, score, tb.token0 + i, logit);
+    need &= need - 1;
   }
   if (want_lse) {
+    FoldLogSumExp(sa, ta);
+    FoldLogSumExp(sb, tb);
+  }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float l = logit[i];
-      const bool raise = live[i] && l > s.max_logit;
-      const bool add = live[i] && !raise && l > -INFINITY;  // skips -inf and NaN
-      const float e = expf(raise ? s.max_logit - l : l - s.max_logit);
-      s.sum_exp = raise ? __fmaf_rn(s.sum_exp, e, 1.0f) : add ? __fadd_rn(s.sum_exp, e) : s.sum_exp;
-      s.max_logit = raise ? l : s.max_logit;
-    }
+  for (int m = 16; m >= 1; m /= 2) {
+    sa = MergeSummaries(sa, ShuffleXorSummary(sa, m));
+    sb = MergeSummaries(sb, ShuffleXorSummary(sb, m));
   }
 }
 
 // One row of the dot tile (dots: its 128 fp32 dots, before the scale) to its
 // tile summary: lane k folds tokens [4k, 4k + 4) (one Philox block for all
-// four), then the butterfly. This is fused_sample_mma.cu's epilogue statement
-// for statement (kStraight: with AddFourStraight for AddFour, the same bits):
-// equal dots give equal summaries, and the shape is the same for every block
-// shape. All 32 lanes call it.
-template <bool kStraight>
+// four), then the butterfly: fused_sample_mma.cu's epilogue statement for
+// statement (the one-block-per-SM schedule), so equal dots give equal
+// summaries, and the shape is the same for every block shape. All 32 lanes
+// call it.
 __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const float* dots,
                                                  int64_t tok0, int lane, int64_t valid_vocab,
                                                  bool want_lse) {
   const float4 d = *reinterpret_cast<const float4*>(dots + 4 * lane);
   SampleSummary s = EmptySampleSummary();
-  if constexpr (kStraight) {
-    AddFourStraight(row, s, tok0 + 4 * lane, d, valid_vocab, want_lse);
-  } else {
-    row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
-  }
+  row.AddFour(s, tok0 + 4 * lane, d, valid_vocab, want_lse);
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) s = MergeSummaries(s, ShuffleXorSummary(s, m));
   return s;
@@ -376,8 +469,8 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
 // The block's rows < batch, one warp per row (warp w of kWarps: rows w,
 // w + kWarps, ...), each written to tile_summaries[row * num_tiles + tile].
 // Cfg::kStraightEpilogue: a warp folds rows r and r + kWarps in one pass
-// with the straight-line fold, two independent chains, each row's arithmetic
-// unchanged; a row of the pair past the batch is folded on the neutral setup
+// with the pruned fold (FoldRowPair), two independent chains, each row's
+// summary unchanged; a row of the pair past the batch is folded on the neutral setup
 // (RowSampler::Load inactive: no draft) and not written.
 // kControlled: the fused controlled path's epilogue instead
 // (ControlledTileRow, fused_controls.cuh: the mma.sync kernel's, statement
@@ -405,10 +498,9 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
                                             p.draft_logits, p.token_offset);
       const RowSampler b = RowSampler::Load(p.params, row_b, live_b, p.draft_tokens,
                                             p.draft_logits, p.token_offset);
-      const SampleSummary sa = FoldRow<true>(a, dots + r * kDotStride, tok0, lane, p.valid_vocab,
-                                       p.want_lse);
-      const SampleSummary sb = FoldRow<true>(b, dots + (r + kWarps) * kDotStride, tok0, lane,
-                                       p.valid_vocab, p.want_lse);
+      SampleSummary sa, sb;
+      FoldRowPair(a, b, dots + r * kDotStride, dots + (r + kWarps) * kDotStride, tok0, lane,
+                  p.valid_vocab, p.want_lse, sa, sb);
       if (lane == 0) {
         p.tile_summaries[row_a * p.num_tiles + tile] = sa;
         if (live_b) p.tile_summaries[row_b * p.num_tiles + tile] = sb;
@@ -419,8 +511,8 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
       if (row0 + r >= p.batch) break;  // uniform across the warp
       const RowSampler row = RowSampler::Load(p.params, row0 + r, true, p.draft_tokens,
                                               p.draft_logits, p.token_offset);
-      const SampleSummary s = FoldRow<false>(row, dots + r * kDotStride, tok0, lane, p.valid_vocab,
-                                      p.want_lse);
+      const SampleSummary s =
+          FoldRow(row, dots + r * kDotStride, tok0, lane, p.valid_vocab, p.want_lse);
       if (lane == 0) p.tile_summaries[(row0 + r) * p.num_tiles + tile] = s;
     }
   }

@@ -204,6 +204,33 @@ TEST(GumbelNoiseTest, AllCellsFiniteBoundedMonotone) {
   EXPECT_LE(max_abs_err_ulps, 4.0);
 }
 
+// GumbelLeadingOnesBound bounds every cell (pruning with it is exact only if
+// it does), and it is tight enough to prune: within ln 2 + 2^-10 of the
+// largest g of its leading-ones class from one leading one on, and it grows
+// with the class.
+TEST(GumbelNoiseTest, LeadingOnesBoundHoldsForEveryCell) {
+  for (uint32_t k = 0; k < (1u << 24); ++k) {
+    const uint32_t r = k << 8;
+    const float g = GumbelFromBits(r);
+    ASSERT_LE(g, GumbelLeadingOnesBound(r)) << "k=" << k;
+    ASSERT_EQ(GumbelLeadingOnesBound(r), GumbelLeadingOnesBound(r | 0xffu)) << "k=" << k;
+  }
+  float prev = -INFINITY;
+  for (int n = 0; n <= 24; ++n) {
+    // The largest word with exactly n leading ones (all ones for n = 24).
+    const uint32_t top = n >= 24 ? 0xffffffffu : ~(0x80000000u >> n);
+    const float bound = GumbelLeadingOnesBound(top);
+    EXPECT_GT(bound, prev) << n;
+    prev = bound;
+    EXPECT_GE(bound, GumbelFromBits(top)) << n;
+    if (n >= 1) {
+      EXPECT_LE(bound - GumbelFromBits(top), 0.6931472f + 0x1p-10f + 1e-5f) << n;
+    }
+  }
+  EXPECT_GE(GumbelLeadingOnesBound(0xffffffffu), kGumbelMax - 1e-3f);
+  EXPECT_EQ(GumbelLeadingOnesBound(0xffffff00u), GumbelLeadingOnesBound(0xffffffffu));
+}
+
 // The empirical distribution of g over many tuples is Gumbel(0, 1):
 // Kolmogorov-Smirnov against F(x) = exp(-exp(-x)) and the first two moments.
 TEST(GumbelNoiseTest, EmpiricalDistributionIsGumbel) {
