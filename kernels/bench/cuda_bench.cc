@@ -400,6 +400,7 @@ const char* Stage1Name(Stage1Kernel k) {
     case Stage1Kernel::kWgmmaOverlap: return "wgmma_overlap";
     case Stage1Kernel::kWgmmaPingpong: return "wgmma_pingpong";
     case Stage1Kernel::kCudaCore: return "cuda_core";
+    case Stage1Kernel::kWgmmaSeparateEpilogue: return "wgmma_separate_epilogue";
   }
   return "unknown";
 }

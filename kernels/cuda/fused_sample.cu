@@ -510,15 +510,17 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
       if (!MmaStage1Serves(args)) return true;  // the CUDA-core kernel
       choice->family = Stage1Choice::kMmaSync;
 #if FLASHSAMPLER_HAVE_CUTLASS
-      // From kWgmmaMinAutoBatch rows the WGMMA kernel at two blocks per SM
-      // is the fastest stage 1 we have (H200, 2026-11-26, D = 4096 / 8192:
-      // against one block per SM 3-11% faster at 32-64 rows and 14-27% at
-      // 128-1024 in one call; against mma.sync, in another, 2-6% at 32 rows
-      // and more above); its outputs are those of mma.sync bit for bit
-      // (fused_sample_sm90_test), so the switch changes no row.
+      // From kWgmmaMinAutoBatch rows the WGMMA kernel is the fastest stage 1
+      // we have (against mma.sync 2-6% at 32 rows and more above, H200,
+      // 2026-11-26); its outputs are those of mma.sync bit for bit
+      // (fused_sample_sm90_test), so the switch changes no row. Which of
+      // its schedules: kSeparateEpilogueMaxAutoBatch's comment.
       if (args.batch >= kWgmmaMinAutoBatch && WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
         choice->family = Stage1Choice::kWgmma;
-        choice->wgmma_schedule = Stage1Kernel::kWgmmaOverlap;
+        const bool separate = args.batch <= kSeparateEpilogueMaxAutoBatch ||
+                              args.hidden_dim >= kSeparateEpilogueMinAutoHidden;
+        choice->wgmma_schedule =
+            separate ? Stage1Kernel::kWgmmaSeparateEpilogue : Stage1Kernel::kWgmmaOverlap;
       }
 #endif
       return true;
@@ -530,6 +532,7 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
     case Stage1Kernel::kWgmma:
     case Stage1Kernel::kWgmmaOverlap:
     case Stage1Kernel::kWgmmaPingpong:
+    case Stage1Kernel::kWgmmaSeparateEpilogue:
 #if FLASHSAMPLER_HAVE_CUTLASS
       choice->family = Stage1Choice::kWgmma;
       choice->wgmma_schedule = requested;

@@ -88,13 +88,27 @@
 // N = the item's rows, two 64-token atoms per warpgroup, K in order, the
 // same fold), so it too gives kWgmma's bits.
 //
+// Separate epilogue warps (Stage1Kernel::kWgmmaSeparateEpilogue) give the
+// epilogue warps of its own instead: one persistent block per SM walks the
+// work items; its two MMA warpgroups run the cooperative main loop of item
+// i + 1 while two other warpgroups fold item i's dot tile (8 warps, the
+// pruned fold), and the producer warp keeps the ring full throughout. Per
+// item the SM spends about max(main loop, epilogue) instead of their sum:
+// at 32-128 rows, where a 128-token tile's main loop is bound by reading W,
+// it runs within 2% of cuBLAS's GEMM (H100). Its limit is the epilogue's 8
+// warps: where the epilogue outlasts the main loop (192-1024 rows at
+// D = 4096) the two-blocks-per-SM schedule, with 16 epilogue warps per SM,
+// is faster. 3 epilogue warpgroups do not fit: 672 threads leave 80
+// registers a thread, fewer than an m64n128 WGMMA's 64 accumulators and its
+// operands need. Per item the arithmetic is kWgmma's (the same collective,
+// K order and fold), so are the bits.
+//
 // The controlled epilogue (the fused controlled path, fused_controlled_sample.h;
 // WgmmaTileKernel<Cfg, true>): the same dot tile, and each row then runs
 // fused_controls.cuh's ControlledTileRow, the mma.sync kernel's controlled
 // epilogue statement for statement (one warp per row, lane k on tokens
 // [4k, 4k + 4)), so its summaries and candidates are mma.sync's bit for bit.
-// Built for the one- and two-blocks-per-SM schedules; the ping-pong kernel
-// refuses controls.
+// Built for every schedule but the ping-pong, which refuses controls.
 //
 // Hand-written PTX: none here beyond what sample_reduce.cuh already wraps
 // (griddepcontrol for programmatic dependent launch, which CUTLASS only emits
@@ -138,6 +152,20 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr uint32_t kEpilogueBarrier = 0;
 static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a tile");
 
+// CUTLASS's SM90 TMA warp-specialized collective main loop for a block tile
+// of 128 tokens x kRows rows x 64 k and a kStages ring. A = W [tokens, K]
+// row-major (K-major), B = Hr [rows, K] row-major, which is CUTLASS's
+// column-major K x N (K-major). Alignment 8 elements = 16 bytes. Schedule:
+// KernelTmaWarpSpecializedCooperative (two warpgroups share each stage,
+// 64 tokens each) or ...Pingpong (one warpgroup per stage, 128 tokens).
+template <class Element, int kRows, int kStages, class Schedule>
+using RingMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
+    Element, cutlass::layout::ColumnMajor, 8, float,
+    cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>,
+    cute::Shape<cute::_1, cute::_1, cute::_1>, cutlass::gemm::collective::StageCount<kStages>,
+    Schedule>::CollectiveOp;
+
 // ---- Block shapes --------------------------------------------------------------
 // Element: cutlass::bfloat16_t or cutlass::half_t. kRows: batch rows per block
 // (GEMM N). kStages: depth of the TMA ring, each stage 128 x 64 W elements
@@ -153,6 +181,7 @@ struct WgmmaConfig {
   static constexpr int kBlocksPerSm = kBlocksPerSm_;
   static constexpr bool kStraightEpilogue = kStraightEpilogue_;
   static constexpr bool kPersistent = false;  // one block per work item
+  static constexpr bool kSeparateEpilogue = false;
   // Threads. One block per SM: warpgroup 0 produces (its warp 0 issues the
   // TMA loads; the other three only give their registers back), warpgroups
   // 1-2 consume. Two per SM: warpgroups 0-1 consume (WGMMA wants a
@@ -183,13 +212,8 @@ struct WgmmaConfig {
                 "the accumulators fit the consumers' registers");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  // A = W [tokens, K] row-major (K-major), B = Hr [rows, K] row-major, which
-  // is CUTLASS's column-major K x N (K-major). Alignment 8 elements = 16 bytes.
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
-      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCount<kStages>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Mainloop =
+      RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using TiledMma = typename Mainloop::TiledMma;
   static_assert(cute::size(TiledMma{}) == kConsumerThreads,
                 "two consumer warpgroups, 64 tokens each (AtomLayout 2x1x1)");
@@ -238,17 +262,15 @@ struct PingpongConfig {
   static constexpr int kStages = kStages_;
   static constexpr bool kStraightEpilogue = true;
   static constexpr bool kPersistent = true;
+  static constexpr bool kSeparateEpilogue = false;
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegisters = 40;   // setmaxnreg, as CUTLASS's ping-pong kernel
   static constexpr int kConsumerRegisters = 232;  // (ptxas still compiles every warp within 168)
   static_assert(kRows <= 128, "kRows accumulators a consumer thread: at most 128 of its 168");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
-      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCount<kStages>,
-      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using Mainloop =
+      RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using TiledMma = typename Mainloop::TiledMma;
   static_assert(cute::size(TiledMma{}) == 128, "one warpgroup per work item");
   // Sequence depth 2 (main loop, epilogue) over 2 warpgroups.
@@ -267,6 +289,50 @@ struct PingpongConfig {
 template <class E> using Pingpong32 = PingpongConfig<E, 32, 8>;    // 8 x 20 KB + 17 KB
 template <class E> using Pingpong64 = PingpongConfig<E, 64, 7>;    // 7 x 24 KB + 34 KB
 template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
+
+// Separate epilogue warps (kWgmmaSeparateEpilogue): a persistent block per
+// SM, 544 threads. Warpgroups 0-1 are the MMA warpgroups (the cooperative
+// collective, as WgmmaConfig: 64 tokens x kRows each), warpgroups 2-3 run
+// the epilogue only, warp 16 alone produces. The MMA warpgroups write an
+// item's accumulators into the dot tile and go straight on to the next
+// item's main loop; the epilogue warps fold the tile meanwhile. One dot tile
+// (two would not fit beside a useful ring at 128 rows), so the MMA warps wait
+// for the epilogue to release it before they write the next: per item the
+// SM spends max(main loop, epilogue) plus the tile's store, not their sum.
+// Registers: 65536 / 544 -> 120 a thread for every warp (no setmaxnreg,
+// which would need the producer to be a whole warpgroup); the MMA threads
+// hold kRows / 2 accumulators, the epilogue's pruned fold fits in 112.
+template <class Element, int kRows_, int kStages_>
+struct SeparateEpilogueConfig {
+  static constexpr int kRows = kRows_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kStraightEpilogue = true;
+  static constexpr bool kPersistent = true;
+  static constexpr bool kSeparateEpilogue = true;
+  static constexpr int kEpilogueThreads = 256;
+  static constexpr int kThreads = kConsumerThreads + kEpilogueThreads + 32;
+  static constexpr int kLoadWarp = (kConsumerThreads + kEpilogueThreads) / 32;
+  static_assert(kRows <= 128, "kRows / 2 accumulators a thread within 120 registers");
+  using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Mainloop =
+      RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using TiledMma = typename Mainloop::TiledMma;
+  static_assert(cute::size(TiledMma{}) == kConsumerThreads,
+                "two MMA warpgroups, 64 tokens each (AtomLayout 2x1x1)");
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) float dots[kRows * kDotStride];
+    typename Mainloop::PipelineStorage pipeline;
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
+};
+
+template <class E> using Separate32 = SeparateEpilogueConfig<E, 32, 8>;    // 8 x 20 KB + 17 KB
+template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 7>;    // 7 x 24 KB + 34 KB
+template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -518,6 +584,55 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
   }
 }
 
+// ---- What every schedule's kernel shares ---------------------------------------------
+// The block's TMA ring pipeline: the load warp produces, `consumer` threads
+// read every stage (num_consumers of them in all), anyone else takes no
+// part. is_leader marks lane 0 of each warpgroup (for the producer: lane 0
+// of the load warp). Warp 0 initialises the barriers; the caller makes that
+// visible with __syncthreads() before any role uses them.
+template <class Cfg>
+__device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipeline(
+    typename Cfg::Mainloop::PipelineStorage& storage, const WgmmaKernelParams<Cfg>& p,
+    int thread, bool load_warp, bool consumer, int num_consumers) {
+  using Pipeline = typename Cfg::Mainloop::MainloopPipeline;
+  typename Pipeline::Params params;
+  if (load_warp) {
+    params.role = Pipeline::ThreadCategory::Producer;
+  } else if (consumer) {
+    params.role = Pipeline::ThreadCategory::Consumer;
+  }
+  params.is_leader = thread % 128 == 0;
+  params.num_consumers = num_consumers;
+  params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  return Pipeline(storage, params, typename Cfg::ClusterShape{});
+}
+
+// A persistent block's load warp: the TMA loads of work items blockIdx.x,
+// + gridDim.x, ... (item i: tile i / num_chunks, chunk i % num_chunks) into
+// the ring in that order, each item's k_tiles stages after the last's, then
+// the tail (every stage released by its consumers). All 32 lanes call it.
+template <class Cfg, class LoadInputs>
+__device__ __forceinline__ void LoadWorkItems(const WgmmaKernelParams<Cfg>& p,
+                                              typename Cfg::Mainloop& mainloop,
+                                              typename Cfg::Mainloop::MainloopPipeline pipeline,
+                                              const LoadInputs& load_inputs, int k_tiles, int lane,
+                                              typename Cfg::Mainloop::TensorStorage& tensors) {
+  using namespace cute;
+  using Pipeline = typename Cfg::Mainloop::MainloopPipeline;
+  GridDependencyWait();  // Hr is written
+  typename Cfg::Mainloop::PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+  const int64_t num_items = p.num_tiles * p.num_chunks;
+  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
+    const auto block_coord = make_coord(static_cast<int>(item / p.num_chunks),
+                                        static_cast<int>(item % p.num_chunks), _, 0);
+    auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
+    mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter, k_tiles,
+                  lane, 0, tensors);
+    write_state.advance(k_tiles);
+  }
+  mainloop.load_tail(pipeline, write_state);
+}
+
 // ---- The kernel -------------------------------------------------------------------
 // Block b: row chunk b % num_chunks (rows [chunk * kRows, + kRows)), tile
 // b / num_chunks (tokens [tile * 128, + 128)); chunks of a tile are adjacent
@@ -547,16 +662,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
   const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_chunks));
 
   if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
-  typename Pipeline::Params pipeline_params;
-  if (load_warp) {
-    pipeline_params.role = Pipeline::ThreadCategory::Producer;
-  } else if (!producer) {
-    pipeline_params.role = Pipeline::ThreadCategory::Consumer;
-  }
-  pipeline_params.is_leader = thread % 128 == 0;  // for the producer: lane 0 of the load warp
-  pipeline_params.num_consumers = kConsumerThreads;
-  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
-  Pipeline pipeline(shared.pipeline, pipeline_params, typename Cfg::ClusterShape{});  // warp 0 inits
+  Pipeline pipeline =
+      MakeRingPipeline<Cfg>(shared.pipeline, p, thread, load_warp, !producer, kConsumerThreads);
   __syncthreads();  // the barriers' initialisation is visible to every role
 
   Mainloop mainloop;
@@ -642,16 +749,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int64_t num_items = p.num_tiles * p.num_chunks;
 
   if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
-  typename Pipeline::Params pipeline_params;
-  if (load_warp) {
-    pipeline_params.role = Pipeline::ThreadCategory::Producer;
-  } else if (warp_group > 0) {
-    pipeline_params.role = Pipeline::ThreadCategory::Consumer;
-  }
-  pipeline_params.is_leader = thread % 128 == 0;
-  pipeline_params.num_consumers = 128;  // each stage is read by one warpgroup
-  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
-  Pipeline pipeline(shared.pipeline, pipeline_params, typename Cfg::ClusterShape{});  // warp 0 inits
+  // Each stage is read by one warpgroup.
+  Pipeline pipeline = MakeRingPipeline<Cfg>(shared.pipeline, p, thread, load_warp, warp_group > 0, 128);
   typename OrderBarrier::Params order_params;
   order_params.group_id = warp_group > 0 ? warp_group - 1 : 0;  // the producer never uses it
   order_params.group_size = 128;
@@ -667,17 +766,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
     if (load_warp) {
-      GridDependencyWait();  // Hr is written
-      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
-      for (int64_t item = blockIdx.x; item < num_items; item += grid) {
-        const auto block_coord = make_coord(static_cast<int>(item / p.num_chunks),
-                                            static_cast<int>(item % p.num_chunks), _, 0);
-        auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
-        mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter,
-                      k_tiles, thread % 32, 0, shared.tensors);
-        write_state.advance(k_tiles);
-      }
-      mainloop.load_tail(pipeline, write_state);  // every stage released by the consumers
+      LoadWorkItems<Cfg>(p, mainloop, pipeline, load_inputs, k_tiles, thread % 32, shared.tensors);
     }
     return;
   }
@@ -718,6 +807,97 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
 }
 
+// Separate epilogue warps: block b takes work items b, b + grid, ... (item
+// i: tile i / num_chunks, chunk i % num_chunks); the producer loads them in
+// that order and both MMA warpgroups read every stage, as WgmmaTileKernel's.
+// Two named barriers hand the dot tile over: kDotsFull (the MMA warpgroups
+// arrive after storing an item, the epilogue waits) and kDotsEmpty (the
+// epilogue arrives after folding it, the MMA warpgroups wait before storing
+// the next). bar.arrive orders the arriving threads' shared-memory writes
+// and reads before the waiters' later accesses. The first item needs no
+// kDotsEmpty wait and the last no arrival, so no barrier is left half
+// arrived when the block exits. Each item is folded exactly as
+// WgmmaTileKernel folds it (FoldTile over the same dot tile, 8 warps), so
+// the bits are kWgmma's.
+constexpr uint32_t kDotsFull = kEpilogueBarrier + 1;
+constexpr uint32_t kDotsEmpty = kEpilogueBarrier + 2;
+
+template <class Cfg, bool kControlled>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    WgmmaSeparateEpilogueKernel(const __grid_constant__ WgmmaKernelParams<Cfg> p) {
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  constexpr int kRows = Cfg::kRows;
+  constexpr int kHandOverThreads = kConsumerThreads + Cfg::kEpilogueThreads;
+
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(wgmma_smem);
+
+  const int thread = static_cast<int>(threadIdx.x);
+  const int warp = __shfl_sync(kFullWarpMask, thread / 32, 0);
+  const bool load_warp = warp == Cfg::kLoadWarp;
+  const bool mma = thread < kConsumerThreads;
+  const int64_t num_items = p.num_tiles * p.num_chunks;
+  const int64_t grid = gridDim.x;
+
+  if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
+  Pipeline pipeline =
+      MakeRingPipeline<Cfg>(shared.pipeline, p, thread, load_warp, mma, kConsumerThreads);
+  __syncthreads();  // the barriers' initialisation is visible to every role
+
+  Mainloop mainloop;
+  const auto problem = make_shape(p.valid_vocab, p.batch, p.hidden_dim, 1);
+  const auto load_inputs = mainloop.load_init(problem, p.mainloop);
+  const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
+
+  if (load_warp) {
+    LoadWorkItems<Cfg>(p, mainloop, pipeline, load_inputs, k_tiles, thread % 32, shared.tensors);
+    return;
+  }
+
+  if (mma) {
+    typename Cfg::TiledMma tiled_mma;
+    PipelineState read_state;
+    for (int64_t item = blockIdx.x; item < num_items; item += grid) {
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+      mainloop.mma(pipeline, read_state, accum, k_tiles, thread, shared.tensors, p.mainloop);
+      mainloop.mma_tail(pipeline, read_state, k_tiles);  // our WGMMAs have completed
+      read_state.advance(k_tiles);
+      if (item != blockIdx.x) {
+        cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsEmpty);  // the last tile is folded
+      }
+      // Accumulators -> dots[row][token], as WgmmaTileKernel's epilogue, 1.
+      Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
+      Tensor thread_coords = tiled_mma.get_thread_slice(thread).partition_C(coords);
+      static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
+      CUTE_UNROLL
+      for (int i = 0; i < size(accum); ++i) {
+        shared.dots[get<1>(thread_coords(i)) * kDotStride + get<0>(thread_coords(i))] = accum(i);
+      }
+      cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsFull);
+    }
+    AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
+    return;
+  }
+
+  const int epilogue_thread = thread - kConsumerThreads;
+  for (int64_t item = blockIdx.x; item < num_items; item += grid) {
+    cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsFull);
+    const int tile = static_cast<int>(item / p.num_chunks);
+    const int chunk = static_cast<int>(item % p.num_chunks);
+    FoldTile<Cfg, Cfg::kEpilogueThreads / 32, kControlled>(
+        p, shared.dots, static_cast<int64_t>(chunk) * kRows,
+        static_cast<int64_t>(tile) * kTileTokens, tile, epilogue_thread / 32,
+        epilogue_thread % 32);
+    if (item + grid < num_items) {
+      cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsEmpty);
+    }
+  }
+  AllowDependentLaunch();
+}
+
 // ---- Launcher ----------------------------------------------------------------------
 // Grid: num_tiles * ceil(batch / kRows) blocks (1187 tiles at V = 151936) of
 // Cfg::kThreads threads and Cfg::kSmemBytes of dynamic shared memory (ring +
@@ -732,8 +912,10 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
                         cudaStream_t stream, const MmaControls* controls) {
   using Mainloop = typename Cfg::Mainloop;
-  // The controlled epilogue is built for the non-persistent schedules only.
-  if (Cfg::kPersistent && controls != nullptr) return cudaErrorInvalidValue;
+  // The controlled epilogue is built for every schedule but the ping-pong.
+  if (Cfg::kPersistent && !Cfg::kSeparateEpilogue && controls != nullptr) {
+    return cudaErrorInvalidValue;
+  }
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
@@ -774,7 +956,10 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   if (controls != nullptr) params.ctl = *controls;
 
   auto* kernel = [controls] {
-    if constexpr (Cfg::kPersistent) {
+    if constexpr (Cfg::kSeparateEpilogue) {
+      return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true>
+                                 : &WgmmaSeparateEpilogueKernel<Cfg, false>;
+    } else if constexpr (Cfg::kPersistent) {
       return &WgmmaPingpongKernel<Cfg>;
     } else {
       return controls != nullptr ? &WgmmaTileKernel<Cfg, true> : &WgmmaTileKernel<Cfg, false>;
@@ -802,6 +987,11 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, i
     if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
     if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
     return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+  }
+  if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
+    if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    return LaunchTiles<Element, Separate128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
   }
   if (variant == Stage1Kernel::kWgmmaOverlap) {
     if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);

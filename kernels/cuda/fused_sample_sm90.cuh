@@ -20,6 +20,18 @@ struct MmaControls;  // fused_controls.cuh
 // faster than mma.sync (32 rows on; 16 rows and below mma.sync was faster).
 constexpr int64_t kWgmmaMinAutoBatch = 32;
 
+// Which WGMMA schedule kAuto takes (from kWgmmaMinAutoBatch rows): separate
+// epilogue warps (kWgmmaSeparateEpilogue) where a work item's main loop is
+// long enough to hide its 8-warp epilogue, i.e. up to 128 rows (one item per
+// token tile, the main loop bound by reading W) or at hidden_dim >= 8192;
+// otherwise two blocks per SM (kWgmmaOverlap), whose 16 epilogue warps per SM
+// were faster for 192-1024 rows at D = 4096. Measured on an H100, 2026-11-26
+// (BENCHMARKS.md, "Separate epilogue warps"): separate / overlap 0.98-0.84 at
+// 32-128 rows on both shapes and 0.91-0.98 at 192-1024 rows at D = 8192;
+// 1.05-1.16 at 192-1024 rows at D = 4096. All schedules give the same bits.
+constexpr int64_t kSeparateEpilogueMaxAutoBatch = 128;
+constexpr int64_t kSeparateEpilogueMinAutoHidden = 8192;
+
 // True when the WGMMA stage 1 can serve `args` (the sizes and pointers only;
 // the device is WgmmaStage1Available's check): fp16 / bf16 weights,
 // hidden_dim % 16 == 0 (TMA needs 16-byte row pitches; 16 keeps the
@@ -37,7 +49,8 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args);
 // (stage 2) is shared. Returns the first CUDA error; cudaErrorNotSupported
 // when the current device is not compute capability 9.0. variant: which
 // schedule, all with the same bits: kWgmmaOverlap (two blocks per SM),
-// kWgmmaPingpong (persistent ping-pong), anything else one block per SM
+// kWgmmaPingpong (persistent ping-pong), kWgmmaSeparateEpilogue (persistent,
+// separate epilogue warps), anything else one block per SM
 // (kWgmma's). controls: as LaunchMmaStage1's (the fused controlled path's
 // epilogue, the same bits as mma.sync's), not with kWgmmaPingpong
 // (cudaErrorInvalidValue: its epilogue is built plain only).

@@ -273,7 +273,8 @@ TEST_F(FusedControlledSampleTest, EveryStage1GivesTheSameBits) {
     const Outputs mma = Run(p.w, p.h, p.params, p.controls, Path::kFused, Stage1Kernel::kMmaSync);
     ASSERT_EQ(mma.launch, KernelStatus::kOk);
     for (const Stage1Kernel k :
-         {Stage1Kernel::kAuto, Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap}) {
+         {Stage1Kernel::kAuto, Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap,
+          Stage1Kernel::kWgmmaSeparateEpilogue}) {
       SCOPED_TRACE(::testing::Message() << "stage1 " << static_cast<int>(k));
       const Outputs other = Run(p.w, p.h, p.params, p.controls, Path::kFused, k);
       if (k != Stage1Kernel::kAuto && !hopper) {

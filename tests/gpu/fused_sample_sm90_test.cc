@@ -32,11 +32,12 @@
 // 3. Chi-square exactness of the WGMMA path (tests/gpu/sample_counts.h, as
 //    fused_sample_exactness_test.cc's TensorCorePathChiSquare).
 // 4. A forced kWgmma launch it cannot serve is refused (InvalidArgument).
-// Every part runs on the three WGMMA schedules: kWgmma (one block per SM),
-// kWgmmaOverlap (two per SM, at most 128 rows a block, paired-row epilogue)
-// and kWgmmaPingpong (persistent, two consumer warpgroups alternating, at most
-// 128 rows a work item), which must give the same bits (all are held to
-// mma.sync's tile summaries).
+// Every part runs on the four WGMMA schedules: kWgmma (one block per SM),
+// kWgmmaOverlap (two per SM, at most 128 rows a block, paired-row epilogue),
+// kWgmmaPingpong (persistent, two consumer warpgroups alternating, at most
+// 128 rows a work item) and kWgmmaSeparateEpilogue (persistent, two MMA
+// warpgroups handing each item's dot tile to two epilogue warpgroups), which
+// must give the same bits (all are held to mma.sync's tile summaries).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -383,11 +384,12 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedSampleSm90Agreement,
     ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap,
-                                         Stage1Kernel::kWgmmaPingpong),
+                                         Stage1Kernel::kWgmmaPingpong,
+                                         Stage1Kernel::kWgmmaSeparateEpilogue),
                        ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16),
                        ::testing::Values(0, 1),
                        // block rows 32, 32, 64, 128, 256 x 2 chunks (kWgmma)
-                       // or 128 x 3 chunks (kWgmmaOverlap, kWgmmaPingpong)
+                       // or 128 x 3 chunks (the other three)
                        ::testing::Values(int64_t{1}, int64_t{7}, int64_t{33}, int64_t{100},
                                          int64_t{300})));
 
@@ -480,6 +482,9 @@ INSTANTIATE_TEST_SUITE_P(
                       InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kBFloat16, 1},
                       InvarianceCase{Stage1Kernel::kWgmmaPingpong, CudaWeightDType::kFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaSeparateEpilogue, CudaWeightDType::kBFloat16, 0},
+                      InvarianceCase{Stage1Kernel::kWgmmaSeparateEpilogue, CudaWeightDType::kBFloat16, 1},
+                      InvarianceCase{Stage1Kernel::kWgmmaSeparateEpilogue, CudaWeightDType::kFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 1}));
 
@@ -584,7 +589,8 @@ TEST_P(FusedSampleSm90ChiSquare, MatchesSoftmax) {
 INSTANTIATE_TEST_SUITE_P(
     DTypes, FusedSampleSm90ChiSquare,
     ::testing::Combine(::testing::Values(Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap,
-                                         Stage1Kernel::kWgmmaPingpong),
+                                         Stage1Kernel::kWgmmaPingpong,
+                                         Stage1Kernel::kWgmmaSeparateEpilogue),
                        ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16)));
 
 // ---- 4. Refusals ------------------------------------------------------------------
@@ -607,7 +613,8 @@ TEST_F(FusedSampleSm90Test, RefusesWhatItCannotServe) {
   Launch ls = prob.launch;
   ls.weight = shifted.ptr;
   for (const Stage1Kernel k :
-       {Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap, Stage1Kernel::kWgmmaPingpong}) {
+       {Stage1Kernel::kWgmma, Stage1Kernel::kWgmmaOverlap, Stage1Kernel::kWgmmaPingpong,
+        Stage1Kernel::kWgmmaSeparateEpilogue}) {
     EXPECT_EQ(RunLaunch(l32, h, p, nullptr, k, &o), KernelStatus::kInvalidArgument);
     EXPECT_EQ(RunLaunch(ls, h, p, nullptr, k, &o), KernelStatus::kInvalidArgument);
     // The same launch on the aligned copy is served.
