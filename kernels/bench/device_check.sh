@@ -66,6 +66,17 @@ for phase in "$@"; do
         >> "$out/tests.log" 2>&1
       rc=$?
       summary+=("memcheck sharded peer rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
+      # The Hopper stage 1 with separate epilogue warps (persistent, named-barrier
+      # hand-off of the dot tile): memcheck and racecheck at 1, 33 and 100 rows.
+      if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
+        sep='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync/60:Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync/62:Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync/63'
+        for tool in memcheck racecheck; do
+          timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/fused_sample_sm90_gpu_test" \
+            --gtest_filter="$sep" >> "$out/tests.log" 2>&1
+          rc=$?
+          summary+=("$tool sm90 separate epilogue rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/tests.log" | tail -1)")
+        done
+      fi
       # Draft rows (speculative verification) on every launch path, small shapes.
       timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/draft_sample_gpu_test" \
         --gtest_filter='Paths/DraftRowsTest.*:DraftArgsTest.*' >> "$out/tests.log" 2>&1
