@@ -155,14 +155,15 @@ static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a
 // CUTLASS's SM90 TMA warp-specialized collective main loop for a block tile
 // of 128 tokens x kRows rows x 64 k and a kStages ring. A = W [tokens, K]
 // row-major (K-major), B = Hr [rows, K] row-major, which is CUTLASS's
-// column-major K x N (K-major). Alignment 8 elements = 16 bytes. Schedule:
+// column-major K x N (K-major). Alignment 8 elements = 16 bytes. kK: K
+// elements per stage (a multiple of 64: 128B-swizzled boxes). Schedule:
 // KernelTmaWarpSpecializedCooperative (two warpgroups share each stage,
 // 64 tokens each) or ...Pingpong (one warpgroup per stage, 128 tokens).
-template <class Element, int kRows, int kStages, class Schedule>
+template <class Element, int kRows, int kStages, class Schedule, int kK = kKTile>
 using RingMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
     Element, cutlass::layout::ColumnMajor, 8, float,
-    cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>,
+    cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kK>>,
     cute::Shape<cute::_1, cute::_1, cute::_1>, cutlass::gemm::collective::StageCount<kStages>,
     Schedule>::CollectiveOp;
 
@@ -302,7 +303,8 @@ template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB 
 // Registers: 65536 / 544 -> 120 a thread for every warp (no setmaxnreg,
 // which would need the producer to be a whole warpgroup); the MMA threads
 // hold kRows / 2 accumulators, the epilogue's pruned fold fits in 112.
-template <class Element, int kRows_, int kStages_>
+// kK_: K elements per ring stage.
+template <class Element, int kRows_, int kStages_, int kK_ = kKTile>
 struct SeparateEpilogueConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
@@ -313,10 +315,10 @@ struct SeparateEpilogueConfig {
   static constexpr int kThreads = kConsumerThreads + kEpilogueThreads + 32;
   static constexpr int kLoadWarp = (kConsumerThreads + kEpilogueThreads) / 32;
   static_assert(kRows <= 128, "kRows / 2 accumulators a thread within 120 registers");
-  using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
+  using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kK_>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop =
-      RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+      RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedCooperative, kK_>;
   using TiledMma = typename Mainloop::TiledMma;
   static_assert(cute::size(TiledMma{}) == kConsumerThreads,
                 "two MMA warpgroups, 64 tokens each (AtomLayout 2x1x1)");
@@ -330,8 +332,13 @@ struct SeparateEpilogueConfig {
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
 };
 
-template <class E> using Separate32 = SeparateEpilogueConfig<E, 32, 8>;    // 8 x 20 KB + 17 KB
-template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 7>;    // 7 x 24 KB + 34 KB
+// 32 and 64 rows: 128-element K steps (each stage reads 256 contiguous
+// bytes of every W row, in two 128-byte TMA boxes), which the DRAM serves
+// better than 128-byte pieces (the mma.sync kernel's v2 lesson): 1-3%
+// faster than 64-element steps at 8 and 7 stages (H100). The K order of the
+// k16 WGMMAs is the same, so are the bits.
+template <class E> using Separate32 = SeparateEpilogueConfig<E, 32, 4, 128>;  // 4 x 40 KB + 17 KB
+template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 4, 128>;  // 4 x 48 KB + 34 KB
 template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
 
 template <class Cfg>
