@@ -188,8 +188,8 @@ struct ControlledSampleArgs {
   size_t workspace_bytes = 0;
   int cluster_blocks = kControlledClusterAuto;
   // The fused controlled path's stage-1 kernel (fused_controlled_sample.h;
-  // FusedSampleArgs::stage1's meaning: kAuto is mma.sync below 32 rows and
-  // WGMMA at two blocks per SM from 32 where available, the same bits).
+  // FusedSampleArgs::stage1's meaning: kAuto is mma.sync below 16 rows and
+  // WGMMA from 16 where available, the same bits).
   // kCudaCore and kWgmmaPingpong cannot run its epilogue: kInvalidArgument.
   // The materialized path ignores it.
   Stage1Kernel stage1 = Stage1Kernel::kAuto;

@@ -23,9 +23,10 @@
 //     back whenever a row samples outside its list (often, on flat rows).
 //
 // What it computes. Stage 1 is the tensor-core GEMM of the plain fused sampler
-// (ControlledSampleArgs::stage1, chosen as FusedSampleArgs::stage1: below 32
-// rows fused_sample_mma.cu, blocks of 128 tokens x up to 128 rows; from 32
-// rows on Hopper fused_sample_sm90.cu's WGMMA kernel at two blocks per SM,
+// (ControlledSampleArgs::stage1, chosen as FusedSampleArgs::stage1: below 16
+// rows fused_sample_mma.cu, blocks of 128 tokens x up to 128 rows; from 16
+// rows on Hopper fused_sample_sm90.cu's WGMMA kernel (separate epilogue warps
+// to 128 rows, two blocks per SM above),
 // the same dots bit for bit, so the same outputs); its epilogue
 // turns each dot into l' exactly as the materialized path does (the allowed
 // bitmask and bans give -inf, TouchedLogit for the row's touched tokens, one

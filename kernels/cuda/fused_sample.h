@@ -98,7 +98,7 @@ enum class MmaPipeline : int32_t {
 enum class Stage1Kernel : int32_t {
   // A tensor-core kernel wherever one serves (16-bit weights, hidden_dim % 16
   // == 0, 16-byte aligned W and H), at every batch from 1 row: mma.sync up to
-  // 31 rows, from 32 rows the WGMMA kernel where it is available
+  // 15 rows, from 16 rows the WGMMA kernel where it is available
   // (WgmmaStage1Available): with separate epilogue warps
   // (kWgmmaSeparateEpilogue) up to 128 rows and at hidden_dim >= 8192, else
   // at two blocks per SM (kWgmmaOverlap; fused_sample_sm90.cuh). They all
@@ -138,7 +138,7 @@ enum class Stage1Kernel : int32_t {
   // (fused_sample_sm90.cu, "Separate epilogue warps"): one persistent block
   // per SM whose two MMA warpgroups go on to the next work item while two
   // other warpgroups fold the last one, at most 128 rows a work item. The
-  // same conditions and the same bits as kWgmma. kAuto's choice from 32 to
+  // same conditions and the same bits as kWgmma. kAuto's choice from 16 to
   // 128 rows, and above at hidden_dim >= 8192 (H100, BENCHMARKS.md).
   kWgmmaSeparateEpilogue = 6,
 };

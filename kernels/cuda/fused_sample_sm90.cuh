@@ -15,10 +15,12 @@ namespace flashsampler::kernels::cuda_internal {
 
 struct MmaControls;  // fused_controls.cuh
 
-// Stage1Kernel::kAuto takes the WGMMA kernel at two blocks per SM
-// (kWgmmaOverlap) for batches of at least this many rows, where it measured
-// faster than mma.sync (32 rows on; 16 rows and below mma.sync was faster).
-constexpr int64_t kWgmmaMinAutoBatch = 32;
+// Stage1Kernel::kAuto takes the WGMMA kernel for batches of at least this
+// many rows, where it measured at least as fast as mma.sync: with separate
+// epilogue warps (128-element K steps) 0.4-5% faster from 16 to 31 rows on an
+// H100 (both shapes), equal to 1% faster at 16 rows and 6-10% at 24 on an
+// H200; at 8 rows mma.sync was 2-3% faster there (2026-11-26).
+constexpr int64_t kWgmmaMinAutoBatch = 16;
 
 // Which WGMMA schedule kAuto takes (from kWgmmaMinAutoBatch rows): separate
 // epilogue warps (kWgmmaSeparateEpilogue) where a work item's main loop is

@@ -82,7 +82,7 @@ TEST(CudaEngine, MatchesTheCpuEngineOnBothPaths) {
 // Every third row plain (draft -1); of the drafted rows, half draft the CPU
 // engine's greedy token (the likely case: p(x) large) and half a random one.
 // The served path under the default options (EngineOptions{}: the fused
-// kernel for every batch, on the tensor cores from one row, WGMMA from 32 on
+// kernel for every batch, on the tensor cores from one row, WGMMA from 16 on
 // Hopper): a row's token, log Z and logprob are bit-identical alone and inside
 // batches of 2 ... 1024 with random companions at random slots.
 TEST(CudaEngine, DefaultPathGivesARowTheSameBitsInEveryBatch) {

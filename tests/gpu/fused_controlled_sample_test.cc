@@ -239,8 +239,8 @@ TEST_F(FusedControlledSampleTest, MatchesTheMaterializedPath) {
 
 // The stage-1 kernels run one epilogue on the same dots (fused_sample_sm90.cu
 // gives mma.sync's bits), so every output is the same bit for bit, whichever
-// kernel kAuto picks for the batch: 5 rows (mma.sync) and 300 (from 32 rows
-// WGMMA at two blocks per SM on Hopper: three 128-row chunks). Elsewhere than
+// kernel kAuto picks for the batch: 5 rows (mma.sync) and 300 (from 16 rows
+// WGMMA on Hopper; above 128 rows at two blocks per SM: three 128-row chunks). Elsewhere than
 // on Hopper the WGMMA kernels are refused and only mma.sync and kAuto run.
 void ExpectSameBits(const Outputs& a, const Outputs& b) {
   ASSERT_EQ(a.tokens.size(), b.tokens.size());

@@ -1,6 +1,6 @@
 // The tensor-core stage 1 of the fused sampler (kernels/cuda/fused_sample_mma.cu,
 // taken for fp16 / bf16 weights and hidden_dim % 16 == 0 at every batch; from
-// 32 rows on Hopper the WGMMA kernel, the same bits) against the CPU backend
+// 16 rows on Hopper the WGMMA kernel, the same bits) against the CPU backend
 // and against the CUDA-core stage 1 (forced, Stage1Kernel::kCudaCore; ctest
 // label `gpu`).
 //

@@ -488,8 +488,8 @@ INSTANTIATE_TEST_SUITE_P(
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 0},
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 1}));
 
-// The path the server takes (kAuto): mma.sync from 1 to 31 rows, WGMMA at two
-// blocks per SM from 32. A row's bits must not change with its batch, across
+// The path the server takes (kAuto): mma.sync from 1 to 15 rows, WGMMA from
+// 16 (separate epilogue warps to 128 rows, then two blocks per SM at D < 8192). A row's bits must not change with its batch, across
 // that line too: 64 probes with random params (a quarter greedy), each first
 // launched alone, then inside batches of 2 ... 1024 with random companions
 // at random slots; on both shapes (the D = 8192 one a vocabulary shard at
