@@ -302,7 +302,7 @@ template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB 
 // SM spends max(main loop, epilogue) plus the tile's store, not their sum.
 // Registers: 65536 / 544 -> 120 a thread for every warp (no setmaxnreg,
 // which would need the producer to be a whole warpgroup); the MMA threads
-// hold kRows / 2 accumulators, the epilogue's pruned fold fits in 112.
+// hold kRows / 2 accumulators (ptxas: 64-90 registers a thread, no spills).
 // kK_: K elements per ring stage.
 template <class Element, int kRows_, int kStages_, int kK_ = kKTile>
 struct SeparateEpilogueConfig {
@@ -333,10 +333,9 @@ struct SeparateEpilogueConfig {
 };
 
 // 32 and 64 rows: 128-element K steps (each stage reads 256 contiguous
-// bytes of every W row, in two 128-byte TMA boxes), which the DRAM serves
-// better than 128-byte pieces (the mma.sync kernel's v2 lesson): 1-3%
-// faster than 64-element steps at 8 and 7 stages (H100). The K order of the
-// k16 WGMMAs is the same, so are the bits.
+// bytes of every W row instead of 128; the mma.sync kernel's v2 found the
+// DRAM serves such runs better): 1-3% faster than 64-element steps at 8 and
+// 7 stages (H100). The K order of the k16 WGMMAs is the same, so are the bits.
 template <class E> using Separate32 = SeparateEpilogueConfig<E, 32, 4, 128>;  // 4 x 40 KB + 17 KB
 template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 4, 128>;  // 4 x 48 KB + 34 KB
 template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
