@@ -378,20 +378,11 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
   plain.hidden_dim = a.hidden_dim;
   plain.token_offset = token_offset;
   cuda_internal::Stage1Choice choice;
-  if (!cuda_internal::ChooseStage1(plain, a.stage1, &choice) ||
+  if (!cuda_internal::ChooseStage1(plain, a.stage1, &choice, /*controlled=*/true) ||
       choice.family == cuda_internal::Stage1Choice::kCudaCore ||
       (choice.family == cuda_internal::Stage1Choice::kWgmma &&
        choice.wgmma_schedule == Stage1Kernel::kWgmmaPingpong)) {
     return KernelStatus::kInvalidArgument;
-  }
-  // The controlled epilogue (16 arg-max rounds per candidate row) is heavier
-  // than the plain fold, so above 128 rows its 8 separate epilogue warps are
-  // the bound at any hidden size: kAuto takes two blocks per SM there (H100,
-  // top_k 50 + top_p: separate / overlap 0.91-0.92 at 128 rows, 1.10-1.25 at
-  // 192-512 rows at D = 4096, 0.98-1.03 at D = 8192). The same bits either way.
-  if (a.stage1 == Stage1Kernel::kAuto && choice.family == cuda_internal::Stage1Choice::kWgmma &&
-      a.batch > cuda_internal::kSeparateEpilogueMaxAutoBatch) {
-    choice.wgmma_schedule = Stage1Kernel::kWgmmaOverlap;
   }
   cuda_internal::MmaControls ctl;
   ctl.controls = a.controls;

@@ -36,8 +36,10 @@ struct Stage1Choice {
 // batch; fused_sample.cu): kAuto as Stage1Kernel::kAuto says, a forced kernel
 // as itself. False when a forced kernel cannot serve the launch (its
 // conditions, the build, the device) or `requested` is outside the enum: an
-// argument error, never a silent fallback.
-bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice);
+// argument error, never a silent fallback. controlled: the launch runs the
+// fused controlled path's epilogue (kAuto's WGMMA schedule depends on it).
+bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice,
+                  bool controlled = false);
 
 // Enqueues kernel 1 of the tensor-core stage 1 alone: H (fp32 [batch,
 // hidden_dim]) rounded to the weight dtype (round to nearest even, as the

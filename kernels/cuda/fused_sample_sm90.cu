@@ -152,6 +152,13 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr uint32_t kEpilogueBarrier = 0;
 static_assert(kTileTokens == 4 * 32, "the epilogue gives each lane 4 tokens of a tile");
 
+// Which kernel a block configuration is for (Cfg::kSchedule).
+enum class Schedule {
+  kBlockPerItem,      // WgmmaTileKernel: one block per work item (one or two per SM)
+  kPingpong,          // WgmmaPingpongKernel: persistent; no controlled epilogue
+  kSeparateEpilogue,  // WgmmaSeparateEpilogueKernel: persistent
+};
+
 // CUTLASS's SM90 TMA warp-specialized collective main loop for a block tile
 // of 128 tokens x kRows rows x 64 k and a kStages ring. A = W [tokens, K]
 // row-major (K-major), B = Hr [rows, K] row-major, which is CUTLASS's
@@ -181,8 +188,7 @@ struct WgmmaConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kBlocksPerSm = kBlocksPerSm_;
   static constexpr bool kStraightEpilogue = kStraightEpilogue_;
-  static constexpr bool kPersistent = false;  // one block per work item
-  static constexpr bool kSeparateEpilogue = false;
+  static constexpr Schedule kSchedule = Schedule::kBlockPerItem;
   // Threads. One block per SM: warpgroup 0 produces (its warp 0 issues the
   // TMA loads; the other three only give their registers back), warpgroups
   // 1-2 consume. Two per SM: warpgroups 0-1 consume (WGMMA wants a
@@ -262,8 +268,7 @@ struct PingpongConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
   static constexpr bool kStraightEpilogue = true;
-  static constexpr bool kPersistent = true;
-  static constexpr bool kSeparateEpilogue = false;
+  static constexpr Schedule kSchedule = Schedule::kPingpong;
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegisters = 40;   // setmaxnreg, as CUTLASS's ping-pong kernel
   static constexpr int kConsumerRegisters = 232;  // (ptxas still compiles every warp within 168)
@@ -309,8 +314,7 @@ struct SeparateEpilogueConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
   static constexpr bool kStraightEpilogue = true;
-  static constexpr bool kPersistent = true;
-  static constexpr bool kSeparateEpilogue = true;
+  static constexpr Schedule kSchedule = Schedule::kSeparateEpilogue;
   static constexpr int kEpilogueThreads = 256;
   static constexpr int kThreads = kConsumerThreads + kEpilogueThreads + 32;
   static constexpr int kLoadWarp = (kConsumerThreads + kEpilogueThreads) / 32;
@@ -358,8 +362,8 @@ struct WgmmaKernelParams {
 };
 
 // ---- The epilogue's fold ----------------------------------------------------------
-// The pruned fold (the two-blocks-per-SM and ping-pong schedules: two rows a
-// warp pass). It gives RowSampler::AddFour's summary bit for bit while
+// The pruned fold (the two-blocks-per-SM, ping-pong and separate-epilogue
+// schedules: two rows a warp pass). It gives RowSampler::AddFour's summary bit for bit while
 // evaluating the noise (Philox word -> two logs) for about one token per
 // lane and row instead of four:
 //  1. Each lane forms its four transformed logits l' and Philox words, and
@@ -591,6 +595,25 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
 }
 
 // ---- What every schedule's kernel shares ---------------------------------------------
+// An MMA warpgroup pair's (or one warpgroup's) accumulators -> dots[row][token]
+// (fp32 dots, before the scale). The identity tensor, partitioned like the
+// accumulators, names each register's (token, row) in the block tile. In the
+// m64nNk16 layout a warp's 32 lanes write tokens g = lane / 4 (+ 0..7) of
+// rows 2 (lane % 4) (+ 0, 1): bank (8 (lane % 4) + g) mod 32 with the
+// 132-float row stride, all 32 distinct.
+template <class Cfg, class Accum>
+__device__ __forceinline__ void StoreDotTile(const typename Cfg::TiledMma& tiled_mma,
+                                             const Accum& accum, int mma_thread, float* dots) {
+  using namespace cute;
+  Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
+  Tensor thread_coords = tiled_mma.get_thread_slice(mma_thread).partition_C(coords);
+  static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
+  CUTE_UNROLL
+  for (int i = 0; i < size(accum); ++i) {
+    dots[get<1>(thread_coords(i)) * kDotStride + get<0>(thread_coords(i))] = accum(i);
+  }
+}
+
 // The block's TMA ring pipeline: the load warp produces, `consumer` threads
 // read every stage (num_consumers of them in all), anyone else takes no
 // part. is_leader marks lane 0 of each warpgroup (for the producer: lane 0
@@ -705,24 +728,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
   // past the last stage they waited for), so it can hold the dot tile.
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
-  // Epilogue, 1: accumulators -> dots[row][token] (fp32 dots, before the
-  // scale). The identity tensor, partitioned like the accumulators, names
-  // each register's (token, row) in the block tile. In the m64nNk16 layout a
-  // warp's 32 lanes write tokens g = lane / 4 (+ 0..7) of rows 2 (lane % 4)
-  // (+ 0, 1): bank (8 (lane % 4) + g) mod 32 with the 132-float row stride,
-  // all 32 distinct.
+  // Epilogue, 1: accumulators -> dots[row][token].
   float* dots = shared.ring.dots;
-  {
-    Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
-    Tensor thread_coords = tiled_mma.get_thread_slice(mma_thread).partition_C(coords);
-    static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
-    CUTE_UNROLL
-    for (int i = 0; i < size(accum); ++i) {
-      const int token = get<0>(thread_coords(i));
-      const int row = get<1>(thread_coords(i));
-      dots[row * kDotStride + token] = accum(i);
-    }
-  }
+  StoreDotTile<Cfg>(tiled_mma, accum, mma_thread, dots);
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
   // Epilogue, 2: one warp per row (FoldTile).
@@ -794,16 +802,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     read_state.advance(2 * k_tiles);
 
     order.wait();  // the other warpgroup's epilogue is done with the dot tile
-    // Accumulators -> dots[row][token], as WgmmaTileKernel's epilogue, 1.
-    {
-      Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
-      Tensor thread_coords = tiled_mma.get_thread_slice(mma_thread).partition_C(coords);
-      static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
-      CUTE_UNROLL
-      for (int i = 0; i < size(accum); ++i) {
-        shared.dots[get<1>(thread_coords(i)) * kDotStride + get<0>(thread_coords(i))] = accum(i);
-      }
-    }
+    StoreDotTile<Cfg>(tiled_mma, accum, mma_thread, shared.dots);
     cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + 1 + consumer);
     FoldTile<Cfg, 4, false>(p, shared.dots, static_cast<int64_t>(chunk) * kRows,
                      static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32,
@@ -874,14 +873,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (item != blockIdx.x) {
         cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsEmpty);  // the last tile is folded
       }
-      // Accumulators -> dots[row][token], as WgmmaTileKernel's epilogue, 1.
-      Tensor coords = make_identity_tensor(take<0, 2>(typename Cfg::TileShape{}));
-      Tensor thread_coords = tiled_mma.get_thread_slice(thread).partition_C(coords);
-      static_assert(decltype(size(accum))::value == decltype(size(thread_coords))::value);
-      CUTE_UNROLL
-      for (int i = 0; i < size(accum); ++i) {
-        shared.dots[get<1>(thread_coords(i)) * kDotStride + get<0>(thread_coords(i))] = accum(i);
-      }
+      StoreDotTile<Cfg>(tiled_mma, accum, thread, shared.dots);
       cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsFull);
     }
     AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
@@ -919,13 +911,11 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                         cudaStream_t stream, const MmaControls* controls) {
   using Mainloop = typename Cfg::Mainloop;
   // The controlled epilogue is built for every schedule but the ping-pong.
-  if (Cfg::kPersistent && !Cfg::kSeparateEpilogue && controls != nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  if (Cfg::kSchedule == Schedule::kPingpong && controls != nullptr) return cudaErrorInvalidValue;
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  if constexpr (Cfg::kPersistent) {
+  if constexpr (Cfg::kSchedule != Schedule::kBlockPerItem) {  // persistent: a block per SM
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -962,10 +952,10 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   if (controls != nullptr) params.ctl = *controls;
 
   auto* kernel = [controls] {
-    if constexpr (Cfg::kSeparateEpilogue) {
+    if constexpr (Cfg::kSchedule == Schedule::kSeparateEpilogue) {
       return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true>
                                  : &WgmmaSeparateEpilogueKernel<Cfg, false>;
-    } else if constexpr (Cfg::kPersistent) {
+    } else if constexpr (Cfg::kSchedule == Schedule::kPingpong) {
       return &WgmmaPingpongKernel<Cfg>;
     } else {
       return controls != nullptr ? &WgmmaTileKernel<Cfg, true> : &WgmmaTileKernel<Cfg, false>;

@@ -31,6 +31,11 @@ constexpr int64_t kWgmmaMinAutoBatch = 16;
 // (BENCHMARKS.md, "Separate epilogue warps"): separate / overlap 0.98-0.84 at
 // 32-128 rows on both shapes and 0.91-0.98 at 192-1024 rows at D = 8192;
 // 1.05-1.16 at 192-1024 rows at D = 4096. All schedules give the same bits.
+// A controlled launch (ChooseStage1's `controlled`) takes it up to 128 rows
+// only: its epilogue (16 arg-max rounds per candidate row) is heavier, so
+// above 128 rows the 8 separate epilogue warps are the bound at any hidden
+// size (H100, top_k 50 + top_p: separate / two blocks per SM 0.91-0.92 at
+// 128 rows, 1.10-1.25 at 192-512 rows at D = 4096, 0.98-1.03 at D = 8192).
 constexpr int64_t kSeparateEpilogueMaxAutoBatch = 128;
 constexpr int64_t kSeparateEpilogueMinAutoHidden = 8192;
 
