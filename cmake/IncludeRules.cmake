@@ -32,7 +32,7 @@ endmacro()
 # server/ top: main.cc and the flags (server_config) wire every concern together.
 include_rule(server
   server server/api server/batching server/engine server/model server/regions
-  server/security server/telemetry kernels/common absl grpc protobuf proto)
+  server/security server/telemetry server/local kernels/common absl grpc protobuf proto)
 # The model: weights and their files. Nothing of engines, requests or gRPC.
 include_rule(server/model     server/model kernels/common absl json random123)
 # The engines: the model and the kernels. Never gRPC, protobuf, the wire
@@ -55,6 +55,10 @@ include_rule(server/api
 # Security: gRPC, OpenSSL, the API's status mapping, the clients' file reader.
 include_rule(server/security
   server/security server/api client/credential_files.h absl grpc proto openssl)
+# The local channel: the API's service (and through it gRPC's status type and
+# the generated messages), the frames it shares with the clients.
+include_rule(server/local
+  server/local server/api server/telemetry absl grpc proto client/local_frame.h)
 # kernels/: framework-free compute, never gRPC, protobuf, absl or server/.
 include_rule(kernels/common   kernels/common random123)
 include_rule(kernels/cpu      kernels/common kernels/cpu random123)

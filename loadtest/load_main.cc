@@ -4,6 +4,8 @@
 //     flashsampler-load --address=HOST:PORT --concurrency=1,4,16,64 [--mode=unary|stream]
 //   open loop (given --rate; latency from each intended send time):
 //     flashsampler-load --address=HOST:PORT --rate=1000,2000 [--arrival=constant|poisson]
+//   closed loop over the local channel (a server on this host with --local_socket):
+//     flashsampler-load --address=HOST:PORT --local_socket=PATH [--transport=shm|cuda_ipc]
 //
 // Each step runs --warmup_s (discarded) then --duration_s; the table goes to
 // stdout, --json_out / --csv_out write the report and latency histograms for
@@ -27,6 +29,7 @@
 #include "client/sampler_client.h"
 #include "loadtest/load_driver.h"
 #include "loadtest/load_report.h"
+#include "loadtest/local_channel_driver.h"
 #include "loadtest/region_transport.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server address HOST:PORT");
@@ -34,6 +37,11 @@ ABSL_FLAG(std::string, transport, "grpc",
           "how hidden states and results travel: grpc (in the messages), shm (a registered POSIX "
           "shared-memory region; the server must be on this host) or cuda_ipc (a registered GPU "
           "buffer on --cuda_device; CUDA builds, server on this host)");
+ABSL_FLAG(std::string, local_socket, "",
+          "send the requests over the server's local channel at this Unix-domain socket path "
+          "(its --local_socket) instead of gRPC: closed loop only, one request in flight per "
+          "connection (--concurrency connections); --address still serves GetModelInfo and the "
+          "region registration of --transport=shm|cuda_ipc");
 ABSL_FLAG(int32_t, cuda_device, 0, "--transport=cuda_ipc: the GPU holding the payloads");
 ABSL_FLAG(int32_t, channels, 4, "gRPC channels (separate connections); requests go round-robin");
 ABSL_FLAG(std::string, mode, "unary", "unary: one Sample call per request; stream: SampleStream");
@@ -124,6 +132,8 @@ int main(int argc, char** argv) {
     return Usage("--transport must be grpc, shm or cuda_ipc");
   }
   const bool open_loop = !absl::GetFlag(FLAGS_rate).empty();
+  const std::string local_socket = absl::GetFlag(FLAGS_local_socket);
+  if (!local_socket.empty() && open_loop) return Usage("--local_socket runs closed loops only (no --rate)");
   std::vector<int> concurrency;
   std::vector<double> rates;
   if (open_loop) {
@@ -199,13 +209,17 @@ int main(int argc, char** argv) {
     }
     region = *std::move(made);
   }
+  std::unique_ptr<load::LocalChannelDriver> local_driver;
+  if (!local_socket.empty()) {
+    local_driver = std::make_unique<load::LocalChannelDriver>(local_socket, requests, options);
+  }
   load::LoadDriver driver(std::move(stubs), *security, std::move(requests), options);
 
   load::RunDescription run;
   run.date_utc = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   run.address = address;
   run.loop = open_loop ? "open" : "closed";
-  run.mode = mode;
+  run.mode = local_driver != nullptr ? "local" : mode;
   run.transport = transport;
   run.arrival = open_loop ? absl::GetFlag(FLAGS_arrival) : "";
   run.channels = channels;
@@ -223,7 +237,9 @@ int main(int argc, char** argv) {
   if (open_loop) {
     for (double rate : rates) steps.push_back(driver.RunOpenLoop(rate));
   } else {
-    for (int c : concurrency) steps.push_back(driver.RunClosedLoop(c));
+    for (int c : concurrency) {
+      steps.push_back(local_driver != nullptr ? local_driver->RunClosedLoop(c) : driver.RunClosedLoop(c));
+    }
   }
   std::printf("%s", load::ReportTable(run, steps).c_str());
 

@@ -41,6 +41,7 @@
 #include "server/engine/engine.h"
 #include "server/api/health_gate.h"
 #include "server/security/health_only_server.h"
+#include "server/local/local_channel_server.h"
 #include "server/model/lm_head.h"
 #include "server/batching/dynamic_batcher.h"
 #include "server/telemetry/metrics.h"
@@ -245,6 +246,25 @@ int main(int argc, char** argv) {
                 health.substr(0, health.rfind(':')).c_str(), health_port);
   }
   std::fflush(stdout);
+  // The local channel: the same requests on a Unix-domain socket, for
+  // engines on this host. Its bound on a frame is gRPC's on a message.
+  std::unique_ptr<flashsampler::LocalChannelServer> local_channel;
+  if (!config->local_socket.empty()) {
+    flashsampler::LocalChannelOptions local_options;
+    local_options.path = config->local_socket;
+    local_options.max_connections = config->max_local_connections;
+    local_options.max_request_bytes = static_cast<uint32_t>(std::min<int64_t>(max_message, INT_MAX));
+    absl::StatusOr<std::unique_ptr<flashsampler::LocalChannelServer>> started =
+        flashsampler::LocalChannelServer::Start(std::move(local_options), &service);
+    if (!started.ok()) {
+      std::fprintf(stderr, "flashsampler-server: %s\n", started.status().ToString().c_str());
+      server->Shutdown();
+      if (health_server != nullptr) health_server->Shutdown();
+      return 1;
+    }
+    local_channel = *std::move(started);
+    std::fprintf(stderr, "flashsampler-server: local channel on %s\n", local_channel->path().c_str());
+  }
 
   std::atomic<bool> load_failed{false};
   std::thread loader([&] {
@@ -342,6 +362,7 @@ int main(int argc, char** argv) {
   // New requests get UNAVAILABLE from here; idle streams close now, busy ones
   // after their answer.
   service.BeginDrain();
+  if (local_channel != nullptr) local_channel->BeginDrain();
   // Accepted requests finish, then a lame-duck pause in which callers still
   // get a clear UNAVAILABLE, and only then the listener closes: a call that
   // reaches gRPC in the instant of Shutdown is cancelled by gRPC itself
@@ -362,6 +383,8 @@ int main(int argc, char** argv) {
   // not delay closing the listener and draining the calls above.
   loader.join();
   batcher.Stop();
+  // Every request is answered now; the local channel's connections close.
+  if (local_channel != nullptr) local_channel->Stop();
   if (health_server != nullptr) health_server->Shutdown();
   std::fprintf(stderr, "flashsampler-server: stopped\n");
   return load_failed ? 1 : 0;

@@ -26,6 +26,15 @@ ABSL_FLAG(int32_t, threads, 0, "CPU backend worker threads (0: all hardware thre
 ABSL_FLAG(int64_t, tile_rows, 1024, "CPU backend vocabulary tile, in tokens");
 ABSL_FLAG(int64_t, max_request_rows, 1024,
           "Largest B one request may carry; the gRPC message size limit follows from it");
+// The local channel (server/local/).
+ABSL_FLAG(std::string, local_socket, "",
+          "Also serve Sample requests on this Unix-domain socket path, for engines on the same "
+          "host: the local channel (client/local_frame.h), the same requests without gRPC's round "
+          "trip; meant for requests whose tensors are in registered memory regions. Mode 0600, "
+          "peers of the server's user (or root) only; no TLS or token on it. Empty: off");
+ABSL_FLAG(int32_t, max_local_connections, 64,
+          "--local_socket: connections open at once (a thread each); one more is refused with "
+          "RESOURCE_EXHAUSTED");
 // The dynamic batcher.
 ABSL_FLAG(int32_t, max_regions, 64,
           "Memory regions (POSIX shared memory, CUDA IPC) callers may register at once for "
@@ -116,6 +125,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.tile_rows = absl::GetFlag(FLAGS_tile_rows);
   c.max_request_rows = absl::GetFlag(FLAGS_max_request_rows);
   c.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
+  c.local_socket = absl::GetFlag(FLAGS_local_socket);
+  c.max_local_connections = absl::GetFlag(FLAGS_max_local_connections);
   c.max_regions = absl::GetFlag(FLAGS_max_regions);
   c.shm_device_copies = absl::GetFlag(FLAGS_shm_device_copies);
   c.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
@@ -163,6 +174,12 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   if (c.tile_rows < 1) return absl::InvalidArgumentError("--tile_rows must be >= 1");
   if (c.max_request_rows < 1 || c.max_request_rows > (1 << 20)) {
     return absl::InvalidArgumentError("--max_request_rows must be in [1, 1048576]");
+  }
+  if (c.max_local_connections < 1 || c.max_local_connections > 4096) {
+    return absl::InvalidArgumentError("--max_local_connections must be in [1, 4096]");
+  }
+  if (c.local_socket.size() > 107) {
+    return absl::InvalidArgumentError("--local_socket must be a path of at most 107 bytes");
   }
   if (c.max_regions < 0 || c.max_regions > 4096) {
     return absl::InvalidArgumentError("--max_regions must be in [0, 4096]");

@@ -26,6 +26,8 @@ struct ServerConfig {
   int64_t max_batch_rows = 256;     // rows per engine launch
   int64_t max_queue_delay_us = 0;
   int64_t max_queue_rows = 4096;    // admission bound, >= max_request_rows
+  std::string local_socket;         // the local channel's socket path; empty = off
+  int max_local_connections = 64;   // the local channel's connections at once
   int max_regions = 64;             // registered memory regions (0: the feature is off)
   bool shm_device_copies = false;   // map shared-memory regions for device copies (--shm_device_copies)
   int completion_threads = 4;       // threads answering finished requests

@@ -67,7 +67,7 @@ class SampleStreamReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    service_->StartSample(context_, request_, this);
+    service_->StartSample(SamplerService::ScopeOf(context_), request_, this);
   }
 
   // The message's answer (SampleCall): its response, or the error that ends
@@ -219,19 +219,22 @@ void SamplerService::AnswerSample(SampleCall* call, grpc::Status status) {
   Finished();
 }
 
-void SamplerService::SubmitBatch(grpc::CallbackServerContext* context, const SampleBatch* batch,
-                                 DynamicBatcher::Done on_result) {
+SamplerService::CallScope SamplerService::ScopeOf(grpc::CallbackServerContext* context) {
   const std::chrono::system_clock::time_point deadline = context->deadline();
-  batcher_->Submit(
-      batch, std::move(on_result),
-      // gRPC reports "no deadline" as the largest time_point.
-      deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
-                                                               : absl::FromChrono(deadline),
-      [context] { return context->IsCancelled(); });
+  CallScope scope;
+  // gRPC reports "no deadline" as the largest time_point.
+  if (deadline != std::chrono::system_clock::time_point::max()) scope.deadline = absl::FromChrono(deadline);
+  scope.cancelled = [context] { return context->IsCancelled(); };  // one pointer: kept inline
+  return scope;
 }
 
-void SamplerService::StartSample(grpc::CallbackServerContext* context,
-                                 const v1::SampleRequest& request, SampleCall* call) {
+void SamplerService::SubmitBatch(CallScope scope, const SampleBatch* batch,
+                                 DynamicBatcher::Done on_result) {
+  batcher_->Submit(batch, std::move(on_result), scope.deadline, std::move(scope.cancelled));
+}
+
+void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& request,
+                                 SampleCall* call) {
   call->start = absl::Now();
   bool in_flight = false;
   if (grpc::Status refusal = Admit(&in_flight); !refusal.ok()) {
@@ -251,7 +254,7 @@ void SamplerService::StartSample(grpc::CallbackServerContext* context,
     return;
   }
   // Two pointers: std::function keeps them inline, no allocation.
-  SubmitBatch(context, &call->parsed.batch, [this, call](absl::StatusOr<SampleResult> result) {
+  SubmitBatch(std::move(scope), &call->parsed.batch, [this, call](absl::StatusOr<SampleResult> result) {
     if (!result.ok()) {
       AnswerSample(call, ToGrpcStatus(result.status()));
       return;
@@ -286,7 +289,7 @@ grpc::ServerUnaryReactor* SamplerService::Verify(grpc::CallbackServerContext* co
     return reactor;
   }
   *parsed = *std::move(p);
-  SubmitBatch(context, &parsed->batch,
+  SubmitBatch(ScopeOf(context), &parsed->batch,
               [parsed, response, answer](absl::StatusOr<SampleResult> result) {
                 if (!result.ok()) {
                   answer(parsed->batch.rows, ToGrpcStatus(result.status()));
@@ -322,7 +325,7 @@ grpc::ServerUnaryReactor* SamplerService::Sample(grpc::CallbackServerContext* co
                                                  const v1::SampleRequest* request,
                                                  v1::SampleResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  StartSample(context, *request, new UnarySampleCall(reactor, response));
+  StartSample(ScopeOf(context), *request, new UnarySampleCall(reactor, response));
   return reactor;
 }
 

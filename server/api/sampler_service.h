@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -103,12 +104,22 @@ class SamplerService final : public v1::Sampler::CallbackService {
   bool RegisterStream(SampleStreamReactor* stream);
   void UnregisterStream(SampleStreamReactor* stream);
 
+  // What the batcher needs to know of a request's caller: its deadline
+  // (InfiniteFuture: none) and a cheap, thread-safe probe that says whether
+  // the caller went away (null: never). A gRPC call's come from its
+  // context; the local channel's from its frame and its connection.
+  struct CallScope {
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<bool()> cancelled;
+  };
+  static CallScope ScopeOf(grpc::CallbackServerContext* context);
+
   // Validates `request` and, when valid and the model is loaded, queues it;
   // `call->Answer` gets the status, with `call->response` filled when OK.
-  // `call->method` labels the request in the metrics. Exposed for the stream
-  // reactor.
-  void StartSample(grpc::CallbackServerContext* context, const v1::SampleRequest& request,
-                   SampleCall* call);
+  // `call->method` labels the request in the metrics. `request` must stay
+  // alive and unchanged until `call->Answer` has run. Exposed for the stream
+  // reactor and the local channel (server/local/).
+  void StartSample(CallScope scope, const v1::SampleRequest& request, SampleCall* call);
 
  private:
   uint64_t DrawSeed();
@@ -129,8 +140,7 @@ class SamplerService final : public v1::Sampler::CallbackService {
   // Answers `call` (an accepted request) with `status`.
   void AnswerSample(SampleCall* call, grpc::Status status);
   // Hands a parsed batch to the batcher with the call's deadline and cancellation.
-  void SubmitBatch(grpc::CallbackServerContext* context, const SampleBatch* batch,
-                   DynamicBatcher::Done on_result);
+  void SubmitBatch(CallScope scope, const SampleBatch* batch, DynamicBatcher::Done on_result);
 
   DynamicBatcher* const batcher_;
   const RequestLimits limits_;

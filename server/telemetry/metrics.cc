@@ -22,8 +22,10 @@
 namespace flashsampler {
 namespace {
 
-constexpr std::array<const char*, 4> kMethodNames = {"Sample", "SampleStream", "GetModelInfo",
-                                                     "Verify"};
+// The `method` label: the gRPC methods, and "LocalSample" for a Sample
+// request over the local channel (server/local/).
+constexpr std::array<const char*, 5> kMethodNames = {"Sample", "SampleStream", "GetModelInfo",
+                                                     "Verify", "LocalSample"};
 constexpr std::array<const char*, 17> kCodeNames = {
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
     "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",

@@ -39,7 +39,9 @@
 
 namespace flashsampler {
 
-enum class RpcMethod { kSample, kSampleStream, kGetModelInfo, kVerify };
+// What a request came as: a gRPC method, or a Sample request over the local
+// channel (server/local/local_channel_server.h).
+enum class RpcMethod { kSample, kSampleStream, kGetModelInfo, kVerify, kLocalSample };
 
 class ServerMetrics {
  public:
