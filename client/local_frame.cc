@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace flashsampler::local {
 namespace {
@@ -149,6 +150,16 @@ absl::Status SendBytes(int fd, absl::string_view data, size_t* sent, bool block)
     }
   }
   return absl::OkStatus();
+}
+
+void PollForData(int fd, absl::Duration spin) {
+  if (spin <= absl::ZeroDuration()) return;
+  const absl::Time end = absl::Now() + spin;
+  char byte;
+  do {
+    const ssize_t r = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+  } while (absl::Now() < end);
 }
 
 absl::StatusOr<FrameHeader> ReadFrame(int fd, uint32_t max_payload_bytes, std::string* payload) {

@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace flashsampler::local {
 
@@ -71,6 +72,14 @@ void AppendFrame(FrameHeader header, absl::string_view payload, std::string* out
 // with `block` true, once everything is sent. Unavailable when the peer is
 // gone or the socket fails. Never raises SIGPIPE.
 absl::Status SendBytes(int fd, absl::string_view data, size_t* sent, bool block);
+
+// Busy-polls `fd` (non-blocking peeks, no system call that sleeps) until
+// data or an end of stream is there, an error, or `spin` has passed.
+// A thread about to block on the socket calls it to skip the wake-up: a
+// sleeping thread costs tens of microseconds to wake on the GPU machines (a
+// VM), more than a short request's whole service time. It burns its core
+// while it polls.
+void PollForData(int fd, absl::Duration spin);
 
 // Reads one frame into `*payload` (resized to its length). OutOfRange when
 // the peer closed the connection cleanly before a frame began; Unavailable

@@ -23,7 +23,7 @@ constexpr uint32_t kMaxResponseBytes = 1u << 30;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalSamplerClient>> LocalSamplerClient::Connect(
-    const std::string& path) {
+    const std::string& path, Options options) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(address.sun_path)) {
@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<LocalSamplerClient>> LocalSamplerClient::Connect(
     return absl::UnavailableError(
         absl::StrCat("cannot connect to the local channel ", path, ": ", std::strerror(err)));
   }
-  return std::unique_ptr<LocalSamplerClient>(new LocalSamplerClient(fd));
+  return std::unique_ptr<LocalSamplerClient>(new LocalSamplerClient(fd, options));
 }
 
 LocalSamplerClient::~LocalSamplerClient() { close(fd_); }
@@ -75,6 +75,7 @@ absl::StatusOr<v1::SampleResponse> LocalSamplerClient::Sample(const v1::SampleRe
   const absl::Status written = local::WriteFrame(fd_, header, out_);
   // A server that closed the connection (its drain, its connection limit)
   // said why first: read that even when the request could not be sent.
+  if (written.ok()) local::PollForData(fd_, std::min(options_.busy_poll, wait));
   absl::StatusOr<local::FrameHeader> answer = local::ReadFrame(fd_, kMaxResponseBytes, &in_);
   if (!written.ok() && !(answer.ok() && answer->call_id == 0)) return fail(written);
   if (!answer.ok()) {

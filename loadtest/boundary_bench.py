@@ -7,9 +7,14 @@ machine:
   ours    flashsampler-server (default: CUDA backend, demo head D=4096 V=151936 bf16),
           once per transport (--transports): grpc (the bytes in the messages), shm
           (a registered POSIX shared-memory region), cuda_ipc (a registered GPU
-          buffer of the load generator, shared by CUDA IPC);
+          buffer of the load generator, shared by CUDA IPC); local, local_shm,
+          local_cuda_ipc: the same three with the requests sent over the server's
+          local channel (--local_socket, a Unix-domain socket) instead of gRPC,
+          and with "+poll" (e.g. local_cuda_ipc+poll) the client busy-polls the
+          socket for its answer instead of sleeping in a read;
   kernel  flashsampler-kernel-bench on the same shape: the served kernel path
-          alone (fused up to --cuda_fused_max_rows = 128 rows, materialized above).
+          alone (the fused kernel at every batch, the server's default
+          --cuda_fused_max_rows).
 Per rows-per-request R: closed loop, one SampleStream, one request in flight
 (a decode step), median of REPS runs of flashsampler-load's p50 and p99. Then
 throughput: STREAMS streams of THROUGHPUT_ROWS rows each, rows/s, against the
@@ -61,10 +66,23 @@ def start(name, cmd, out, ready=None):
     return p, address, metrics
 
 
+def load_transport(transport, local_socket, busy_poll_us):
+    """flashsampler-load's --transport and extra flags for a transport name:
+    grpc, shm, cuda_ipc, or local, local_shm, local_cuda_ipc (the local
+    channel), each local one optionally with "+poll" (the client busy-polls)."""
+    if not transport.startswith("local"):
+        return transport, []
+    poll = transport.endswith("+poll")
+    transport = transport[:-len("+poll")] if poll else transport
+    flags = [f"--local_socket={local_socket}", f"--local_busy_poll_us={busy_poll_us if poll else 0}"]
+    return (transport[len("local_"):] if transport != "local" else "grpc"), flags
+
+
 def load(args, address, rows, concurrency, tag, transport="grpc"):
     path = os.path.join(args.out, f"{tag}.json")
+    transport, local = load_transport(transport, args.local_socket, args.local_busy_poll_us)
     cmd = [args.load_bin, f"--address={address}", "--mode=stream", f"--concurrency={concurrency}",
-           f"--transport={transport}",
+           f"--transport={transport}"] + local + [
            f"--rows={rows}", "--dtype=bf16", f"--channels={min(concurrency, 8)}",
            f"--warmup_s={args.warmup_s}", f"--duration_s={args.duration_s}", "--timeout_s=30",
            f"--json_out={path}"]
@@ -86,7 +104,11 @@ def main():
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--server_args", default="--backend=cuda",
                     help="extra flashsampler-server flags (space-separated)")
-    ap.add_argument("--transports", default="grpc,shm,cuda_ipc")
+    ap.add_argument("--transports", default="grpc,shm,cuda_ipc",
+                    help="any of grpc, shm, cuda_ipc, local, local_shm, local_cuda_ipc; a local "
+                         "one with +poll: the client busy-polls for its answer")
+    ap.add_argument("--local_busy_poll_us", type=int, default=5000,
+                    help="a +poll transport's busy poll per request (flashsampler-load --local_busy_poll_us)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--duration_s", type=float, default=3)
     ap.add_argument("--warmup_s", type=float, default=1)
@@ -106,15 +128,16 @@ def main():
     kernel_runs = json.load(open(kernel_json))
     kernel = {}
     for r in kernel_runs["results"]:
-        served = r["fused"] if r["batch"] <= 128 else r["materialized"]
-        kernel[r["batch"]] = served["median_ms"]
+        kernel[r["batch"]] = r["fused"]["median_ms"]
+    args.local_socket = os.path.join(args.out, "flashsampler.sock")
+    local_flags = [f"--local_socket={args.local_socket}"] if any(t.startswith("local") for t in transports) else []
 
     servers = {
         "floor": start("floor", [args.floor_bin, "--address=127.0.0.1:0", f"--hidden={args.hidden}",
                                  f"--vocab={args.vocab}", "--max_rows=1024"], args.out),
         "ours": start("ours", [args.server_bin, "--address=127.0.0.1:0", f"--demo_vocab={args.vocab}",
                                f"--demo_hidden={args.hidden}", "--max_request_rows=1024"]
-                      + args.server_args.split(), args.out, ready="serving on the"),
+                      + local_flags + args.server_args.split(), args.out, ready="serving on the"),
     }
     results = {"info": {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "nproc": os.cpu_count(), "device": kernel_runs.get("device"),

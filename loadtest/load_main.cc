@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, local_socket, "",
           "(its --local_socket) instead of gRPC: closed loop only, one request in flight per "
           "connection (--concurrency connections); --address still serves GetModelInfo and the "
           "region registration of --transport=shm|cuda_ipc");
+ABSL_FLAG(int64_t, local_busy_poll_us, 0,
+          "--local_socket: each connection busy-polls for its answer this long before it blocks "
+          "(LocalSamplerClient::Options::busy_poll; 0: block at once)");
 ABSL_FLAG(int32_t, cuda_device, 0, "--transport=cuda_ipc: the GPU holding the payloads");
 ABSL_FLAG(int32_t, channels, 4, "gRPC channels (separate connections); requests go round-robin");
 ABSL_FLAG(std::string, mode, "unary", "unary: one Sample call per request; stream: SampleStream");
@@ -134,6 +137,9 @@ int main(int argc, char** argv) {
   const bool open_loop = !absl::GetFlag(FLAGS_rate).empty();
   const std::string local_socket = absl::GetFlag(FLAGS_local_socket);
   if (!local_socket.empty() && open_loop) return Usage("--local_socket runs closed loops only (no --rate)");
+  if (absl::GetFlag(FLAGS_local_busy_poll_us) < 0 || absl::GetFlag(FLAGS_local_busy_poll_us) > 10000000) {
+    return Usage("--local_busy_poll_us must be in [0, 10000000]");
+  }
   std::vector<int> concurrency;
   std::vector<double> rates;
   if (open_loop) {
@@ -211,7 +217,10 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<load::LocalChannelDriver> local_driver;
   if (!local_socket.empty()) {
-    local_driver = std::make_unique<load::LocalChannelDriver>(local_socket, requests, options);
+    flashsampler::LocalSamplerClient::Options client_options;
+    client_options.busy_poll = absl::Microseconds(absl::GetFlag(FLAGS_local_busy_poll_us));
+    local_driver =
+        std::make_unique<load::LocalChannelDriver>(local_socket, client_options, requests, options);
   }
   load::LoadDriver driver(std::move(stubs), *security, std::move(requests), options);
 

@@ -6,14 +6,17 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "client/local_sampler_client.h"
 
 namespace flashsampler::load {
 
 LocalChannelDriver::LocalChannelDriver(std::string socket_path,
+                                       LocalSamplerClient::Options client_options,
                                        std::vector<v1::SampleRequest> requests,
                                        DriverOptions options)
-    : socket_path_(std::move(socket_path)), requests_(std::move(requests)), options_(options) {}
+    : socket_path_(std::move(socket_path)),
+      client_options_(client_options),
+      requests_(std::move(requests)),
+      options_(options) {}
 
 StepResult LocalChannelDriver::RunClosedLoop(int concurrency) {
   const Clock::time_point start = Clock::now();
@@ -29,7 +32,7 @@ StepResult LocalChannelDriver::RunClosedLoop(int concurrency) {
         const Clock::time_point sent = Clock::now();
         if (client == nullptr) {
           absl::StatusOr<std::unique_ptr<LocalSamplerClient>> connected =
-              LocalSamplerClient::Connect(socket_path_);
+              LocalSamplerClient::Connect(socket_path_, client_options_);
           if (!connected.ok()) {
             recorder.Record(sent, Clock::now(), static_cast<grpc::StatusCode>(connected.status().code()));
             std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no busy loop on a dead socket

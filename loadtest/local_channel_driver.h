@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "client/local_sampler_client.h"
 #include "flashsampler/v1/sampler.pb.h"
 #include "loadtest/load_driver.h"
 #include "loadtest/step_recorder.h"
@@ -26,13 +27,14 @@ class LocalChannelDriver {
  public:
   // `requests` are sent round-robin and must be non-empty; of `options`,
   // warmup, duration, timeout and rows_per_request apply.
-  LocalChannelDriver(std::string socket_path, std::vector<v1::SampleRequest> requests,
-                     DriverOptions options);
+  LocalChannelDriver(std::string socket_path, LocalSamplerClient::Options client_options,
+                     std::vector<v1::SampleRequest> requests, DriverOptions options);
 
   StepResult RunClosedLoop(int concurrency);
 
  private:
   const std::string socket_path_;
+  const LocalSamplerClient::Options client_options_;
   const std::vector<v1::SampleRequest> requests_;
   const DriverOptions options_;
   std::atomic<uint64_t> next_request_{0};

@@ -24,7 +24,8 @@ import subprocess
 import time
 import urllib.request
 
-from boundary_bench import start  # same folder: the server start and readiness wait
+# Same folder: the server start and readiness wait, the transports' load flags.
+from boundary_bench import load_transport, start
 
 parser = argparse.ArgumentParser()
 parser.add_argument("bin_dir")
@@ -33,15 +34,19 @@ parser.add_argument("--server_args", default="--backend=cuda --demo_vocab=151936
                                              "--max_request_rows=1024")
 parser.add_argument("--cases", default="grpc:64:1:stream,grpc:256:1:stream,shm:64:1:stream,shm:256:1:stream,"
                                        "cuda_ipc:64:1:stream,cuda_ipc:256:1:stream",
-                    help="comma-separated transport:rows:in_flight:mode")
+                    help="comma-separated transport:rows:in_flight:mode; transport as "
+                         "boundary_bench.py's --transports (local_cuda_ipc+poll, ...)")
+parser.add_argument("--local_busy_poll_us", type=int, default=5000)
 parser.add_argument("--duration_s", type=float, default=2.0)
 parser.add_argument("--warmup_s", type=float, default=0.5)
 parser.add_argument("--tag", default="", help="prefix of the printed lines and the JSON files")
 args = parser.parse_args()
 os.makedirs(args.out, exist_ok=True)
 TICKS = os.sysconf("SC_CLK_TCK")
+LOCAL_SOCKET = os.path.join(args.out, "flashsampler.sock")
 srv, addr, maddr = start(f"server{args.tag}", [f"{args.bin_dir}/flashsampler-server", "--address=127.0.0.1:0",
-                                              "--metrics_address=127.0.0.1:0"] + shlex.split(args.server_args),
+                                              "--metrics_address=127.0.0.1:0", f"--local_socket={LOCAL_SOCKET}"]
+                         + shlex.split(args.server_args),
                          args.out, ready="serving on the")
 
 
@@ -66,12 +71,13 @@ results = []
 for case in args.cases.split(","):
     transport, rows, in_flight, mode = case.split(":")
     tag = f"{args.tag}{transport}-{rows}-c{in_flight}-{mode}"
+    transport, local = load_transport(transport, LOCAL_SOCKET, args.local_busy_poll_us)
     before, cpu0, t0 = scrape(), server_cpu_s(), time.monotonic()
     subprocess.run([f"{args.bin_dir}/flashsampler-load", f"--address={addr}", f"--mode={mode}",
                     f"--concurrency={in_flight}", f"--rows={rows}", "--dtype=bf16",
                     f"--channels={min(int(in_flight), 8)}", f"--warmup_s={args.warmup_s:g}",
                     f"--duration_s={args.duration_s:g}", f"--transport={transport}",
-                    f"--json_out={args.out}/{tag}.json"], check=True,
+                    f"--json_out={args.out}/{tag}.json"] + local, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after, cpu1 = scrape(), server_cpu_s()
     step = json.load(open(f"{args.out}/{tag}.json"))["steps"][0]

@@ -253,6 +253,7 @@ int main(int argc, char** argv) {
     flashsampler::LocalChannelOptions local_options;
     local_options.path = config->local_socket;
     local_options.max_connections = config->max_local_connections;
+    local_options.idle_poll = batching.idle_spin;
     local_options.max_request_bytes = static_cast<uint32_t>(std::min<int64_t>(max_message, INT_MAX));
     absl::StatusOr<std::unique_ptr<flashsampler::LocalChannelServer>> started =
         flashsampler::LocalChannelServer::Start(std::move(local_options), &service);

@@ -54,8 +54,9 @@ bool PeerHungUp(int fd) {
 // time, and a client that stops reading holds up its own connection alone.
 class LocalChannelServer::Connection final : public SampleCall {
  public:
-  Connection(SamplerService* service, int fd, uint32_t max_request_bytes)
-      : service_(service), fd_(fd), max_request_bytes_(max_request_bytes) {
+  Connection(SamplerService* service, int fd, const LocalChannelOptions& options)
+      : service_(service), fd_(fd), max_request_bytes_(options.max_request_bytes),
+        idle_poll_(options.idle_poll) {
     response = &response_;
     method = RpcMethod::kLocalSample;
   }
@@ -102,7 +103,10 @@ class LocalChannelServer::Connection final : public SampleCall {
 
  private:
   void Run() {
+    bool answered_one = false;
     while (true) {
+      // Right after an answer the next request is likeliest: poll before sleeping.
+      if (answered_one) local::PollForData(fd_, idle_poll_);
       absl::StatusOr<FrameHeader> header = local::ReadFrame(fd_, max_request_bytes_, &payload_);
       if (!header.ok()) {
         // A header that cannot be trusted: say why, then end (the stream
@@ -138,6 +142,7 @@ class LocalChannelServer::Connection final : public SampleCall {
       }
       // The rest of an answer the socket did not take at once.
       if (write_failed_ || !local::SendBytes(fd_, out_, &sent_, /*block=*/true).ok()) break;
+      answered_one = true;
     }
     // Every request of this connection is answered here. During a drain the
     // client learns that the connection ends because of it; otherwise the
@@ -155,6 +160,7 @@ class LocalChannelServer::Connection final : public SampleCall {
   SamplerService* const service_;
   const int fd_;
   const uint32_t max_request_bytes_;
+  const absl::Duration idle_poll_;
   std::thread thread_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> finished_{false};
@@ -265,7 +271,7 @@ void LocalChannelServer::AcceptLoop() {
       close(fd);
       continue;
     }
-    connections_.push_back(std::make_unique<Connection>(service_, fd, options_.max_request_bytes));
+    connections_.push_back(std::make_unique<Connection>(service_, fd, options_));
     connections_.back()->Begin();
   }
 }

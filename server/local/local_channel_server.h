@@ -52,6 +52,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/api/sampler_service.h"
 
 namespace flashsampler {
@@ -60,6 +61,11 @@ struct LocalChannelOptions {
   std::string path;                           // the socket file
   int max_connections = 64;                   // open connections at most
   uint32_t max_request_bytes = 64u << 20;     // a request frame's payload at most
+  // After answering, a connection's thread busy-polls its socket this long
+  // for the next request before it sleeps in a blocking read (main passes
+  // the batcher's idle spin, --idle_spin_us: the same trade of a core for a
+  // wake-up). Zero: block at once.
+  absl::Duration idle_poll = absl::ZeroDuration();
 };
 
 class LocalChannelServer {

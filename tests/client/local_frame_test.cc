@@ -159,6 +159,28 @@ TEST(LocalFrame, ANonBlockingSendStopsWhereTheSocketIsFull) {
   reader.join();
 }
 
+TEST(LocalFrame, PollingForDataConsumesNothingAndGivesUp) {
+  SocketPair pair;
+  // Nothing comes: the poll ends by itself, and the socket is still empty.
+  PollForData(pair.fd[1], absl::Milliseconds(2));
+  char byte;
+  EXPECT_LT(recv(pair.fd[1], &byte, 1, MSG_DONTWAIT), 0);
+  // A frame waits: the poll returns, and the frame reads whole.
+  FrameHeader h;
+  h.call_id = 9;
+  ASSERT_TRUE(WriteFrame(pair.fd[0], h, "abc").ok());
+  PollForData(pair.fd[1], absl::Hours(1));
+  std::string payload;
+  absl::StatusOr<FrameHeader> read = ReadFrame(pair.fd[1], 100, &payload);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->call_id, 9u);
+  EXPECT_EQ(payload, "abc");
+  // An end of stream ends the poll too.
+  pair.Close(0);
+  PollForData(pair.fd[1], absl::Hours(1));
+  EXPECT_EQ(ReadFrame(pair.fd[1], 100, &payload).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(LocalFrame, WritingToAClosedPeerIsAnErrorNotASignal) {
   SocketPair pair;
   pair.Close(1);

@@ -1,7 +1,8 @@
 // End to end on a GPU (label gpu): requests whose hidden states and results
 // live in a GPU buffer of this (client) process, shared with the real server
 // on the CUDA backend by CUDA IPC. Tokens, logz and logprobs must equal the
-// gRPC path's; every bad descriptor gets its error and the server stays up.
+// gRPC path's, with the request sent over gRPC or over the local channel
+// (--local_socket); every bad descriptor gets its error and the server stays up.
 // (A process cannot open its own IPC handle, hence a separate server.)
 #include <fcntl.h>
 #include <signal.h>
@@ -18,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/local_sampler_client.h"
 #include "client/sampler_client.h"
 #include "client/shared_memory_buffer.h"
 #include "gmock/gmock.h"
@@ -57,7 +59,7 @@ class CudaIpcE2E : public ::testing::Test {
     ASSERT_GE(devices, 1) << "gpu-labelled test started without a CUDA device";
     server_ = std::make_unique<ServerProcess>(std::vector<std::string>{
         "--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
-        "--max_request_rows=256"});
+        "--max_request_rows=256", "--local_socket=" + LocalSocket()});
     const absl::Status started = server_->Start();
     ASSERT_TRUE(started.ok()) << started;
     client_ = std::make_unique<SamplerClient>(server_->address());
@@ -74,6 +76,8 @@ class CudaIpcE2E : public ::testing::Test {
     }
     if (buffer_ != nullptr) cudaFree(buffer_);  // after the server closed its mapping
   }
+
+  static std::string LocalSocket() { return absl::StrCat("/tmp/fs-cuda-ipc-e2e-", getpid(), ".sock"); }
 
   // `request` with its hidden bytes copied into the GPU buffer at offset 0 and
   // its results directed to `out_offset`.
@@ -105,6 +109,9 @@ TEST_F(CudaIpcE2E, TokensLogzAndLogprobsAreThoseOfTheGrpcPath) {
   ASSERT_EQ(list->regions_size(), 1);
   EXPECT_EQ(list->regions(0).cuda_ipc().device_id(), 0);
   EXPECT_TRUE(list->regions(0).cuda_ipc().ipc_handle().empty());
+  absl::StatusOr<std::unique_ptr<LocalSamplerClient>> connected = LocalSamplerClient::Connect(LocalSocket());
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::unique_ptr<LocalSamplerClient> local = *std::move(connected);
   // The server reads the buffer in place (its single GPU) and widens on the
   // GPU: bf16 exactly, fp32 rounded to the head's bf16 as the host rounds it.
   for (const auto& [rows, dtype] : std::vector<std::pair<int64_t, v1::DType>>{
@@ -114,20 +121,26 @@ TEST_F(CudaIpcE2E, TokensLogzAndLogprobsAreThoseOfTheGrpcPath) {
     absl::StatusOr<v1::SampleResponse> want = client_->Sample(bytes);
     ASSERT_TRUE(want.ok()) << want.status();
     const uint64_t out_offset = 3 << 20;
-    absl::StatusOr<v1::SampleResponse> got = client_->Sample(ThroughGpu(bytes, out_offset));
-    ASSERT_TRUE(got.ok()) << got.status();
-    SCOPED_TRACE(::testing::Message() << rows << " rows of " << v1::DType_Name(dtype));
-    std::vector<char> raw(rows * 12);
-    ASSERT_EQ(cudaMemcpy(raw.data(), static_cast<char*>(buffer_) + out_offset, raw.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    std::vector<int32_t> tokens(rows);
-    std::vector<float> logz(rows), logprobs(rows);
-    std::memcpy(tokens.data(), raw.data(), 4 * rows);
-    std::memcpy(logz.data(), raw.data() + 4 * rows, 4 * rows);
-    std::memcpy(logprobs.data(), raw.data() + 8 * rows, 4 * rows);
-    EXPECT_THAT(tokens, ElementsAreArray(want->token_ids())) << rows;
-    EXPECT_THAT(logz, ElementsAreArray(want->logz()));
-    EXPECT_THAT(logprobs, ElementsAreArray(want->logprobs()));
+    for (bool over_local_channel : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows of " << v1::DType_Name(dtype)
+                                        << (over_local_channel ? ", local channel" : ", gRPC"));
+      ASSERT_EQ(cudaMemset(static_cast<char*>(buffer_) + out_offset, 0xff, rows * 12), cudaSuccess);
+      absl::StatusOr<v1::SampleResponse> got =
+          over_local_channel ? local->Sample(ThroughGpu(bytes, out_offset))
+                             : client_->Sample(ThroughGpu(bytes, out_offset));
+      ASSERT_TRUE(got.ok()) << got.status();
+      std::vector<char> raw(rows * 12);
+      ASSERT_EQ(cudaMemcpy(raw.data(), static_cast<char*>(buffer_) + out_offset, raw.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      std::vector<int32_t> tokens(rows);
+      std::vector<float> logz(rows), logprobs(rows);
+      std::memcpy(tokens.data(), raw.data(), 4 * rows);
+      std::memcpy(logz.data(), raw.data() + 4 * rows, 4 * rows);
+      std::memcpy(logprobs.data(), raw.data() + 8 * rows, 4 * rows);
+      EXPECT_THAT(tokens, ElementsAreArray(want->token_ids())) << rows;
+      EXPECT_THAT(logz, ElementsAreArray(want->logz()));
+      EXPECT_THAT(logprobs, ElementsAreArray(want->logprobs()));
+    }
   }
   EXPECT_TRUE(client_->UnregisterRegion("gpu").ok());
 }

@@ -12,7 +12,9 @@ Two transports, each owning one registered region laid out as
   hidden states device-to-host itself; the engine never moves them.
 
 Both return the same `SampleResult` as `SamplerClient.sample` and give the
-same tokens for the same request. Use a transport from one thread at a time
+same tokens for the same request. Given `local=` (a flashsampler.LocalChannel
+to the server's --local_socket), a transport sends its requests over the local
+channel instead of gRPC; the region is still registered over gRPC. Use a transport from one thread at a time
 (a request's slices are reused by the next); create one per thread or per
 asyncio task that samples concurrently. `close()` (or the context manager)
 unregisters the region and frees the memory.
@@ -73,7 +75,13 @@ class _RegionTransport:
 
     _buf = None
     _client: SamplerClient
+    _local = None
     name: str
+
+    def _call(self, request, timeout):
+        if self._local is not None:
+            return self._local.call_sample(request, timeout=timeout)
+        return self._client.call_sample(request, timeout=timeout)
 
     def _free(self) -> None:
         self._buf = None
@@ -98,8 +106,9 @@ class SharedMemoryTransport(_RegionTransport):
     for the largest request's hidden states plus 12 bytes per row and
     alignment) on the server `client` talks to."""
 
-    def __init__(self, client: SamplerClient, byte_size: int, name: str | None = None):
+    def __init__(self, client: SamplerClient, byte_size: int, name: str | None = None, local=None):
         self._client = client
+        self._local = local
         self.name = name or f"py-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._shm = shared_memory.SharedMemory(create=True, size=byte_size)
         self._buf = np.ndarray((byte_size,), dtype=np.uint8, buffer=self._shm.buf)
@@ -122,7 +131,7 @@ class SharedMemoryTransport(_RegionTransport):
                              f"which has {len(self._buf)}")
         self._buf[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         request.hidden_states.data = b""
-        response = self._client.call_sample(request, timeout=timeout)
+        response = self._call(request, timeout)
         raw = self._buf[out_offset:out_offset + out_bytes].copy()
         return _unpack_results(raw, rows, return_logz, return_logprobs, response, np.int32, np.float32)
 
@@ -162,11 +171,12 @@ class CudaIpcTransport(_RegionTransport):
     `device_id` is the ordinal the server sees (default: the same index)."""
 
     def __init__(self, client: SamplerClient, byte_size: int, device=None, device_id: int | None = None,
-                 name: str | None = None):
+                 name: str | None = None, local=None):
         import torch  # CUDA IPC needs torch CUDA tensors
 
         self._torch = torch
         self._client = client
+        self._local = local
         self.name = name or f"py-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._buf = torch.empty(byte_size, dtype=torch.uint8, device=device or "cuda")
         ptr = self._buf.data_ptr()
@@ -202,7 +212,7 @@ class CudaIpcTransport(_RegionTransport):
         # The server reads the buffer from its own process: the copy must
         # have finished on the device before the request leaves.
         torch.cuda.current_stream(self._buf.device).synchronize()
-        response = self._client.call_sample(request, timeout=timeout)
+        response = self._call(request, timeout)
         out = self._buf[out_offset:out_offset + out_bytes].clone()
         return _unpack_results(out, rows, return_logz, return_logprobs, response, torch.int32,
                                torch.float32)

@@ -84,9 +84,11 @@ def head_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(head_file):
-    proc, address, _ = start_server([f"--weights={head_file}"])
-    yield {"address": address, "w": read_safetensors_bf16(head_file, "lm_head.weight")}
+def server(head_file, tmp_path_factory):
+    local_socket = tmp_path_factory.mktemp("local") / "fs.sock"
+    proc, address, _ = start_server([f"--weights={head_file}", f"--local_socket={local_socket}"])
+    yield {"address": address, "w": read_safetensors_bf16(head_file, "lm_head.weight"),
+           "local_socket": str(local_socket)}
     stop_server(proc)
 
 

@@ -179,6 +179,36 @@ def test_shared_memory_transport_matches_grpc(server):
     assert again.logz is None
 
 
+def test_local_channel_matches_grpc(server):
+    hidden = random_hidden(17, seed=12)
+    params = {"temperature": 0.9, "seed": 5, "offset": 1}
+    with flashsampler.SamplerClient(server["address"]) as client, \
+            flashsampler.LocalChannel(server["local_socket"]) as local:
+        want = client.sample(hidden, params, dtype="bf16", return_logz=True, return_logprobs=True)
+        # The same message over the local channel, and through a region.
+        request = flashsampler.make_request(hidden, params, dtype="bf16", return_logz=True,
+                                            return_logprobs=True)
+        direct = local.call_sample(request)
+        with flashsampler.SharedMemoryTransport(client, 1 << 16, local=local) as shm:
+            got = shm.sample(hidden, params, dtype="bf16", return_logz=True, return_logprobs=True)
+        # A request's error is raised with its code, and the channel goes on.
+        bad = flashsampler.make_request(random_hidden(2, seed=1))
+        bad.hidden_states.shape[1] = HIDDEN + 1
+        with pytest.raises(flashsampler.LocalChannelError) as error:
+            local.call_sample(bad)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        again = local.call_sample(request)
+    np.testing.assert_array_equal(direct.token_ids, want.token_ids)
+    np.testing.assert_array_equal(direct.logz, want.logz)
+    np.testing.assert_array_equal(direct.logprobs, want.logprobs)
+    np.testing.assert_array_equal(got.token_ids, want.token_ids)
+    np.testing.assert_array_equal(got.logprobs, want.logprobs)
+    np.testing.assert_array_equal(again.token_ids, want.token_ids)
+    with pytest.raises(flashsampler.LocalChannelError) as error:
+        flashsampler.LocalChannel(server["local_socket"] + ".missing")
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
 def test_region_errors_are_raised_with_their_codes(server):
     with flashsampler.SamplerClient(server["address"]) as client:
         with pytest.raises(grpc.RpcError) as error:
