@@ -1,0 +1,225 @@
+// LocalChannelServer in one process (no gRPC server: this test also runs
+// under TSan): a SamplerService over a DynamicBatcher with the CPU engine,
+// the local channel on a temporary socket, LocalSamplerClient and raw
+// sockets as clients. Concurrent connections get the answers each request
+// gets alone; a client that stops reading holds up its own connection only;
+// clients that vanish with a request in flight take nothing down; the drain
+// and Stop end every connection.
+#include "server/local/local_channel_server.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/local_frame.h"
+#include "client/local_sampler_client.h"
+#include "client/sampler_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/engine.h"
+#include "server/model/lm_head.h"
+#include "tests/common/scoped_temp_dir.h"
+
+namespace flashsampler {
+namespace {
+
+using ::testing::ElementsAreArray;
+using testing::ScopedTempDir;
+
+constexpr int64_t kVocab = 512;
+constexpr int64_t kHidden = 64;
+
+v1::SampleRequest Request(int64_t rows, uint64_t seed, int top_logprobs = 0) {
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal;
+  std::vector<float> values(rows * kHidden);
+  for (float& x : values) x = normal(gen);
+  v1::SampleRequest r;
+  *r.mutable_hidden_states() = MakeHiddenStates(values, rows, kHidden, v1::DTYPE_BF16);
+  v1::SamplingParams* p = r.add_params();
+  p->set_temperature(1.0f);
+  p->set_seed(seed);
+  p->set_top_logprobs(top_logprobs);
+  r.set_return_logz(true);
+  return r;
+}
+
+int ConnectRaw(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  return fd;
+}
+
+class LocalChannelServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BatcherOptions options;
+    options.max_batch_rows = 256;
+    batcher_ = std::make_unique<DynamicBatcher>(options);
+    EngineOptions engine_options;
+    engine_options.cpu.num_threads = 2;
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 5), engine_options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    batcher_->SetEngine(*std::move(engine));
+    service_ = std::make_unique<SamplerService>(batcher_.get(), RequestLimits{1024}, nullptr);
+    LocalChannelOptions local;
+    local.path = dir_.Path("s.sock");
+    local.max_connections = 16;
+    absl::StatusOr<std::unique_ptr<LocalChannelServer>> started =
+        LocalChannelServer::Start(local, service_.get());
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = *std::move(started);
+  }
+  void TearDown() override { Shutdown(); }
+
+  // The server's own order: drain, let the batcher finish, stop.
+  void Shutdown() {
+    if (server_ == nullptr) return;
+    service_->BeginDrain();
+    server_->BeginDrain();
+    batcher_->Stop();
+    server_->Stop();
+    server_.reset();
+  }
+
+  std::unique_ptr<LocalSamplerClient> Connect() {
+    absl::StatusOr<std::unique_ptr<LocalSamplerClient>> c = LocalSamplerClient::Connect(dir_.Path("s.sock"));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  ScopedTempDir dir_{"local_channel_server"};
+  std::unique_ptr<DynamicBatcher> batcher_;
+  std::unique_ptr<SamplerService> service_;
+  std::unique_ptr<LocalChannelServer> server_;
+};
+
+TEST_F(LocalChannelServerTest, ConcurrentConnectionsGetTheAnswersOfEachRequestAlone) {
+  // Each request's answer alone, first.
+  std::vector<v1::SampleRequest> requests;
+  std::vector<v1::SampleResponse> alone;
+  std::unique_ptr<LocalSamplerClient> first = Connect();
+  ASSERT_NE(first, nullptr);
+  for (int i = 0; i < 12; ++i) {
+    requests.push_back(Request(1 + i % 5, 100 + i));
+    absl::StatusOr<v1::SampleResponse> r = first->Sample(requests.back());
+    ASSERT_TRUE(r.ok()) << r.status();
+    alone.push_back(*r);
+  }
+  // Eight connections at once, in various orders: the batcher joins their
+  // rows into shared launches, and every answer is still the request's own.
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0}, failures{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::unique_ptr<LocalSamplerClient> c = Connect();
+      if (c == nullptr) {
+        ++failures;
+        return;
+      }
+      for (int k = 0; k < 40; ++k) {
+        const int i = (k * 7 + t * 3) % 12;
+        absl::StatusOr<v1::SampleResponse> r = c->Sample(requests[i]);
+        if (!r.ok()) {
+          ++failures;
+        } else if (r->SerializeAsString() != alone[i].SerializeAsString()) {
+          ++mismatches;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST_F(LocalChannelServerTest, AClientThatStopsReadingHoldsUpOnlyItsOwnConnection) {
+  // A connection sends requests with large answers (top logprobs of 64
+  // rows) and never reads: its answers fill the socket, and its thread waits
+  // to send the rest, while the batcher's threads go on.
+  const int stalled = ConnectRaw(dir_.Path("s.sock"));
+  std::string frame;
+  local::FrameHeader h;
+  ASSERT_TRUE(Request(64, 7, /*top_logprobs=*/20).SerializeToString(&frame));
+  std::string stream;
+  for (int i = 0; i < 200; ++i) {
+    h.call_id = i + 1;
+    local::AppendFrame(h, frame, &stream);
+  }
+  std::thread writer([&] {
+    size_t sent = 0;
+    // Blocks once the server stops reading; ends when the socket is shut down.
+    (void)local::SendBytes(stalled, stream, &sent, /*block=*/true);
+  });
+  // Meanwhile another connection is served, request after request.
+  std::unique_ptr<LocalSamplerClient> other = Connect();
+  ASSERT_NE(other, nullptr);
+  for (int i = 0; i < 50; ++i) {
+    absl::StatusOr<v1::SampleResponse> r = other->Sample(Request(2, 300 + i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->token_ids_size(), 2);
+  }
+  shutdown(stalled, SHUT_RDWR);
+  writer.join();
+  close(stalled);
+  // The stalled connection's thread is freed by the close; the server goes on.
+  absl::StatusOr<v1::SampleResponse> after = other->Sample(Request(1, 9));
+  EXPECT_TRUE(after.ok()) << after.status();
+}
+
+TEST_F(LocalChannelServerTest, ClientsThatVanishMidRequestTakeNothingDown) {
+  for (int i = 0; i < 20; ++i) {
+    const int fd = ConnectRaw(dir_.Path("s.sock"));
+    std::string payload;
+    ASSERT_TRUE(Request(128, 40 + i).SerializeToString(&payload));
+    local::FrameHeader h;
+    h.call_id = 1;
+    // More connections than the limit: a refused one cannot even be written to.
+    (void)local::WriteFrame(fd, h, payload);
+    close(fd);  // before the answer
+  }
+  // The server frees a vanished client's connection once its request is
+  // answered: until then a new one may be refused for the limit.
+  absl::StatusOr<v1::SampleResponse> r;
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    std::unique_ptr<LocalSamplerClient> c = Connect();
+    ASSERT_NE(c, nullptr);
+    r = c->Sample(Request(3, 1));
+    if (r.status().code() != absl::StatusCode::kResourceExhausted) break;
+  }
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->token_ids_size(), 3);
+}
+
+TEST_F(LocalChannelServerTest, TheDrainEndsIdleConnectionsWithAGoodbyeAndStopJoinsEverything) {
+  std::vector<std::unique_ptr<LocalSamplerClient>> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.push_back(Connect());
+    ASSERT_NE(clients.back(), nullptr);
+    ASSERT_TRUE(clients.back()->Sample(Request(1, 60 + i)).ok());
+  }
+  service_->BeginDrain();
+  server_->BeginDrain();
+  for (auto& c : clients) {
+    absl::StatusOr<v1::SampleResponse> r = c->Sample(Request(1, 70));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  }
+  // New connections are refused: nobody listens any more.
+  EXPECT_FALSE(LocalSamplerClient::Connect(dir_.Path("s.sock")).ok());
+  Shutdown();
+}
+
+}  // namespace
+}  // namespace flashsampler
