@@ -329,9 +329,11 @@ int main(int argc, char** argv) {
     const int shards = std::max<int>(1, static_cast<int>((*engine)->DeviceMemory().size()));
     metrics.SetModelInfo((*engine)->shape(), backend, shards);
     if (backend == "cuda") {
-      // The single-GPU engine reads CUDA IPC hidden states in place.
+      // The single-GPU engine reads CUDA IPC hidden states in place, and
+      // writes results into CUDA IPC output regions there.
       const std::vector<int>& devices = options.cuda.devices;
-      const bool in_place = devices.size() == 1 && (*engine)->reads_wire_hidden(devices[0]);
+      const bool in_place = devices.size() == 1 && (*engine)->reads_wire_hidden(devices[0]) &&
+                            (*engine)->writes_device_outputs(devices[0]);
       regions.SetCudaDevices(devices, in_place ? devices[0] : -1);
     }
     batcher.SetEngine(*std::move(engine));

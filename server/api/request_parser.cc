@@ -293,9 +293,11 @@ void ResetKeepingBuffers(ParsedSampleRequest* p) {
   b.want_logprobs = false;
   b.hidden_in_weight_dtype = false;
   b.draft_tokens.clear();
+  b.device_outputs.clear();
   p->seeds.clear();
   p->request_id.clear();
   p->output.reset();
+  p->output_on_device = false;
 }
 
 bool TemperatureIsValid(float t) {
@@ -433,13 +435,36 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
     batch.controls.resize(rows);
     for (int64_t r = 0; r < rows; ++r) batch.controls[r] = entry_controls[num_params == 1 ? 0 : r];
   }
+  // Results for a CUDA IPC buffer on the engine's GPU: the engine copies
+  // them there device to device (a plain batch's outputs are on the device;
+  // the controlled paths assemble theirs on the host, which writes them).
+  if (parsed.output.has_value() && !any_controls && wire != nullptr) {
+    const MemoryRegion::DeviceAddress device = parsed.output->region->DeviceAddressOf(parsed.output->offset);
+    if (device.data != nullptr && device.device == regions->in_place_device()) {
+      // The region is the client's writable buffer; DeviceAddress is const
+      // because readers share it.
+      char* base = static_cast<char*>(const_cast<void*>(device.data));
+      DeviceOutputRows out;
+      out.rows = rows;
+      out.token_ids = reinterpret_cast<int32_t*>(base);
+      const int64_t words = rows * static_cast<int64_t>(sizeof(int32_t));
+      if (batch.want_logz) out.logz = reinterpret_cast<float*>(base + words);
+      if (batch.want_logprobs) out.logprobs = reinterpret_cast<float*>(base + words * (batch.want_logz ? 2 : 1));
+      out.device = device.device;
+      out.owner = parsed.output->region;
+      batch.device_outputs.push_back(std::move(out));
+      parsed.output_on_device = true;
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
                                 v1::SampleResponse* response) {
   response->Clear();
-  if (parsed.output.has_value()) {
+  if (parsed.output_on_device) {
+    // The engine wrote them into the region before the result came back.
+  } else if (parsed.output.has_value()) {
     // token_ids, logz, logprobs: packed, in that order (sampler.proto).
     std::vector<char> packed;
     packed.reserve(result.token_ids.size() * sizeof(int32_t) +

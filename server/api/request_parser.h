@@ -24,7 +24,10 @@
 // carrying its hidden states (hidden_states_region: read here, once) or
 // receiving its results (output_region: resolved and bounds-checked here,
 // written by FillSampleResponse). Unknown regions are NOT_FOUND, slices that
-// do not fit INVALID_ARGUMENT.
+// do not fit INVALID_ARGUMENT. With `wire`, a request without sampling
+// controls whose output slice is GPU memory on
+// MemoryRegions::in_place_device has its results written by the engine
+// itself, device to device (batch.device_outputs; output_on_device).
 //
 // Thread safety: ParseSampleRequest is reentrant as long as `draw_seed` is.
 #pragma once
@@ -56,6 +59,9 @@ struct ParsedSampleRequest {
   std::string request_id;       // echoed in the response
   // Set when the request named output_region: where the results go.
   std::optional<RegionSlice> output;
+  // The engine writes them there (batch.device_outputs), so the response
+  // need not.
+  bool output_on_device = false;
 };
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
@@ -84,7 +90,8 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
 
 // The response for a parsed request and its engine result; with
 // parsed.output, token ids, logz and logprobs are written to that slice
-// instead (an error when the region cannot be written).
+// instead (an error when the region cannot be written; nothing to write when
+// the engine wrote them, output_on_device).
 absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
                                 v1::SampleResponse* response);
 

@@ -80,6 +80,19 @@ SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidde
   launch.params.reserve(static_cast<size_t>(launch.rows));
   for (const RowSlice& s : slices) {
     const SampleBatch& b = *s.batch;
+    const int64_t at = static_cast<int64_t>(launch.params.size());  // the slice's first launch row
+    // Results written on the device: the request's one run (as the parser
+    // makes it), narrowed to the slice's rows.
+    for (const DeviceOutputRows& d : b.device_outputs) {
+      const int64_t skip = s.first_row - d.first_row;
+      DeviceOutputRows part = d;
+      part.first_row = at;
+      part.rows = s.rows;
+      part.token_ids = d.token_ids + skip;
+      part.logz = d.logz != nullptr ? d.logz + skip : nullptr;
+      part.logprobs = d.logprobs != nullptr ? d.logprobs + skip : nullptr;
+      launch.device_outputs.push_back(std::move(part));
+    }
     if (b.wire_hidden.empty()) {
       launch.hidden.insert(launch.hidden.end(), b.hidden.begin() + s.first_row * hidden_size,
                            b.hidden.begin() + (s.first_row + s.rows) * hidden_size);
@@ -95,7 +108,7 @@ SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidde
       const WireHiddenRows& d = b.wire_hidden.front();
       const int64_t row_bytes = hidden_size * WeightDTypeSize(d.dtype);
       WireHiddenRows part = d;
-      part.first_row = static_cast<int64_t>(launch.params.size());
+      part.first_row = at;
       part.rows = s.rows;
       part.data = static_cast<const char*>(d.data) + (s.first_row - d.first_row) * row_bytes;
       launch.wire_hidden.push_back(std::move(part));

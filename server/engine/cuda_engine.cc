@@ -168,6 +168,7 @@ class CudaEngine final : public Engine {
   bool reads_wire_hidden(int device) const override {
     return device == kHostMemory || device == options_.device;
   }
+  bool writes_device_outputs(int device) const override { return device == options_.device; }
   std::shared_ptr<HostStaging> host_staging() const override { return staging_; }
   // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
   // calling thread's current device, so this is safe next to a running Sample.
@@ -387,7 +388,17 @@ class CudaEngine final : public Engine {
                                     ? kernels::LaunchFusedSample(args, stream_)
                                     : kernels::LaunchMaterializedSample(args, cublas_, stream_);
     if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "cuda sampler launch");
-    // The outputs and the wire rows' first-bad indices come back in one call.
+    // Results that stay on the device (a CUDA IPC output region) are copied
+    // there device to device; the outputs and the wire rows' first-bad
+    // indices come back to the host in the same call.
+    for (const DeviceOutputRows& out : batch.device_outputs) {
+      const size_t bytes = static_cast<size_t>(out.rows) * 4;
+      AddCopy(out.token_ids, static_cast<int32_t*>(tokens_) + out.first_row, bytes);
+      if (out.logz != nullptr) AddCopy(out.logz, static_cast<float*>(logz_) + out.first_row, bytes);
+      if (out.logprobs != nullptr) {
+        AddCopy(out.logprobs, static_cast<float*>(logprobs_) + out.first_row, bytes);
+      }
+    }
     AddCopy(host_tokens_, tokens_, rows * sizeof(int32_t));
     if (batch.want_logz) AddCopy(host_logz_, logz_, rows * sizeof(float));
     if (batch.want_logprobs) AddCopy(host_logprobs_, logprobs_, rows * sizeof(float));

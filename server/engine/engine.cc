@@ -95,6 +95,24 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
     }
     next_free_row = d.first_row + d.rows;
   }
+  next_free_row = 0;
+  for (const DeviceOutputRows& d : batch.device_outputs) {
+    // Only an engine that reads wire rows on a GPU writes results there.
+    if (d.device < 0 || d.device != wire_hidden_device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(engine, " does not write results into memory of device ", d.device));
+    }
+    if (!batch.controls.empty() || !batch.draft_tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(engine, ": results on the device serve batches without controls or drafts"));
+    }
+    if (d.token_ids == nullptr || d.rows < 1 || d.first_row < next_free_row ||
+        d.first_row + d.rows > batch.rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(engine, ": device_outputs rows must be sorted, disjoint and inside the batch"));
+    }
+    next_free_row = d.first_row + d.rows;
+  }
   return absl::OkStatus();
 }
 

@@ -99,6 +99,23 @@ struct WireHiddenRows {
   std::shared_ptr<const void> owner;
 };
 
+// Results an engine writes into device memory itself: a request's output
+// region in a CUDA IPC buffer on the engine's GPU. Rows [first_row,
+// first_row + rows) of the batch go to token_ids (int32), and to logz and
+// logprobs (fp32) where those are set, each `rows` long. The engine writes
+// them before Sample returns, on its device, with no host round trip; its
+// result still holds every row too.
+struct DeviceOutputRows {
+  int64_t first_row = 0;  // within the batch
+  int64_t rows = 0;       // >= 1
+  int32_t* token_ids = nullptr;
+  float* logz = nullptr;      // null: not asked for
+  float* logprobs = nullptr;  // null: not asked for
+  int device = kHostMemory;   // the CUDA ordinal whose memory holds them
+  // Keeps the memory alive while any batch refers to it (the region).
+  std::shared_ptr<const void> owner;
+};
+
 // Host memory for hidden states on their way to an engine, which the
 // engine's copies to the device read at bus speed (pinned memory, for the CUDA
 // engine): request threads put a request's bytes there, so the engine's one
@@ -150,6 +167,10 @@ struct SampleBatch {
   // Rows with controls and a draft apply the draft to the distribution left
   // after every control (a backend that cannot returns Unimplemented).
   std::vector<int32_t> draft_tokens;
+  // Sorted by first_row, disjoint, inside [0, rows); only on a batch without
+  // controls or drafts, and only where writes_device_outputs(device) is true
+  // for each run's device.
+  std::vector<DeviceOutputRows> device_outputs;
 };
 
 // Which kernel path served a launch: a label of the launches metric (a fixed
@@ -210,6 +231,12 @@ class Engine {
   // memory (kHostMemory, or a CUDA ordinal): the single-GPU CUDA engine, for
   // host memory and its own GPU.
   virtual bool reads_wire_hidden(int device) const {
+    (void)device;
+    return false;
+  }
+  // True when the engine writes SampleBatch::device_outputs in `device`'s
+  // memory: the single-GPU CUDA engine, for its own GPU.
+  virtual bool writes_device_outputs(int device) const {
     (void)device;
     return false;
   }

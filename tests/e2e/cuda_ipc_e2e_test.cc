@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -59,7 +60,10 @@ class CudaIpcE2E : public ::testing::Test {
     ASSERT_GE(devices, 1) << "gpu-labelled test started without a CUDA device";
     server_ = std::make_unique<ServerProcess>(std::vector<std::string>{
         "--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
-        "--max_request_rows=256", "--local_socket=" + LocalSocket()});
+        "--max_request_rows=256", "--local_socket=" + LocalSocket(),
+        // Requests over 100 rows span launches: the engine writes each
+        // launch's part of their results into the GPU buffer.
+        "--max_batch_rows=100"});
     const absl::Status started = server_->Start();
     ASSERT_TRUE(started.ok()) << started;
     client_ = std::make_unique<SamplerClient>(server_->address());
@@ -114,15 +118,18 @@ TEST_F(CudaIpcE2E, TokensLogzAndLogprobsAreThoseOfTheGrpcPath) {
   std::unique_ptr<LocalSamplerClient> local = *std::move(connected);
   // The server reads the buffer in place (its single GPU) and widens on the
   // GPU: bf16 exactly, fp32 rounded to the head's bf16 as the host rounds it.
-  for (const auto& [rows, dtype] : std::vector<std::pair<int64_t, v1::DType>>{
-           {1, v1::DTYPE_BF16}, {64, v1::DTYPE_BF16}, {256, v1::DTYPE_BF16}, {3, v1::DTYPE_FP32},
-           {200, v1::DTYPE_FP32}}) {
-    const v1::SampleRequest bytes = BytesRequest(rows, rows, dtype);
+  // The engine writes plain rows' results into the buffer itself, device to
+  // device; rows with sampling controls (top_k here) are written from the host.
+  for (const auto& [rows, dtype, top_k] : std::vector<std::tuple<int64_t, v1::DType, int>>{
+           {1, v1::DTYPE_BF16, 0}, {64, v1::DTYPE_BF16, 0}, {256, v1::DTYPE_BF16, 0}, {3, v1::DTYPE_FP32, 0},
+           {200, v1::DTYPE_FP32, 0}, {5, v1::DTYPE_BF16, 20}, {150, v1::DTYPE_BF16, 20}}) {
+    v1::SampleRequest bytes = BytesRequest(rows, rows, dtype);
+    bytes.mutable_params(0)->set_top_k(top_k);
     absl::StatusOr<v1::SampleResponse> want = client_->Sample(bytes);
     ASSERT_TRUE(want.ok()) << want.status();
     const uint64_t out_offset = 3 << 20;
     for (bool over_local_channel : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << rows << " rows of " << v1::DType_Name(dtype)
+      SCOPED_TRACE(::testing::Message() << rows << " rows of " << v1::DType_Name(dtype) << ", top_k " << top_k
                                         << (over_local_channel ? ", local channel" : ", gRPC"));
       ASSERT_EQ(cudaMemset(static_cast<char*>(buffer_) + out_offset, 0xff, rows * 12), cudaSuccess);
       absl::StatusOr<v1::SampleResponse> got =

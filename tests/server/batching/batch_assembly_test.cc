@@ -88,6 +88,35 @@ TEST(BatchAssembly, RowsInGpuMemoryJoinTheLaunchByReference) {
   EXPECT_EQ(launch.params[1].seed, 201u);
 }
 
+// Results written on the device follow their request's slice: the launch's
+// run starts at the slice's place in the launch and points at the slice's
+// first row of each output (token ids, and logz / logprobs where asked).
+TEST(BatchAssembly, DeviceOutputsFollowTheirSlice) {
+  const SampleBatch a = Request(1, 2, true, false);
+  SampleBatch b = Request(2, 5, true, false);
+  static int32_t tokens[5];  // stand for GPU memory: never touched
+  static float logz[5];
+  auto owner = std::make_shared<int>(9);
+  b.device_outputs.push_back(DeviceOutputRows{0, 5, tokens, logz, nullptr, 3, owner});
+  const SampleBatch launch = ConcatenateSlices({{&a, 0, 2}, {&b, 2, 3}}, kHidden);
+  EXPECT_EQ(launch.rows, 5);
+  ASSERT_EQ(launch.device_outputs.size(), 1u);
+  const DeviceOutputRows& d = launch.device_outputs[0];
+  EXPECT_EQ(d.first_row, 2);  // after a's two rows
+  EXPECT_EQ(d.rows, 3);
+  EXPECT_EQ(d.token_ids, tokens + 2);  // b's row 2 onwards
+  EXPECT_EQ(d.logz, logz + 2);
+  EXPECT_EQ(d.logprobs, nullptr);
+  EXPECT_EQ(d.device, 3);
+  EXPECT_EQ(d.owner, owner);
+  // The first part of b in an earlier launch.
+  const SampleBatch first = ConcatenateSlices({{&b, 0, 2}}, kHidden);
+  ASSERT_EQ(first.device_outputs.size(), 1u);
+  EXPECT_EQ(first.device_outputs[0].first_row, 0);
+  EXPECT_EQ(first.device_outputs[0].rows, 2);
+  EXPECT_EQ(first.device_outputs[0].token_ids, tokens);
+}
+
 // For an engine that takes fp32, host wire rows (bf16 or fp16 in the
 // message, as the parser leaves rows in the weights' own 16-bit dtype) are
 // widened exactly into the launch's hidden states at their place, from the

@@ -225,6 +225,27 @@ TEST(CheckBatchLayout, WireRowsMustBeSortedDisjointInsideAndInHostMemoryOrOnTheE
   EXPECT_EQ(CheckBatchLayout(batch, kHidden, 8, "test engine").code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CheckBatchLayout, DeviceOutputsOnlyOnTheEnginesGpuForPlainBatchesSortedAndInside) {
+  SampleBatch batch = RandomBatch(5, 1.0f, 2);
+  static int32_t never_written[5];
+  const auto rows = [](int64_t first, int64_t n, int device) {
+    return DeviceOutputRows{first, n, never_written, nullptr, nullptr, device, nullptr};
+  };
+  const auto check = [&batch](std::vector<DeviceOutputRows> runs, int engine_device = 2) {
+    batch.device_outputs = std::move(runs);
+    return CheckBatchLayout(batch, kHidden, 8, "test engine", engine_device).code();
+  };
+  EXPECT_EQ(check({rows(0, 2, 2), rows(2, 3, 2)}), absl::StatusCode::kOk);
+  EXPECT_EQ(check({rows(0, 2, 1)}), absl::StatusCode::kInvalidArgument);                // another GPU
+  EXPECT_EQ(check({rows(0, 2, kHostMemory)}), absl::StatusCode::kInvalidArgument);      // host memory
+  EXPECT_EQ(check({rows(0, 2, 2)}, kNoWireHidden), absl::StatusCode::kInvalidArgument);  // a CPU engine
+  EXPECT_EQ(check({rows(2, 2, 2), rows(0, 2, 2)}), absl::StatusCode::kInvalidArgument);  // unsorted
+  EXPECT_EQ(check({rows(4, 2, 2)}), absl::StatusCode::kInvalidArgument);                 // past the end
+  EXPECT_EQ(check({rows(1, 0, 2)}), absl::StatusCode::kInvalidArgument);                 // empty
+  batch.controls.resize(5);  // a batch with controls assembles its results on the host
+  EXPECT_EQ(check({rows(0, 5, 2)}), absl::StatusCode::kInvalidArgument);
+}
+
 // A batch mixing plain rows and rows with controls: the plain rows get exactly
 // the tokens (and logz) of a batch without controls, the controlled rows those
 // of the same rows sampled on their own, whatever path the planner picks.
