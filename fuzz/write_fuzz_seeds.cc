@@ -225,6 +225,31 @@ bool WriteRegionDescriptorSeeds(const std::string& root) {
   return ok;
 }
 
+// Byte streams for local_frame (fuzz/local_frame_fuzz_driver.cc): frames as
+// client/local_frame.h lays them out, valid and hostile.
+std::string Frame(uint32_t kind, uint64_t call_id, uint32_t arg, const std::string& payload,
+                  uint32_t magic = 0x314C5346) {
+  return LittleEndian(magic, 4) + LittleEndian(kind, 4) + LittleEndian(call_id, 8) + LittleEndian(arg, 4) +
+         LittleEndian(payload.size(), 4) + payload;
+}
+
+bool WriteLocalFrameSeeds(const std::string& root) {
+  const std::string dir = root + "/local_frame";
+  const std::string one = ValidFuzzRequest(1, v1::DTYPE_BF16, 5).SerializeAsString();
+  const std::string three = ValidFuzzRequest(3, v1::DTYPE_FP32, 6).SerializeAsString();
+  bool ok = true;
+  ok &= WriteSeed(dir, "one_request", Frame(1, 1, 1000000, one));
+  ok &= WriteSeed(dir, "three_requests", Frame(1, 1, 0, one) + Frame(1, 2, 5, three) + Frame(1, 3, 0, ""));
+  ok &= WriteSeed(dir, "garbage_payload_then_request", Frame(1, 7, 0, "\xff\xff\x01garbage") + Frame(1, 8, 0, one));
+  ok &= WriteSeed(dir, "bad_magic", Frame(1, 1, 0, one, 0x324C5346));
+  ok &= WriteSeed(dir, "unknown_kind_after_one", Frame(1, 1, 0, one) + Frame(9, 2, 0, "x"));
+  ok &= WriteSeed(dir, "response_and_status_kinds", Frame(2, 1, 0, one) + Frame(3, 2, 3, "why"));
+  ok &= WriteSeed(dir, "over_the_limit", Frame(1, 1, 0, "").substr(0, 20) + LittleEndian(0xFFFFFFFFu, 4));
+  ok &= WriteSeed(dir, "cut_in_payload", Frame(1, 1, 0, three).substr(0, 40));
+  ok &= WriteSeed(dir, "cut_in_header", Frame(1, 1, 0, one).substr(0, 13));
+  return ok;
+}
+
 }  // namespace
 }  // namespace flashsampler::fuzz
 
@@ -238,6 +263,7 @@ int main(int argc, char** argv) {
   const bool ok = flashsampler::fuzz::WriteRequestSeeds(root) &&
                   flashsampler::fuzz::WriteSamplingParamsSeeds(root) &&
                   flashsampler::fuzz::WriteRegionDescriptorSeeds(root) &&
+                  flashsampler::fuzz::WriteLocalFrameSeeds(root) &&
                   flashsampler::fuzz::WriteSafetensorsSeeds(root, root + "/.scratch.safetensors");
   if (!ok) std::fprintf(stderr, "failed to write some seeds under %s\n", root.c_str());
   return ok ? 0 : 1;

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(request_bytes request_edits region_descriptor safetensors sampling_params)
+[ ${#targets[@]} -gt 0 ] || targets=(request_bytes request_edits region_descriptor local_frame safetensors sampling_params)
 build="${FLASHSAMPLER_FUZZ_BUILD:-build-fuzz}"
 jobs="${FLASHSAMPLER_FUZZ_JOBS:-$(nproc)}"
 [ "$jobs" -ge 1 ] || jobs=1
