@@ -297,7 +297,6 @@ void ResetKeepingBuffers(ParsedSampleRequest* p) {
   p->seeds.clear();
   p->request_id.clear();
   p->output.reset();
-  p->output_on_device = false;
 }
 
 bool TemperatureIsValid(float t) {
@@ -453,7 +452,6 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
       out.device = device.device;
       out.owner = parsed.output->region;
       batch.device_outputs.push_back(std::move(out));
-      parsed.output_on_device = true;
     }
   }
   return absl::OkStatus();
@@ -462,7 +460,7 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
 absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
                                 v1::SampleResponse* response) {
   response->Clear();
-  if (parsed.output_on_device) {
+  if (!parsed.batch.device_outputs.empty()) {
     // The engine wrote them into the region before the result came back.
   } else if (parsed.output.has_value()) {
     // token_ids, logz, logprobs: packed, in that order (sampler.proto).

@@ -27,7 +27,7 @@
 // do not fit INVALID_ARGUMENT. With `wire`, a request without sampling
 // controls whose output slice is GPU memory on
 // MemoryRegions::in_place_device has its results written by the engine
-// itself, device to device (batch.device_outputs; output_on_device).
+// itself, device to device (batch.device_outputs).
 //
 // Thread safety: ParseSampleRequest is reentrant as long as `draw_seed` is.
 #pragma once
@@ -57,11 +57,10 @@ struct ParsedSampleRequest {
   SampleBatch batch;
   std::vector<uint64_t> seeds;  // [rows], the seed each row used
   std::string request_id;       // echoed in the response
-  // Set when the request named output_region: where the results go.
+  // Set when the request named output_region: where the results go. When
+  // batch.device_outputs is not empty, the engine writes them there itself
+  // and the response need not.
   std::optional<RegionSlice> output;
-  // The engine writes them there (batch.device_outputs), so the response
-  // need not.
-  bool output_on_device = false;
 };
 
 absl::StatusOr<ParsedSampleRequest> ParseSampleRequest(const v1::SampleRequest& request,
@@ -91,7 +90,7 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
 // The response for a parsed request and its engine result; with
 // parsed.output, token ids, logz and logprobs are written to that slice
 // instead (an error when the region cannot be written; nothing to write when
-// the engine wrote them, output_on_device).
+// the engine wrote them, batch.device_outputs).
 absl::Status FillSampleResponse(const ParsedSampleRequest& parsed, const SampleResult& result,
                                 v1::SampleResponse* response);
 

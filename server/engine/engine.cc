@@ -79,7 +79,14 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
     return absl::InvalidArgumentError(
         absl::StrCat(engine, ": draft_tokens must be empty or one per row"));
   }
+  // Runs of rows (wire_hidden, device_outputs) must be sorted, disjoint, non-empty
+  // and inside the batch: each takes its rows after the previous run's.
   int64_t next_free_row = 0;
+  const auto take_rows = [&](int64_t first, int64_t rows) {
+    if (rows < 1 || first < next_free_row || first + rows > batch.rows) return false;
+    next_free_row = first + rows;
+    return true;
+  };
   for (const WireHiddenRows& d : batch.wire_hidden) {
     if (wire_hidden_device == kNoWireHidden) {
       return absl::InvalidArgumentError(
@@ -89,11 +96,14 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
       return absl::InvalidArgumentError(absl::StrCat(engine, " reads hidden states on GPU ",
                                                      wire_hidden_device, ", not on GPU ", d.device));
     }
-    if (d.data == nullptr || d.rows < 1 || d.first_row < next_free_row || d.first_row + d.rows > batch.rows) {
+    if (d.data == nullptr || !take_rows(d.first_row, d.rows)) {
       return absl::InvalidArgumentError(
           absl::StrCat(engine, ": wire_hidden rows must be sorted, disjoint and inside the batch"));
     }
-    next_free_row = d.first_row + d.rows;
+  }
+  if (!batch.device_outputs.empty() && (!batch.controls.empty() || !batch.draft_tokens.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(engine, ": results on the device serve batches without controls or drafts"));
   }
   next_free_row = 0;
   for (const DeviceOutputRows& d : batch.device_outputs) {
@@ -102,16 +112,10 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
       return absl::InvalidArgumentError(
           absl::StrCat(engine, " does not write results into memory of device ", d.device));
     }
-    if (!batch.controls.empty() || !batch.draft_tokens.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(engine, ": results on the device serve batches without controls or drafts"));
-    }
-    if (d.token_ids == nullptr || d.rows < 1 || d.first_row < next_free_row ||
-        d.first_row + d.rows > batch.rows) {
+    if (d.token_ids == nullptr || !take_rows(d.first_row, d.rows)) {
       return absl::InvalidArgumentError(
           absl::StrCat(engine, ": device_outputs rows must be sorted, disjoint and inside the batch"));
     }
-    next_free_row = d.first_row + d.rows;
   }
   return absl::OkStatus();
 }
