@@ -273,6 +273,7 @@ int main(int argc, char** argv) {
     options.valid_vocab = config->valid_vocab;
     options.max_batch_rows = config->max_batch_rows;  // the batcher never launches more
     options.cuda.fused_max_rows = config->cuda_fused_max_rows;
+    options.cuda.upload_min_bytes = config->cuda_upload_min_bytes;
     options.cuda.fused_controls = config->cuda_fused_controls;
     options.cuda.batch_invariant = config->batch_invariant;
     options.cuda.devices = config->devices;

@@ -91,6 +91,12 @@ ABSL_FLAG(int64_t, cuda_fused_max_rows, int64_t{1} << 20,
           "logprob bit-identical in every batch it can be part of; a lower value trades that for "
           "cuBLAS above N rows (faster only at 129-192 rows with D = 8192 on an H100, "
           "BENCHMARKS.md)");
+ABSL_FLAG(int64_t, cuda_upload_min_bytes, int64_t{128} << 10,
+          "CUDA backend (one GPU): a request whose hidden states arrive as host bytes of at least "
+          "this size (the gRPC payload, or a shared-memory region slice) is copied to the GPU by "
+          "the thread that received it, at once, so the copy overlaps the launch running then "
+          "instead of preceding its own; smaller ones ride their launch's one batched copy. "
+          "0: every copy at launch");
 ABSL_FLAG(bool, cuda_fused_controls, true,
           "CUDA backend: batches with sampling controls (up to --cuda_fused_max_rows rows) apply "
           "them inside the fused kernel when every row allows it (top_k <= 64, or no filter); "
@@ -158,6 +164,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     c.shard_split.push_back(weight);
   }
   c.cuda_fused_max_rows = absl::GetFlag(FLAGS_cuda_fused_max_rows);
+  c.cuda_upload_min_bytes = absl::GetFlag(FLAGS_cuda_upload_min_bytes);
   c.cuda_fused_controls = absl::GetFlag(FLAGS_cuda_fused_controls);
   c.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   c.demo_vocab = absl::GetFlag(FLAGS_demo_vocab);
@@ -225,6 +232,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     return absl::InvalidArgumentError("--shard_timeout_s must be in (0, 3600]");
   }
   if (c.cuda_fused_max_rows < 0) return absl::InvalidArgumentError("--cuda_fused_max_rows must be >= 0");
+  if (c.cuda_upload_min_bytes < 0) return absl::InvalidArgumentError("--cuda_upload_min_bytes must be >= 0");
   if (!(c.grace_period_s >= 0 && c.grace_period_s <= 3600)) {
     return absl::InvalidArgumentError("--grace_period_s must be in [0, 3600]");
   }

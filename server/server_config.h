@@ -42,6 +42,7 @@ struct ServerConfig {
   std::string shard_exchange = "nccl";  // nccl | peer
   double shard_timeout_s = 30;
   int64_t cuda_fused_max_rows = int64_t{1} << 20;  // CUDA backend: fused kernel up to this batch
+  int64_t cuda_upload_min_bytes = int64_t{128} << 10;  // CUDA backend: copy on arrival from this size
   bool cuda_fused_controls = true;   // CUDA backend: fused path for sampling controls
   bool batch_invariant = false;      // CUDA backend: split mixed controlled batches per row
   double grace_period_s = 10;

@@ -55,7 +55,9 @@ DynamicBatcher::EngineInput DynamicBatcher::engine_input() const {
   const Engine* engine = loaded_.load(std::memory_order_acquire);
   if (engine == nullptr) return {};
   EngineInput input{engine->shape(), std::nullopt};
-  if (engine->reads_wire_hidden(kHostMemory)) input.wire = WireInput{engine->host_staging()};
+  if (engine->reads_wire_hidden(kHostMemory)) {
+    input.wire = WireInput{engine->host_staging(), engine->device_upload()};
+  }
   return input;
 }
 

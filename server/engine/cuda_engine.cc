@@ -38,6 +38,7 @@
 #include "kernels/cuda/hidden_states.h"
 #include "kernels/cuda/materialized_sample.h"
 #include "server/engine/cuda_controlled_runner.h"
+#include "server/engine/cuda_device_upload.h"
 #include "server/engine/engine.h"
 #include "server/engine/pinned_host_staging.h"
 
@@ -124,6 +125,12 @@ class CudaEngine final : public Engine {
     // One first-bad index per group of wire rows; a batch has at most one per row.
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&first_bad_, rows * sizeof(unsigned long long)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_first_bad_, rows * sizeof(unsigned long long)));
+    if (options_.upload_min_bytes > 0) {
+      absl::StatusOr<std::shared_ptr<DeviceUpload>> upload =
+          MakeCudaDeviceUpload(options_.device, static_cast<size_t>(options_.upload_min_bytes));
+      if (!upload.ok()) return upload.status();
+      upload_ = *std::move(upload);
+    }
 
     // Workspace for the largest batch either path may get.
     const int64_t fused_rows = std::min<int64_t>(max_rows_, options_.fused_max_rows);
@@ -170,6 +177,7 @@ class CudaEngine final : public Engine {
   }
   bool writes_device_outputs(int device) const override { return device == options_.device; }
   std::shared_ptr<HostStaging> host_staging() const override { return staging_; }
+  std::shared_ptr<DeviceUpload> device_upload() const override { return upload_; }
   // cudaMemGetInfo on this engine's device; cudaSetDevice only changes the
   // calling thread's current device, so this is safe next to a running Sample.
   std::vector<DeviceMemoryInfo> DeviceMemory() const override {
@@ -243,7 +251,13 @@ class CudaEngine final : public Engine {
     for (const WireHiddenRows& run : batch.wire_hidden) {
       if (absl::Status s = stage_host_rows(row, run.first_row); !s.ok()) return s;
       row = run.first_row + run.rows;
-      if (run.device != kHostMemory) {  // a CUDA IPC buffer on this GPU, read in place
+      if (run.device != kHostMemory) {
+        // A CUDA IPC buffer on this GPU, read in place; or rows a request
+        // thread uploaded (DeviceUpload), read once their copy is done.
+        if (run.ready != nullptr) {
+          FS_RETURN_IF_CUDA_ERROR(
+              cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(run.ready)), 0));
+        }
         wire_groups_.push_back(WireGroup{run.first_row, run.rows, run.dtype, run.data, false});
         continue;
       }
@@ -421,6 +435,7 @@ class CudaEngine final : public Engine {
   const CudaEngineOptions options_;
   const int64_t max_rows_;
   const std::shared_ptr<HostStaging> staging_;
+  std::shared_ptr<DeviceUpload> upload_;  // set by Init, null when turned off
   std::atomic<bool> healthy_{true};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

@@ -97,6 +97,10 @@ struct WireHiddenRows {
   // Keeps `data` alive while any batch refers to it (a region, a buffer);
   // null where the caller guarantees it (the request message the bytes lie in).
   std::shared_ptr<const void> owner;
+  // GPU rows still arriving: an event (a cudaEvent_t of `device`, opaque
+  // here) recorded after the copy that fills `data` (DeviceUpload); the
+  // engine's stream waits for it before reading them. Null: ready now.
+  const void* ready = nullptr;
 };
 
 // Results an engine writes into device memory itself: a request's output
@@ -129,11 +133,47 @@ class HostStaging {
   virtual std::shared_ptr<void> Allocate(size_t bytes) = 0;
 };
 
+// Hidden-state bytes a request thread has started copying to the engine's
+// GPU (DeviceUpload::Upload): `data` is `device` memory, readable by the
+// engine's stream once it has waited for `ready` (WireHiddenRows::ready);
+// `owner` keeps the device memory, and the host bytes the copy reads, alive.
+struct UploadedRows {
+  const void* data = nullptr;
+  int device = kHostMemory;
+  const void* ready = nullptr;
+  std::shared_ptr<const void> owner;
+};
+
+// Host-to-device copies started by request threads as requests arrive, so a
+// request's bytes cross the bus while the launch before it runs instead of
+// at the start of its own launch (the engine's one thread then only waits
+// for the copy's event). The CUDA engine's, over a copy stream of its own
+// (server/engine/cuda_device_upload.h).
+// Thread safety: Upload may be called from any thread at any time.
+// Outcomes: the rows, or an error (no device memory, a CUDA error); the
+// caller then leaves the bytes in host memory and the engine copies them at
+// launch, as without an upload.
+class DeviceUpload {
+ public:
+  virtual ~DeviceUpload() = default;
+  // Payloads smaller than this stay with the launch's one batched copy: an
+  // upload costs the request thread a few CUDA calls, more than a small
+  // payload's share of one copy.
+  virtual size_t min_bytes() const = 0;
+  // `host`: `bytes` of pinned host memory, kept alive (and unchanged) by
+  // `host_owner` until the copy has read them; the result's owner holds it.
+  virtual absl::StatusOr<UploadedRows> Upload(const void* host, size_t bytes,
+                                              std::shared_ptr<const void> host_owner) = 0;
+};
+
 // How an engine that widens hidden states itself (reads_wire_hidden
 // (kHostMemory)) wants host bytes: staged in `staging` by the request
-// thread when it has one, else left where they are.
+// thread when it has one, else left where they are; and, where the engine
+// has `upload`, pinned bytes of at least upload->min_bytes() copied to its
+// GPU at once.
 struct WireInput {
   std::shared_ptr<HostStaging> staging;
+  std::shared_ptr<DeviceUpload> upload;
 };
 
 struct SampleBatch {
@@ -243,6 +283,9 @@ class Engine {
   // Where request threads stage host wire rows for this engine (see
   // HostStaging), or null: the CUDA engine's pinned pool. Immutable.
   virtual std::shared_ptr<HostStaging> host_staging() const { return nullptr; }
+  // Copies request threads may start to this engine's GPU (DeviceUpload), or
+  // null: the single-GPU CUDA engine's, unless turned off. Immutable.
+  virtual std::shared_ptr<DeviceUpload> device_upload() const { return nullptr; }
   // The devices this engine holds W on; empty for the CPU backend, or when
   // the device cannot be queried.
   virtual std::vector<DeviceMemoryInfo> DeviceMemory() const { return {}; }
@@ -291,6 +334,12 @@ struct CudaEngineOptions {
   // (a second pass over W for such batches); false runs the whole batch on
   // the materialized path (one pass; every row's logits from cuBLAS).
   bool batch_invariant = false;
+  // Requests whose pinned host hidden states (the wire payload staged by the
+  // request thread, or a registered shared-memory slice) take at least this
+  // many bytes are copied to the GPU by the request thread on arrival, on a
+  // copy stream of their own (DeviceUpload), overlapping the launch that runs
+  // meanwhile; smaller ones ride the launch's batched copy. 0: never.
+  int64_t upload_min_bytes = int64_t{128} << 10;
 };
 
 struct EngineOptions {

@@ -273,6 +273,77 @@ TEST(CudaSharedMemoryE2E, DeviceCopiesFromSharedMemoryGiveTheGrpcPathsResults) {
   EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
 }
 
+// Payloads the request thread starts for the GPU on arrival
+// (--cuda_upload_min_bytes; here every one) give the results of payloads the
+// launch copies itself (0: uploads off), alone and in launches shared by
+// concurrent requests, bf16 and fp32, over gRPC and from shared memory; a
+// NaN in an uploaded payload still fails its request with its place.
+TEST(CudaUploadE2E, PayloadsStartedOnArrivalGiveTheLaunchCopysResults) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GE(devices, 1) << "gpu-labelled test started without a CUDA device";
+  const std::vector<std::string> common = {"--backend=cuda", "--cuda_device=0", "--demo_vocab=50000",
+                                           "--demo_hidden=256", "--max_request_rows=256",
+                                           "--max_batch_rows=300", "--shm_device_copies"};
+  std::vector<std::string> off_args = common, on_args = common;
+  off_args.push_back("--cuda_upload_min_bytes=0");
+  on_args.push_back("--cuda_upload_min_bytes=1");
+  ServerProcess off(off_args), on(on_args);
+  ASSERT_TRUE(off.Start().ok());
+  ASSERT_TRUE(on.Start().ok());
+  {
+    SamplerClient off_client(off.address()), on_client(on.address());
+    std::vector<v1::SampleRequest> requests;
+    int64_t seed = 300;
+    for (const auto& [rows, dtype] : std::vector<std::pair<int64_t, v1::DType>>{
+             {1, v1::DTYPE_BF16}, {64, v1::DTYPE_BF16}, {256, v1::DTYPE_BF16}, {7, v1::DTYPE_FP32},
+             {100, v1::DTYPE_FP32}, {33, v1::DTYPE_FP16}}) {
+      requests.push_back(BytesRequest(rows, seed++, dtype));
+    }
+    std::vector<v1::SampleResponse> want;
+    for (const v1::SampleRequest& r : requests) {
+      absl::StatusOr<v1::SampleResponse> got = off_client.Sample(r);
+      ASSERT_TRUE(got.ok()) << got.status();
+      want.push_back(*got);
+    }
+    const auto expect_same = [&](const v1::SampleResponse& got, size_t i) {
+      EXPECT_THAT(got.token_ids(), ElementsAreArray(want[i].token_ids())) << i;
+      EXPECT_THAT(got.logz(), ElementsAreArray(want[i].logz())) << i;
+      EXPECT_THAT(got.logprobs(), ElementsAreArray(want[i].logprobs())) << i;
+    };
+    for (size_t i = 0; i < requests.size(); ++i) {
+      absl::StatusOr<v1::SampleResponse> got = on_client.Sample(requests[i]);
+      ASSERT_TRUE(got.ok()) << got.status();
+      expect_same(*got, i);
+    }
+    // All at once, several times: launches of several uploaded payloads.
+    for (int round = 0; round < 10; ++round) {
+      std::vector<absl::StatusOr<v1::SampleResponse>> got(requests.size(), absl::UnknownError("not run"));
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        threads.emplace_back([&, i] { got[i] = on_client.Sample(requests[i]); });
+      }
+      for (std::thread& t : threads) t.join();
+      for (size_t i = 0; i < requests.size(); ++i) {
+        ASSERT_TRUE(got[i].ok()) << got[i].status();
+        expect_same(*got[i], i);
+      }
+    }
+    v1::SampleRequest bad = BytesRequest(40, 99);
+    const uint16_t bf16_nan = 0x7fc0;
+    std::memcpy(bad.mutable_hidden_states()->mutable_data()->data() + (37 * kHidden + 5) * 2, &bf16_nan, 2);
+    const absl::Status bad_status = on_client.Sample(bad).status();
+    EXPECT_EQ(bad_status.code(), absl::StatusCode::kInvalidArgument) << bad_status;
+    EXPECT_THAT(std::string(bad_status.message()), HasSubstr("hidden_states[37][5] is NaN"));
+    // Shared memory registered for device copies is pinned: uploaded too.
+    CheckSharedMemory(&on_client, &on, /*truncate=*/false);
+  }
+  for (ServerProcess* server : {&off, &on}) {
+    absl::StatusOr<int> exit_code = server->Stop(SIGTERM, absl::Seconds(30));
+    EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
+  }
+}
+
 // Over gRPC the CUDA server also widens on the GPU, from the bytes where they
 // lie in the message: a NaN there is refused with its place too, and only
 // its own request fails when it shares a launch with good ones (whether it

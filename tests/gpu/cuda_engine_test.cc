@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -252,8 +253,11 @@ struct WireCopy {
   ~WireCopy() { cudaFree(device); }
 };
 
-// Where wire rows lie: ordinary host memory, the engine's pinned staging, GPU 0.
-enum class Place { kHost, kStaged, kGpu };
+// Where wire rows lie: ordinary host memory, the engine's pinned staging, GPU 0,
+// or staged and then started for GPU 0 by the engine's DeviceUpload (as the
+// request parser does with large payloads).
+enum class Place { kHost, kStaged, kGpu, kUploaded };
+constexpr int kPlaces = 4;
 
 // Rows [first, first + rows) of `values` as `dtype` at `place` (staged in
 // `engine`'s host staging); `host` gets the values the fp32 path must see for
@@ -278,13 +282,22 @@ WireHiddenRows ToWire(const HiddenStates& values, int64_t first, int64_t rows, W
     EXPECT_EQ(cudaMemcpy(copy->device, copy->host.data(), copy->host.size(), cudaMemcpyHostToDevice), cudaSuccess);
     run.data = copy->device;
     run.device = 0;
-  } else if (place == Place::kStaged) {
+  } else if (place == Place::kStaged || place == Place::kUploaded) {
     copy->staged = engine->host_staging()->Allocate(copy->host.size());
     EXPECT_NE(copy->staged, nullptr);
     std::memcpy(copy->staged.get(), copy->host.data(), copy->host.size());
     run.data = copy->staged.get();
     run.pinned = true;
     run.owner = copy->staged;
+    if (place == Place::kUploaded) {
+      std::shared_ptr<DeviceUpload> upload = engine->device_upload();
+      EXPECT_NE(upload, nullptr);
+      absl::StatusOr<UploadedRows> up = upload->Upload(run.data, copy->host.size(), copy->staged);
+      EXPECT_TRUE(up.ok()) << up.status();
+      // The staging goes; the upload's owner keeps it until its copy is done.
+      copy->staged.reset();
+      run = WireHiddenRows{first, rows, up->data, dtype, up->device, false, up->owner, up->ready};
+    }
   }
   return run;
 }
@@ -314,7 +327,7 @@ TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
   uint64_t seed = 100;
   for (int64_t rows : {4, 7, 64}) {  // 4: fused; 7, 64: materialized
     for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat32}) {
-      for (Place where : {Place::kHost, Place::kStaged, Place::kGpu}) {
+      for (Place where : {Place::kHost, Place::kStaged, Place::kGpu, Place::kUploaded}) {
         // Layouts: every row wire; fp32, wire, wire (the next place), fp32.
         for (bool mixed : {false, true}) {
           SCOPED_TRACE(::testing::Message() << rows << " rows, dtype " << WeightDTypeName(dtype) << ", place "
@@ -326,7 +339,7 @@ TEST(CudaEngine, WireRowsGiveTheFp32PathsResults) {
           wire.hidden_in_weight_dtype = false;
           WireCopy first_copy, second_copy;
           if (mixed) {
-            const Place next = static_cast<Place>((static_cast<int>(where) + 1) % 3);
+            const Place next = static_cast<Place>((static_cast<int>(where) + 1) % kPlaces);
             wire.wire_hidden.push_back(
                 ToWire(original.hidden, 1, 1, dtype, where, &first_copy, &fp32.hidden, cuda));
             wire.wire_hidden.push_back(
@@ -353,7 +366,7 @@ TEST(CudaEngine, ABadWireValueIsNamedAndTheEngineStaysHealthy) {
   const EnginePair engines = MakeEnginePair();
   ASSERT_NE(engines.cuda, nullptr);
   Engine* const cuda = engines.cuda.get();
-  for (Place where : {Place::kHost, Place::kStaged, Place::kGpu}) {
+  for (Place where : {Place::kHost, Place::kStaged, Place::kGpu, Place::kUploaded}) {
     SampleBatch batch = RandomBatch(6, 7);
     HiddenStates values = batch.hidden;
     values[4 * kHidden + 17] = where == Place::kGpu ? std::nanf("") : INFINITY;
@@ -400,7 +413,10 @@ TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
     std::vector<WireCopy> copies(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       if (r == 3) continue;  // an fp32 row between wire runs
-      const Place where = r % 7 == 6 ? Place::kGpu : r % 2 == 0 ? Place::kStaged : Place::kHost;
+      const Place where = r % 7 == 6   ? Place::kGpu
+                          : r % 11 == 9 ? Place::kUploaded
+                          : r % 2 == 0  ? Place::kStaged
+                                        : Place::kHost;
       const WeightDType dtype = r % 5 == 4 ? WeightDType::kFloat32 : WeightDType::kBFloat16;
       wire.wire_hidden.push_back(ToWire(original.hidden, r, 1, dtype, where, &copies[r], &fp32.hidden, cuda));
       std::fill(wire.hidden.begin() + r * kHidden, wire.hidden.begin() + (r + 1) * kHidden, std::nanf(""));
@@ -422,6 +438,61 @@ TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("hidden_states[7][5] is infinite"), std::string::npos) << bad.status();
   EXPECT_TRUE(cuda->healthy());
+}
+
+// The CUDA engine's DeviceUpload: on by default, device memory of the
+// engine's GPU holding the bytes once its event has passed, the host bytes
+// held until the copy is done (also for an upload dropped at once, as a
+// request refused before its launch), many threads at a time, and valid
+// after the engine is gone. Off with upload_min_bytes = 0.
+TEST(CudaDeviceUpload, CopiesFromManyThreadsAndOutlivesTheEngine) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.max_batch_rows = 16;
+  options.cuda.upload_min_bytes = 0;
+  absl::StatusOr<std::unique_ptr<Engine>> off = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ((*off)->device_upload(), nullptr);
+  options.cuda.upload_min_bytes = CudaEngineOptions{}.upload_min_bytes;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::shared_ptr<DeviceUpload> upload = (*engine)->device_upload();
+  ASSERT_NE(upload, nullptr);
+  EXPECT_EQ(upload->min_bytes(), size_t{128} << 10);
+  std::shared_ptr<HostStaging> staging = (*engine)->host_staging();
+
+  constexpr int kThreads = 8, kPerThread = 20;
+  constexpr size_t kBytes = size_t{256} << 10;
+  std::vector<std::vector<UploadedRows>> kept(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        std::shared_ptr<void> host = staging->Allocate(kBytes);
+        ASSERT_NE(host, nullptr);
+        std::memset(host.get(), t * kPerThread + i, kBytes);
+        absl::StatusOr<UploadedRows> up = upload->Upload(host.get(), kBytes, host);
+        ASSERT_TRUE(up.ok()) << up.status();
+        EXPECT_EQ(up->device, 0);
+        if (i % 2 == 1) kept[t].push_back(*std::move(up));  // the others are dropped at once
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  engine->reset();  // the uploads outlive the engine
+  std::vector<unsigned char> back(kBytes);
+  for (int t = 0; t < kThreads; ++t) {
+    for (size_t j = 0; j < kept[t].size(); ++j) {
+      const UploadedRows& up = kept[t][j];
+      ASSERT_EQ(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(const_cast<void*>(up.ready)), 0),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(back.data(), up.data, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      const unsigned char want = static_cast<unsigned char>(t * kPerThread + 2 * j + 1);
+      EXPECT_EQ(std::count(back.begin(), back.end(), want), static_cast<std::ptrdiff_t>(kBytes));
+    }
+  }
+  kept.clear();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // The CUDA engine's host staging: pinned memory, reused once released, and

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 
 ABSL_DECLARE_FLAG(int64_t, cuda_fused_max_rows);
+ABSL_DECLARE_FLAG(int64_t, cuda_upload_min_bytes);
 ABSL_DECLARE_FLAG(bool, batch_invariant);
 ABSL_DECLARE_FLAG(int64_t, max_batch_rows);
 ABSL_DECLARE_FLAG(int64_t, max_request_rows);
@@ -32,15 +33,19 @@ TEST(ServerConfig, DefaultsAreValid) {
   EXPECT_GE(c->cuda_fused_max_rows, int64_t{1} << 20);
   EXPECT_FALSE(c->batch_invariant);
   EXPECT_EQ(c->max_batch_rows, 256);
+  // Payloads from 16 rows of D = 4096 bf16 start for the GPU on arrival.
+  EXPECT_EQ(c->cuda_upload_min_bytes, int64_t{128} << 10);
 }
 
 TEST(ServerConfig, FlagsReachTheConfig) {
   absl::FlagSaver saver;
   absl::SetFlag(&FLAGS_cuda_fused_max_rows, 128);
   absl::SetFlag(&FLAGS_batch_invariant, true);
+  absl::SetFlag(&FLAGS_cuda_upload_min_bytes, 0);
   absl::StatusOr<ServerConfig> c = ServerConfigFromFlags();
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cuda_fused_max_rows, 128);
+  EXPECT_EQ(c->cuda_upload_min_bytes, 0);
   EXPECT_TRUE(c->batch_invariant);
 }
 
@@ -52,6 +57,7 @@ TEST(ServerConfig, OutOfRangeValuesNameTheirFlag) {
   };
   const Case cases[] = {
       {"--cuda_fused_max_rows", [] { absl::SetFlag(&FLAGS_cuda_fused_max_rows, -1); }},
+      {"--cuda_upload_min_bytes", [] { absl::SetFlag(&FLAGS_cuda_upload_min_bytes, -1); }},
       {"--max_batch_rows", [] { absl::SetFlag(&FLAGS_max_batch_rows, 0); }},
       {"--max_batch_rows", [] { absl::SetFlag(&FLAGS_max_batch_rows, (int64_t{1} << 20) + 1); }},
       {"--max_request_rows", [] { absl::SetFlag(&FLAGS_max_request_rows, 0); }},

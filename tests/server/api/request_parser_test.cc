@@ -504,6 +504,26 @@ class RequestParserRegions : public ::testing::Test {
     return ParseSampleRequest(r, Shape(), RequestLimits{1 << 16}, [&] { return next_seed++; }, &regions_);
   }
 
+  // Three rows of `values` as bf16 in a message, the same request with its
+  // bytes in the region at offset 1000, and those bytes.
+  struct WireRequests {
+    v1::SampleRequest bytes, region;
+    std::string want;
+  };
+  WireRequests ThreeBf16Rows(const std::vector<float>& values) {
+    WireRequests w;
+    *w.bytes.mutable_hidden_states() = MakeBf16(values, 3);
+    w.bytes.add_params()->set_seed(7);
+    w.region = MoveToRegion(w.bytes, 1000);
+    w.want = w.bytes.hidden_states().data();
+    return w;
+  }
+  // For an engine that takes wire rows as `wire` says.
+  absl::StatusOr<ParsedSampleRequest> ParseForWire(const v1::SampleRequest& r, const WireInput& wire) {
+    uint64_t next_seed = 1;
+    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return next_seed++; }, &regions_, &wire);
+  }
+
   std::unique_ptr<SharedMemoryBuffer> buffer_;
   MemoryRegions regions_{MemoryRegionsOptions{}};
 };
@@ -692,15 +712,11 @@ TEST_F(RequestParserRegions, AnEngineThatWidensGetsTheWireBytes) {
   std::vector<float> values(3 * kHidden);
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 1.0f;
   values[5] = std::numeric_limits<float>::quiet_NaN();  // left to the engine
-  v1::SampleRequest bytes_request;
-  *bytes_request.mutable_hidden_states() = MakeBf16(values, 3);
-  bytes_request.add_params()->set_seed(7);
-  const v1::SampleRequest region_request = MoveToRegion(bytes_request, 1000);
-  const std::string want = bytes_request.hidden_states().data();
-  uint64_t seed = 1;
-  const auto parse = [&](const v1::SampleRequest& r, const WireInput& wire) {
-    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions_, &wire);
-  };
+  const WireRequests w = ThreeBf16Rows(values);
+  const v1::SampleRequest& bytes_request = w.bytes;
+  const v1::SampleRequest& region_request = w.region;
+  const std::string& want = w.want;
+  const auto parse = [&](const v1::SampleRequest& r, const WireInput& wire) { return ParseForWire(r, wire); };
   const auto expect_run = [&](const absl::StatusOr<ParsedSampleRequest>& parsed, bool staged) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(parsed->batch.hidden.size(), 3u * kHidden);
@@ -737,6 +753,94 @@ TEST_F(RequestParserRegions, AnEngineThatWidensGetsTheWireBytes) {
   // Read once: later writes to the region do not reach the batch.
   std::memset(buffer_->data() + 1000, 0x7f, want.size());
   expect_run(from_region, true);
+}
+
+// A DeviceUpload whose "device memory" is a host copy made at Upload time;
+// `fail` makes every upload fail (as a device out of memory).
+class CopyingUpload final : public DeviceUpload {
+ public:
+  CopyingUpload(size_t min_bytes, bool fail) : min_bytes_(min_bytes), fail_(fail) {}
+  size_t min_bytes() const override { return min_bytes_; }
+  absl::StatusOr<UploadedRows> Upload(const void* host, size_t bytes,
+                                      std::shared_ptr<const void> host_owner) override {
+    ++calls;
+    if (fail_) return absl::ResourceExhaustedError("no device memory");
+    last_host = host;
+    last_host_owner = host_owner;
+    auto copy = std::make_shared<std::string>(static_cast<const char*>(host), bytes);
+    return UploadedRows{copy->data(), /*device=*/0, &event, copy};
+  }
+  int calls = 0;
+  const void* last_host = nullptr;
+  std::shared_ptr<const void> last_host_owner;
+  const int event = 0;  // stands for the copy's cudaEvent_t
+
+ private:
+  const size_t min_bytes_;
+  const bool fail_;
+};
+
+// Payloads of at least min_bytes() in pinned staging (from the message or a
+// region) start for the GPU in the parser: the run is the uploaded device
+// copy, with its event; smaller or unpinned payloads, and failed uploads,
+// stay host runs for the launch's copy.
+TEST_F(RequestParserRegions, LargePinnedPayloadsStartForTheGpuOnArrival) {
+  std::vector<float> values(3 * kHidden);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i);
+  const WireRequests w = ThreeBf16Rows(values);
+  const std::string& want = w.want;
+  const auto parse = [&](const v1::SampleRequest& r, const WireInput& wire) { return ParseForWire(r, wire); };
+  const auto staging = std::make_shared<CountingStaging>();
+  const v1::SampleRequest* const requests[] = {&w.bytes, &w.region};
+
+  for (const v1::SampleRequest* request : requests) {
+    const auto upload = std::make_shared<CopyingUpload>(want.size(), false);
+    absl::StatusOr<ParsedSampleRequest> parsed = parse(*request, WireInput{staging, upload});
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_EQ(parsed->batch.wire_hidden.size(), 1u);
+    const WireHiddenRows& run = parsed->batch.wire_hidden[0];
+    EXPECT_EQ(upload->calls, 1);
+    EXPECT_EQ(run.device, 0);
+    EXPECT_FALSE(run.pinned);
+    EXPECT_EQ(run.ready, &upload->event);
+    EXPECT_EQ(run.rows, 3);
+    EXPECT_EQ(run.dtype, WeightDType::kBFloat16);
+    EXPECT_EQ(std::memcmp(run.data, want.data(), want.size()), 0);
+    EXPECT_NE(run.data, upload->last_host);
+    // The staged host bytes stay alive with the upload (its copy reads them).
+    EXPECT_EQ(upload->last_host_owner.get(), upload->last_host);
+    EXPECT_NE(run.owner, nullptr);
+  }
+
+  // One byte short of the threshold: the launch copies it.
+  const auto high = std::make_shared<CopyingUpload>(want.size() + 1, false);
+  absl::StatusOr<ParsedSampleRequest> small = parse(w.bytes, WireInput{staging, high});
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(high->calls, 0);
+  EXPECT_EQ(small->batch.wire_hidden[0].device, kHostMemory);
+  EXPECT_TRUE(small->batch.wire_hidden[0].pinned);
+  EXPECT_EQ(small->batch.wire_hidden[0].ready, nullptr);
+
+  // A failed upload leaves the pinned host run.
+  const auto failing = std::make_shared<CopyingUpload>(1, true);
+  absl::StatusOr<ParsedSampleRequest> fallback = parse(w.bytes, WireInput{staging, failing});
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_EQ(failing->calls, 1);
+  EXPECT_EQ(fallback->batch.wire_hidden[0].device, kHostMemory);
+  EXPECT_TRUE(fallback->batch.wire_hidden[0].pinned);
+  EXPECT_EQ(std::memcmp(fallback->batch.wire_hidden[0].data, want.data(), want.size()), 0);
+
+  // Bytes that are not pinned (no staging to be had) are never uploaded: an
+  // asynchronous copy from pageable memory would be staged by the driver.
+  const auto unpinned = std::make_shared<CopyingUpload>(1, false);
+  for (const v1::SampleRequest* request : requests) {
+    absl::StatusOr<ParsedSampleRequest> parsed =
+        parse(*request, WireInput{std::make_shared<CountingStaging>(true), unpinned});
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->batch.wire_hidden[0].device, kHostMemory);
+    EXPECT_FALSE(parsed->batch.wire_hidden[0].pinned);
+  }
+  EXPECT_EQ(unpinned->calls, 0);
 }
 
 TEST_F(RequestParserRegions, ResultsAreWrittenPackedToTheOutputRegion) {
