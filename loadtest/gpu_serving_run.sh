@@ -13,6 +13,8 @@
 # at the same offered rate, so the open loop's latency can be read against
 # what the transport and this load generator do at that rate on this host.
 #
+# FS_ARGS: more flashsampler-server flags (e.g. --cuda_upload_min_bytes=0).
+#
 # The server's queue is bounded (--max_queue_rows) so that overload is refused
 # with RESOURCE_EXHAUSTED instead of queueing without bound. Prints a short
 # summary last; JSON reports go to OUT_DIR.
@@ -23,7 +25,7 @@ mkdir -p "$out"
   --demo_hidden=4096 --max_batch_rows=256 --max_request_rows=64 \
   --max_queue_rows="${MAX_QUEUE_ROWS:-256}" \
   --max_queue_delay_us="${QUEUE_DELAY_US:-0}" --completion_threads="${COMPLETION_THREADS:-4}" \
-  --metrics_address=127.0.0.1:0 \
+  --metrics_address=127.0.0.1:0 ${FS_ARGS:-} \
   > "$out/server.out" 2> "$out/server.err" &
 server=$!
 for _ in $(seq 600); do

@@ -239,7 +239,7 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
       // Large pinned payloads start for the GPU now, to cross the bus while
       // the launch before theirs runs; where that fails, the launch copies
       // them as usual.
-      if (pinned && wire_input->upload != nullptr &&
+      if (pinned && wire_input->upload != nullptr && *rows <= wire_input->room_rows &&
           static_cast<size_t>(want_bytes) >= wire_input->upload->min_bytes()) {
         absl::StatusOr<UploadedRows> uploaded =
             wire_input->upload->Upload(data, static_cast<size_t>(want_bytes), owner);

@@ -56,7 +56,8 @@ DynamicBatcher::EngineInput DynamicBatcher::engine_input() const {
   if (engine == nullptr) return {};
   EngineInput input{engine->shape(), std::nullopt};
   if (engine->reads_wire_hidden(kHostMemory)) {
-    input.wire = WireInput{engine->host_staging(), engine->device_upload()};
+    input.wire = WireInput{engine->host_staging(), engine->device_upload(),
+                           options_.max_queue_rows - queued_rows_hint_.load(std::memory_order_relaxed)};
   }
   return input;
 }
@@ -94,6 +95,7 @@ int64_t DynamicBatcher::queued_rows() const {
 
 void DynamicBatcher::PublishQueueRows() {
   queued_jobs_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
+  queued_rows_hint_.store(queued_rows_, std::memory_order_relaxed);
   if (metrics_ != nullptr) metrics_->SetQueueRows(queued_rows_);
 }
 

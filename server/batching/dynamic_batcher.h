@@ -119,7 +119,9 @@ class DynamicBatcher {
   ModelShape shape() const;
   // What a request parser needs to know of the engine, in one call: its
   // shape, and how it takes hidden states (WireInput, server/engine/engine.h; unset for an
-  // engine that takes fp32 only, or before an engine is set).
+  // engine that takes fp32 only, or before an engine is set), with the
+  // queue's room in rows at this moment (WireInput::room_rows; a hint, read
+  // without the lock).
   struct EngineInput {
     ModelShape shape;
     std::optional<WireInput> wire;
@@ -190,6 +192,8 @@ class DynamicBatcher {
   // queue_.size() and stopping_, mirrored (written under mu_) for the lock-free
   // idle poll and the inline-completion decision.
   std::atomic<int64_t> queued_jobs_{0};
+  // queued_rows_, mirrored likewise, for engine_input()'s room hint.
+  std::atomic<int64_t> queued_rows_hint_{0};
   std::atomic<bool> stop_requested_{false};
   CompletionPool completions_;  // before worker_: it outlives the worker's last Post
   std::thread worker_;

@@ -174,6 +174,11 @@ class DeviceUpload {
 struct WireInput {
   std::shared_ptr<HostStaging> staging;
   std::shared_ptr<DeviceUpload> upload;
+  // Rows the batcher's queue had room for when the request arrived: a
+  // request with more rows will most likely be refused (RESOURCE_EXHAUSTED),
+  // so it is not uploaded (under overload, refused requests would otherwise
+  // each cost a copy across the bus).
+  int64_t room_rows = INT64_MAX;
 };
 
 struct SampleBatch {

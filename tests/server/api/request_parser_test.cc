@@ -821,6 +821,18 @@ TEST_F(RequestParserRegions, LargePinnedPayloadsStartForTheGpuOnArrival) {
   EXPECT_TRUE(small->batch.wire_hidden[0].pinned);
   EXPECT_EQ(small->batch.wire_hidden[0].ready, nullptr);
 
+  // A request the queue has no room for (it will be refused) is not uploaded.
+  const auto full = std::make_shared<CopyingUpload>(1, false);
+  WireInput no_room{staging, full};
+  no_room.room_rows = 2;
+  absl::StatusOr<ParsedSampleRequest> refused = parse(w.bytes, no_room);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(full->calls, 0);
+  EXPECT_EQ(refused->batch.wire_hidden[0].device, kHostMemory);
+  no_room.room_rows = 3;
+  EXPECT_EQ(parse(w.bytes, no_room)->batch.wire_hidden[0].device, 0);
+  EXPECT_EQ(full->calls, 1);
+
   // A failed upload leaves the pinned host run.
   const auto failing = std::make_shared<CopyingUpload>(1, true);
   absl::StatusOr<ParsedSampleRequest> fallback = parse(w.bytes, WireInput{staging, failing});

@@ -76,6 +76,8 @@ class FakeEngine final : public Engine {
     return r;
   }
   bool serves_draft_rows(bool /*with_controls*/) const override { return serves_drafts_; }
+  bool reads_wire_hidden(int device) const override { return reads_wire_ && device == kHostMemory; }
+  void set_reads_wire_hidden(bool reads) { reads_wire_ = reads; }
   void set_serves_draft_rows(bool serves) { serves_drafts_ = serves; }
   // Breaks the contract: returns no draft_logprobs for a batch with drafts.
   void set_ignores_drafts(bool ignores) { ignores_drafts_ = ignores; }
@@ -104,6 +106,7 @@ class FakeEngine final : public Engine {
   const bool fail_;
   std::atomic<bool> healthy_{true};
   std::atomic<bool> serves_drafts_{false};
+  std::atomic<bool> reads_wire_{false};
   std::atomic<bool> ignores_drafts_{false};
   std::atomic<int64_t> poison_seed_{-1};
   ModelShape shape_;
@@ -481,6 +484,26 @@ TEST(DynamicBatcher, RefusesAtOnceWhenTheQueueIsFullAndRecovers) {
   batcher.Submit(&another, retry.Callback());
   ASSERT_EQ(retry.code(), absl::StatusCode::kOk);
   EXPECT_THAT(retry.result->token_ids, ElementsAre(20));
+}
+
+// A parser learns the queue's room with the engine's input (it uploads
+// only requests that can be admitted): the rows not yet queued.
+TEST(DynamicBatcher, EngineInputTellsTheQueuesRoom) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration(), /*max_queue_rows=*/4));
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);  // launched, not queued
+  EXPECT_FALSE(batcher.engine_input().wire.has_value());  // an engine that takes fp32
+  engine->set_reads_wire_hidden(true);
+  ASSERT_TRUE(batcher.engine_input().wire.has_value());
+  EXPECT_EQ(batcher.engine_input().wire->room_rows, 4);
+  SampleBatch three = Batch(3, 0);
+  Outcome o3;
+  batcher.Submit(&three, o3.Callback());
+  EXPECT_EQ(batcher.engine_input().wire->room_rows, 1);
+  engine->Release();
+  EXPECT_EQ(o3.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(batcher.engine_input().wire->room_rows, 4);
 }
 
 TEST(DynamicBatcher, ExpiredDeadlineIsAnsweredWithoutCompute) {
