@@ -29,10 +29,13 @@ class CudaDeviceUpload final : public DeviceUpload,
   CudaDeviceUpload(int device, size_t min_bytes) : device_(device), min_bytes_(min_bytes) {}
 
   ~CudaDeviceUpload() override {
-    // Every owner is gone (each holds this object), so every copy has been
-    // waited for; the frees were enqueued on stream_.
+    // Every owner is gone (each holds this object); their frees are on
+    // stream_, and retired_ holds the uploads whose copies were not yet seen
+    // done.
     if (cudaSetDevice(device_) != cudaSuccess) return;
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (Retired& r : retired_) free_events_.push_back(r.event);
+    retired_.clear();  // the copies are done: their host bytes may go
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -64,6 +67,7 @@ class CudaDeviceUpload final : public DeviceUpload,
                                       std::shared_ptr<const void> host_owner) override {
     // The calling thread's current device is per thread: set it every time.
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError("cudaSetDevice", e);
+    ReapRetired();
     absl::StatusOr<cudaEvent_t> event = TakeEvent();
     if (!event.ok()) return event.status();
     void* data = nullptr;
@@ -88,15 +92,13 @@ class CudaDeviceUpload final : public DeviceUpload,
            std::shared_ptr<const void> host)
         : from(std::move(from)), data(data), event(event), host(std::move(host)) {}
     ~UploadHold() {
-      // The copy must be done before the host bytes may change or go (a
-      // request refused before its launch drops its rows with the copy
-      // possibly still running); the memory returns to the pool in stream
-      // order, after the copy and after the launch that waited for it (which
-      // finished before its batch let go of these rows).
+      // The memory returns to the pool in stream order: after the copy, and
+      // after the launch that waited for it (which finished before its batch
+      // let go of these rows). The host bytes and the event wait for the
+      // copy (Retire).
       cudaSetDevice(from->device_);
-      cudaEventSynchronize(event);
       cudaFreeAsync(data, from->stream_);
-      from->ReturnEvent(event);
+      from->Retire(event, std::move(host));
     }
     std::shared_ptr<CudaDeviceUpload> from;
     void* data;
@@ -127,12 +129,53 @@ class CudaDeviceUpload final : public DeviceUpload,
     free_events_.push_back(e);
   }
 
+  // A dropped upload whose copy may still read its host bytes.
+  struct Retired {
+    cudaEvent_t event;
+    std::shared_ptr<const void> host;
+  };
+
+  // The host bytes may change or go, and the event be recorded again, only
+  // once the copy is done. It usually is (the launch waited for it); an
+  // upload dropped before its launch (a request refused or cancelled in the
+  // queue) may still be copying, and no thread should block on that: such
+  // uploads wait in retired_ until a later call finds their copies done.
+  void Retire(cudaEvent_t e, std::shared_ptr<const void> host) {
+    {
+      absl::MutexLock lock(&mu_);
+      retired_.push_back(Retired{e, std::move(host)});
+    }
+    ReapRetired();
+  }
+
+  // Releases the retired uploads whose copies are done (their host bytes
+  // outside the lock: a staging buffer may go back to cudaFreeHost).
+  void ReapRetired() {
+    std::vector<std::shared_ptr<const void>> released;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < retired_.size();) {
+        if (cudaEventQuery(retired_[i].event) == cudaErrorNotReady) {
+          ++i;
+          continue;
+        }
+        // Done (or failed: the copy will not run, and a sticky error shows
+        // on the engine's own calls).
+        free_events_.push_back(retired_[i].event);
+        released.push_back(std::move(retired_[i].host));
+        retired_[i] = std::move(retired_.back());
+        retired_.pop_back();
+      }
+    }
+  }
+
   const int device_;
   const size_t min_bytes_;
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   absl::Mutex mu_;
   std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Retired> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

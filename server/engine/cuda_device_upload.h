@@ -10,10 +10,13 @@
 // upload costs no cudaMalloc. Events come from a free list.
 //
 // Lifetime: each upload's owner holds the device memory, the event and the
-// host bytes; when the last batch drops it, it waits for the copy (done
-// long before, unless the request was refused before its launch), returns
-// the memory to the pool in stream order and lets the host bytes go. Owners
-// keep this object alive, also after the engine is gone.
+// host bytes; when the last batch drops it, the memory returns to the pool in
+// stream order, and the host bytes and the event are let go once the copy is
+// done: at once in the usual case (the launch waited for it), else by a
+// later upload that finds it done (an upload dropped before its launch, as a
+// request refused in the queue), so no thread ever blocks on a copy. Owners
+// keep this object alive, also after the engine is gone; its destructor
+// waits for what is left.
 //
 // Thread safety: Upload may be called from any thread, concurrently; an
 // owner may be dropped on any thread.
