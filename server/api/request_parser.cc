@@ -236,20 +236,6 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
 
   if (wire_input != nullptr) {
     const auto add_run = [&](const void* data, int device, bool pinned, std::shared_ptr<const void> owner) {
-      // Large pinned payloads start for the GPU now, to cross the bus while
-      // the launch before theirs runs; where that fails, the launch copies
-      // them as usual.
-      if (pinned && wire_input->upload != nullptr && *rows <= wire_input->room_rows &&
-          static_cast<size_t>(want_bytes) >= wire_input->upload->min_bytes()) {
-        absl::StatusOr<UploadedRows> uploaded =
-            wire_input->upload->Upload(data, static_cast<size_t>(want_bytes), owner);
-        if (uploaded.ok()) {
-          wire->push_back(WireHiddenRows{0, *rows, uploaded->data, WireToWeightDType(t.dtype()),
-                                         uploaded->device, false, std::move(uploaded->owner),
-                                         uploaded->ready});
-          return *rows;
-        }
-      }
       wire->push_back(WireHiddenRows{0, *rows, data, WireToWeightDType(t.dtype()), device, pinned, std::move(owner)});
       return *rows;
     };

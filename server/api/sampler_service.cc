@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/api/status_mapping.h"
+#include "server/api/wire_upload.h"
 
 namespace flashsampler {
 namespace {
@@ -229,8 +230,9 @@ SamplerService::CallScope SamplerService::ScopeOf(grpc::CallbackServerContext* c
 }
 
 void SamplerService::SubmitBatch(CallScope scope, const SampleBatch* batch,
-                                 DynamicBatcher::Done on_result) {
-  batcher_->Submit(batch, std::move(on_result), scope.deadline, std::move(scope.cancelled));
+                                 DynamicBatcher::Done on_result, std::function<void()> admitted) {
+  batcher_->Submit(batch, std::move(on_result), scope.deadline, std::move(scope.cancelled),
+                   std::move(admitted));
 }
 
 void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& request,
@@ -253,6 +255,18 @@ void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& reque
     AnswerSample(call, ToGrpcStatus(s));
     return;
   }
+  // An engine that copies to its GPU from request threads (the CUDA engine)
+  // gets the admitted request's large pinned runs started here, before the
+  // request joins the queue (server/api/wire_upload.h).
+  std::function<void()> admitted;
+  if (input.wire.has_value() && input.wire->upload != nullptr) {
+    // Two pointers (inline in the std::function); the engine, once set, is
+    // the batcher's for good, so its input is the same when this runs.
+    admitted = [this, call] {
+      const DynamicBatcher::EngineInput engine = batcher_->engine_input();
+      StartWireUploads(*engine.wire->upload, engine.shape.hidden_size, &call->parsed.batch);
+    };
+  }
   // Two pointers: std::function keeps them inline, no allocation.
   SubmitBatch(std::move(scope), &call->parsed.batch, [this, call](absl::StatusOr<SampleResult> result) {
     if (!result.ok()) {
@@ -260,7 +274,7 @@ void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& reque
       return;
     }
     AnswerSample(call, ToGrpcStatus(FillSampleResponse(call->parsed, *result, call->response)));
-  });
+  }, std::move(admitted));
 }
 
 grpc::ServerUnaryReactor* SamplerService::Verify(grpc::CallbackServerContext* context,

@@ -139,8 +139,10 @@ class SamplerService final : public v1::Sampler::CallbackService {
   void Finished();
   // Answers `call` (an accepted request) with `status`.
   void AnswerSample(SampleCall* call, grpc::Status status);
-  // Hands a parsed batch to the batcher with the call's deadline and cancellation.
-  void SubmitBatch(CallScope scope, const SampleBatch* batch, DynamicBatcher::Done on_result);
+  // Hands a parsed batch to the batcher with the call's deadline and
+  // cancellation (and `admitted`: DynamicBatcher::Submit's).
+  void SubmitBatch(CallScope scope, const SampleBatch* batch, DynamicBatcher::Done on_result,
+                   std::function<void()> admitted = nullptr);
 
   DynamicBatcher* const batcher_;
   const RequestLimits limits_;

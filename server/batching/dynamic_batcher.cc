@@ -56,8 +56,7 @@ DynamicBatcher::EngineInput DynamicBatcher::engine_input() const {
   if (engine == nullptr) return {};
   EngineInput input{engine->shape(), std::nullopt};
   if (engine->reads_wire_hidden(kHostMemory)) {
-    input.wire = WireInput{engine->host_staging(), engine->device_upload(),
-                           options_.max_queue_rows - queued_rows_hint_.load(std::memory_order_relaxed)};
+    input.wire = WireInput{engine->host_staging(), engine->device_upload()};
   }
   return input;
 }
@@ -95,7 +94,6 @@ int64_t DynamicBatcher::queued_rows() const {
 
 void DynamicBatcher::PublishQueueRows() {
   queued_jobs_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
-  queued_rows_hint_.store(queued_rows_, std::memory_order_relaxed);
   if (metrics_ != nullptr) metrics_->SetQueueRows(queued_rows_);
 }
 
@@ -137,8 +135,9 @@ absl::Status ClassifyQueuedCall(absl::Time enqueued, absl::Time deadline, absl::
 }
 
 void DynamicBatcher::Submit(const SampleBatch* batch, Done done, absl::Time deadline,
-                            std::function<bool()> cancelled) {
+                            std::function<bool()> cancelled, std::function<void()> admitted) {
   absl::Status refusal;
+  std::shared_ptr<Job> admitted_job;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
@@ -158,13 +157,25 @@ void DynamicBatcher::Submit(const SampleBatch* batch, Done done, absl::Time dead
       job->deadline = deadline;
       job->cancelled = std::move(cancelled);
       job->enqueued = absl::Now();
-      queue_.push_back(std::move(job));
       queued_rows_ += batch->rows;
-      PublishQueueRows();
-      return;
+      if (!admitted) {
+        queue_.push_back(std::move(job));
+        PublishQueueRows();
+        return;
+      }
+      ++admitting_;
+      admitted_job = std::move(job);
     }
   }
-  done(refusal);
+  if (admitted_job == nullptr) {
+    done(refusal);
+    return;
+  }
+  admitted();
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(admitted_job));
+  --admitting_;
+  PublishQueueRows();
 }
 
 void DynamicBatcher::Stop() {
@@ -182,10 +193,10 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
   SpinWhileIdle();
   absl::MutexLock lock(&mu_);
   auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queue_.empty() || stopping_;
+    return !queue_.empty() || (stopping_ && admitting_ == 0);
   };
   mu_.Await(absl::Condition(&has_work));
-  if (queue_.empty()) return false;  // stopping and drained
+  if (queue_.empty()) return false;  // stopping and drained (nothing is being admitted)
   // Let the batch fill: until it is full, the oldest request has waited
   // max_queue_delay, or Stop() asks to drain now.
   auto full_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -119,9 +119,7 @@ class DynamicBatcher {
   ModelShape shape() const;
   // What a request parser needs to know of the engine, in one call: its
   // shape, and how it takes hidden states (WireInput, server/engine/engine.h; unset for an
-  // engine that takes fp32 only, or before an engine is set), with the
-  // queue's room in rows at this moment (WireInput::room_rows; a hint, read
-  // without the lock).
+  // engine that takes fp32 only, or before an engine is set).
   struct EngineInput {
     ModelShape shape;
     std::optional<WireInput> wire;
@@ -134,8 +132,13 @@ class DynamicBatcher {
   // `batch` (validated, 1 <= rows) must stay alive until `done` has been
   // called. `deadline`: the caller's deadline; `cancelled`, when set, is polled
   // before the request is launched (it must be cheap and thread-safe).
+  // `admitted`, when set, runs once the request is admitted (its rows count
+  // in the queue) and before it joins the queue, on the calling thread,
+  // outside the batcher's lock; the caller may still change the batch there
+  // (no launch sees it yet): the CUDA path starts its rows' copy to the GPU
+  // (server/api/wire_upload.h). It does not run for a refused request.
   void Submit(const SampleBatch* batch, Done done, absl::Time deadline = absl::InfiniteFuture(),
-              std::function<bool()> cancelled = nullptr);
+              std::function<bool()> cancelled = nullptr, std::function<void()> admitted = nullptr);
 
   // Rows waiting for a launch right now.
   int64_t queued_rows() const;
@@ -187,13 +190,15 @@ class DynamicBatcher {
   // callable from any thread.
   std::atomic<const Engine*> loaded_{nullptr};
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;  // with the rows of admitting_ requests
+  // Requests admitted whose `admitted` callback is running: counted in
+  // queued_rows_, not yet in queue_; the worker does not stop before they
+  // are queued.
+  int admitting_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // queue_.size() and stopping_, mirrored (written under mu_) for the lock-free
   // idle poll and the inline-completion decision.
   std::atomic<int64_t> queued_jobs_{0};
-  // queued_rows_, mirrored likewise, for engine_input()'s room hint.
-  std::atomic<int64_t> queued_rows_hint_{0};
   std::atomic<bool> stop_requested_{false};
   CompletionPool completions_;  // before worker_: it outlives the worker's last Post
   std::thread worker_;

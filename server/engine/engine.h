@@ -169,16 +169,11 @@ class DeviceUpload {
 // How an engine that widens hidden states itself (reads_wire_hidden
 // (kHostMemory)) wants host bytes: staged in `staging` by the request
 // thread when it has one, else left where they are; and, where the engine
-// has `upload`, pinned bytes of at least upload->min_bytes() copied to its
-// GPU at once.
+// has `upload`, pinned runs of at least upload->min_bytes() copied to its
+// GPU once the request is admitted (server/api/wire_upload.h).
 struct WireInput {
   std::shared_ptr<HostStaging> staging;
   std::shared_ptr<DeviceUpload> upload;
-  // Rows the batcher's queue had room for when the request arrived: a
-  // request with more rows will most likely be refused (RESOURCE_EXHAUSTED),
-  // so it is not uploaded (under overload, refused requests would otherwise
-  // each cost a copy across the bus).
-  int64_t room_rows = INT64_MAX;
 };
 
 struct SampleBatch {

@@ -76,8 +76,6 @@ class FakeEngine final : public Engine {
     return r;
   }
   bool serves_draft_rows(bool /*with_controls*/) const override { return serves_drafts_; }
-  bool reads_wire_hidden(int device) const override { return reads_wire_ && device == kHostMemory; }
-  void set_reads_wire_hidden(bool reads) { reads_wire_ = reads; }
   void set_serves_draft_rows(bool serves) { serves_drafts_ = serves; }
   // Breaks the contract: returns no draft_logprobs for a batch with drafts.
   void set_ignores_drafts(bool ignores) { ignores_drafts_ = ignores; }
@@ -106,7 +104,6 @@ class FakeEngine final : public Engine {
   const bool fail_;
   std::atomic<bool> healthy_{true};
   std::atomic<bool> serves_drafts_{false};
-  std::atomic<bool> reads_wire_{false};
   std::atomic<bool> ignores_drafts_{false};
   std::atomic<int64_t> poison_seed_{-1};
   ModelShape shape_;
@@ -486,24 +483,62 @@ TEST(DynamicBatcher, RefusesAtOnceWhenTheQueueIsFullAndRecovers) {
   EXPECT_THAT(retry.result->token_ids, ElementsAre(20));
 }
 
-// A parser learns the queue's room with the engine's input (it uploads
-// only requests that can be admitted): the rows not yet queued.
-TEST(DynamicBatcher, EngineInputTellsTheQueuesRoom) {
+// `admitted` runs for an admitted request only, after its rows count in the
+// queue (so a request behind it is refused while it runs) and before any
+// launch can see it: a change it makes to the batch reaches the engine.
+TEST(DynamicBatcher, AdmittedRunsBeforeTheRequestIsQueued) {
   DynamicBatcher batcher(Options(64, absl::ZeroDuration(), /*max_queue_rows=*/4));
   SampleBatch first = Batch(1, 1000);
   Outcome first_outcome;
   FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);  // launched, not queued
-  EXPECT_FALSE(batcher.engine_input().wire.has_value());  // an engine that takes fp32
-  engine->set_reads_wire_hidden(true);
-  ASSERT_TRUE(batcher.engine_input().wire.has_value());
-  EXPECT_EQ(batcher.engine_input().wire->room_rows, 4);
-  SampleBatch three = Batch(3, 0);
-  Outcome o3;
-  batcher.Submit(&three, o3.Callback());
-  EXPECT_EQ(batcher.engine_input().wire->room_rows, 1);
+  SampleBatch three = Batch(3, 0), two = Batch(2, 10);
+  Outcome o3, refused, refused_after;
+  bool admitted_two = false;
+  batcher.Submit(&three, o3.Callback(), absl::InfiniteFuture(), nullptr, [&] {
+    EXPECT_EQ(batcher.queued_rows(), 3);  // counted, though not yet queued
+    batcher.Submit(&two, refused.Callback());
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+    three.params[1].seed = 42;  // the launch sees the batch as this leaves it
+  });
+  batcher.Submit(&two, refused_after.Callback(), absl::InfiniteFuture(), nullptr,
+                 [&] { admitted_two = true; });
+  EXPECT_EQ(refused_after.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(admitted_two) << "a refused request is never `admitted`";
   engine->Release();
-  EXPECT_EQ(o3.code(), absl::StatusCode::kOk);
-  EXPECT_EQ(batcher.engine_input().wire->room_rows, 4);
+  ASSERT_EQ(o3.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(o3.result->token_ids, ElementsAre(0, 42, 2));
+  EXPECT_EQ(batcher.queued_rows(), 0);
+}
+
+// Stop() while a request is being admitted: the worker waits for it to join
+// the queue and runs it; nothing is lost.
+TEST(DynamicBatcher, StopWaitsForARequestBeingAdmitted) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  batcher.SetEngine(std::make_unique<FakeEngine>());
+  SampleBatch batch = Batch(2, 5);
+  Outcome outcome;
+  absl::Notification in_admitted, go_on;
+  std::thread submitter([&] {
+    batcher.Submit(&batch, outcome.Callback(), absl::InfiniteFuture(), nullptr, [&] {
+      in_admitted.Notify();
+      go_on.WaitForNotification();
+    });
+  });
+  in_admitted.WaitForNotification();
+  std::thread stopper([&] { batcher.Stop(); });
+  // Until Stop() has begun (new requests are refused), keep the admitted
+  // request where it is; probes admitted before that simply run.
+  for (SampleBatch probe = Batch(1, 100);;) {
+    Outcome o;
+    batcher.Submit(&probe, o.Callback());
+    if (o.code() == absl::StatusCode::kUnavailable) break;
+  }
+  go_on.Notify();
+  submitter.join();
+  stopper.join();
+  ASSERT_TRUE(outcome.done.HasBeenNotified()) << "Stop returned before the admitted request ran";
+  ASSERT_EQ(outcome.code(), absl::StatusCode::kOk);
+  EXPECT_THAT(outcome.result->token_ids, ElementsAre(5, 6));
 }
 
 TEST(DynamicBatcher, ExpiredDeadlineIsAnsweredWithoutCompute) {

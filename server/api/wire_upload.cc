@@ -1,0 +1,24 @@
+#include "server/api/wire_upload.h"
+
+#include <utility>
+
+namespace flashsampler {
+
+void StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* batch) {
+  for (WireHiddenRows& run : batch->wire_hidden) {
+    // Only pinned host bytes: an asynchronous copy from pageable memory
+    // would be staged by the driver, synchronously.
+    if (!run.pinned || run.device != kHostMemory) continue;
+    const size_t bytes = static_cast<size_t>(run.rows * hidden_size * WeightDTypeSize(run.dtype));
+    if (bytes < upload.min_bytes()) continue;
+    absl::StatusOr<UploadedRows> uploaded = upload.Upload(run.data, bytes, run.owner);
+    if (!uploaded.ok()) continue;
+    run.data = uploaded->data;
+    run.device = uploaded->device;
+    run.pinned = false;
+    run.owner = std::move(uploaded->owner);
+    run.ready = uploaded->ready;
+  }
+}
+
+}  // namespace flashsampler

@@ -1,0 +1,28 @@
+// StartWireUploads: for an engine with a DeviceUpload (the CUDA engine), the
+// step after admission that starts a request's large pinned hidden-state
+// runs across the bus (server/engine/engine.h, DeviceUpload): each host run
+// in pinned memory (the payload the parser staged, or a shared-memory slice
+// registered for device copies) of at least upload.min_bytes() becomes the
+// uploaded device copy with its event (WireHiddenRows::ready), which the
+// engine's launch waits for instead of copying the rows itself. So, under
+// load, the next launch's rows cross the bus while this launch's kernel runs.
+//
+// It runs once the batcher has admitted the request (DynamicBatcher::Submit's
+// `admitted`), never for a refused one: a refused request costs no copy.
+//
+// Thread safety: one call per batch, by the thread that owns it before the
+// batcher queues it; calls on different batches may run concurrently.
+// Outcomes: none. A run whose upload fails stays a host run; the launch then
+// copies it, as without uploads.
+#pragma once
+
+#include <cstdint>
+
+#include "server/engine/engine.h"
+
+namespace flashsampler {
+
+// `hidden_size`: the engine's D, to size each run.
+void StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* batch);
+
+}  // namespace flashsampler
