@@ -257,12 +257,17 @@ void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& reque
   }
   // An engine that copies to its GPU from request threads (the CUDA engine)
   // gets the admitted request's large pinned runs started here, before the
-  // request joins the queue (server/api/wire_upload.h).
+  // request joins the queue (server/api/wire_upload.h), when a launch is
+  // running: the request waits for it, and its copy overlaps that kernel. A
+  // request admitted while the engine is idle is launched at once, its copy
+  // in the launch's one batched copy (an upload there would only add its
+  // calls and a cross-stream wait).
   std::function<void()> admitted;
   if (input.wire.has_value() && input.wire->upload != nullptr) {
     // Two pointers (inline in the std::function); the engine, once set, is
     // the batcher's for good, so its input is the same when this runs.
     admitted = [this, call] {
+      if (!batcher_->launch_running()) return;
       const DynamicBatcher::EngineInput engine = batcher_->engine_input();
       StartWireUploads(*engine.wire->upload, engine.shape.hidden_size, &call->parsed.batch);
     };

@@ -435,7 +435,9 @@ void DynamicBatcher::WorkerLoop() {
       absl::MutexLock lock(&mu_);
       engine = engine_.get();  // jobs are only queued once an engine is set
     }
+    launch_running_.store(true, std::memory_order_relaxed);
     RunLaunch(engine, launch);
+    launch_running_.store(false, std::memory_order_relaxed);
   }
 }
 

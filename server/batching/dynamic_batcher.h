@@ -142,6 +142,10 @@ class DynamicBatcher {
 
   // Rows waiting for a launch right now.
   int64_t queued_rows() const;
+  // True while the worker is inside a launch (a hint, read without the
+  // lock): a request admitted now waits for it, time in which its rows can
+  // cross the bus; one admitted while the engine is idle is launched at once.
+  bool launch_running() const { return launch_running_.load(std::memory_order_relaxed); }
 
   // Refuses new work, runs what is queued (without waiting for the delay),
   // joins the worker and waits until every `done` has returned. Idempotent.
@@ -200,6 +204,7 @@ class DynamicBatcher {
   // idle poll and the inline-completion decision.
   std::atomic<int64_t> queued_jobs_{0};
   std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> launch_running_{false};  // launch_running()
   CompletionPool completions_;  // before worker_: it outlives the worker's last Post
   std::thread worker_;
 };

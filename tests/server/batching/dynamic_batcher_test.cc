@@ -504,10 +504,25 @@ TEST(DynamicBatcher, AdmittedRunsBeforeTheRequestIsQueued) {
                  [&] { admitted_two = true; });
   EXPECT_EQ(refused_after.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(admitted_two) << "a refused request is never `admitted`";
+  EXPECT_TRUE(batcher.launch_running());  // the held first launch
   engine->Release();
   ASSERT_EQ(o3.code(), absl::StatusCode::kOk);
   EXPECT_THAT(o3.result->token_ids, ElementsAre(0, 42, 2));
   EXPECT_EQ(batcher.queued_rows(), 0);
+}
+
+// launch_running() is true exactly while the worker is inside a launch.
+TEST(DynamicBatcher, TellsWhetherALaunchIsRunning) {
+  DynamicBatcher batcher(Options(64, absl::ZeroDuration()));
+  EXPECT_FALSE(batcher.launch_running());
+  SampleBatch first = Batch(1, 1000);
+  Outcome first_outcome;
+  FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+  EXPECT_TRUE(batcher.launch_running());
+  engine->Release();
+  ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
+  batcher.Stop();  // the worker has left its loop: no launch runs
+  EXPECT_FALSE(batcher.launch_running());
 }
 
 // Stop() while a request is being admitted: the worker waits for it to join
