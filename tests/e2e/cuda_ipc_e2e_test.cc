@@ -273,11 +273,13 @@ TEST(CudaSharedMemoryE2E, DeviceCopiesFromSharedMemoryGiveTheGrpcPathsResults) {
   EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
 }
 
-// Payloads the request thread starts for the GPU on arrival
-// (--cuda_upload_min_bytes; here every one) give the results of payloads the
-// launch copies itself (0: uploads off), alone and in launches shared by
-// concurrent requests, bf16 and fp32, over gRPC and from shared memory; a
-// NaN in an uploaded payload still fails its request with its place.
+// Payloads the request thread starts for the GPU once admitted
+// (--cuda_upload_min_bytes; here every one that arrives while a launch runs:
+// the concurrent rounds) give the results of payloads the launch copies
+// itself (0: uploads off), alone and in launches shared by concurrent
+// requests, bf16 and fp32, over gRPC and from shared memory; a NaN still
+// fails its request with its place. (cuda_engine_gpu_test runs uploaded
+// rows through the engine deterministically.)
 TEST(CudaUploadE2E, PayloadsStartedOnArrivalGiveTheLaunchCopysResults) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
