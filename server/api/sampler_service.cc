@@ -269,7 +269,9 @@ void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& reque
     admitted = [this, call] {
       if (!batcher_->launch_running()) return;
       const DynamicBatcher::EngineInput engine = batcher_->engine_input();
-      StartWireUploads(*engine.wire->upload, engine.shape.hidden_size, &call->parsed.batch);
+      const WireUploads started =
+          StartWireUploads(*engine.wire->upload, engine.shape.hidden_size, &call->parsed.batch);
+      if (metrics_ != nullptr && started.runs > 0) metrics_->RecordUploads(started.runs, started.bytes);
     };
   }
   // Two pointers: std::function keeps them inline, no allocation.

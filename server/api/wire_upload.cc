@@ -4,7 +4,8 @@
 
 namespace flashsampler {
 
-void StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* batch) {
+WireUploads StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* batch) {
+  WireUploads started;
   for (WireHiddenRows& run : batch->wire_hidden) {
     // Only pinned host bytes: an asynchronous copy from pageable memory
     // would be staged by the driver, synchronously.
@@ -18,7 +19,10 @@ void StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* ba
     run.pinned = false;
     run.owner = std::move(uploaded->owner);
     run.ready = uploaded->ready;
+    ++started.runs;
+    started.bytes += static_cast<int64_t>(bytes);
   }
+  return started;
 }
 
 }  // namespace flashsampler

@@ -12,8 +12,8 @@
 //
 // Thread safety: one call per batch, by the thread that owns it before the
 // batcher queues it; calls on different batches may run concurrently.
-// Outcomes: none. A run whose upload fails stays a host run; the launch then
-// copies it, as without uploads.
+// Outcomes: the runs started and their bytes. A run whose upload fails stays
+// a host run; the launch then copies it, as without uploads.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,12 @@
 
 namespace flashsampler {
 
+struct WireUploads {
+  int64_t runs = 0;
+  int64_t bytes = 0;
+};
+
 // `hidden_size`: the engine's D, to size each run.
-void StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* batch);
+WireUploads StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* batch);
 
 }  // namespace flashsampler

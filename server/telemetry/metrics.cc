@@ -141,6 +141,17 @@ struct ServerMetrics::Impl {
                                 .Help("Rows the batcher queue admits (--max_queue_rows); beyond it requests get RESOURCE_EXHAUSTED.")
                                 .Register(*registry)
                                 .Add({})),
+        uploads(prometheus::BuildCounter()
+                    .Name("flashsampler_uploads_total")
+                    .Help("Runs of hidden states copied to the GPU as their request was admitted, while "
+                          "the launch before them ran (--cuda_upload_min_bytes).")
+                    .Register(*registry)
+                    .Add({})),
+        uploaded_bytes(prometheus::BuildCounter()
+                           .Name("flashsampler_uploaded_bytes_total")
+                           .Help("Bytes of the runs in flashsampler_uploads_total.")
+                           .Register(*registry)
+                           .Add({})),
         serving(prometheus::BuildGauge()
                     .Name("flashsampler_serving")
                     .Help("1 while health reports SERVING (engine loaded and healthy, not draining), else 0.")
@@ -173,6 +184,8 @@ struct ServerMetrics::Impl {
   prometheus::Family<prometheus::Counter>& launches;
   prometheus::Gauge& queue_rows;
   prometheus::Gauge& queue_capacity_rows;
+  prometheus::Counter& uploads;
+  prometheus::Counter& uploaded_bytes;
   prometheus::Gauge& serving;
   prometheus::Gauge& inflight;
   prometheus::Family<prometheus::Gauge>& model_info;
@@ -219,6 +232,11 @@ void ServerMetrics::RecordLaunch(int64_t rows, double compute_seconds, const std
 }
 
 void ServerMetrics::SetQueueRows(int64_t rows) { impl_->queue_rows.Set(static_cast<double>(rows)); }
+
+void ServerMetrics::RecordUploads(int64_t runs, int64_t bytes) {
+  impl_->uploads.Increment(static_cast<double>(runs));
+  impl_->uploaded_bytes.Increment(static_cast<double>(bytes));
+}
 
 void ServerMetrics::SetQueueCapacityRows(int64_t rows) {
   impl_->queue_capacity_rows.Set(static_cast<double>(rows));

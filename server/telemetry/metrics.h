@@ -11,6 +11,8 @@
 //   batch_rows                           histogram, rows per launch (coalescing)
 //   queue_rows                           gauge, rows waiting for a launch
 //   queue_capacity_rows                  gauge, rows the queue admits (--max_queue_rows)
+//   uploads_total                        counter, hidden-state runs copied to the GPU on arrival
+//   uploaded_bytes_total                 counter, their bytes (--cuda_upload_min_bytes)
 //   serving                              gauge, 1 while health reports SERVING
 //   inflight_requests                    gauge, requests received and not yet answered
 //   device_memory_used_bytes{device}     gauge, read from the engine at scrape time
@@ -62,6 +64,9 @@ class ServerMetrics {
   // "error" for a failed launch).
   void RecordLaunch(int64_t rows, double compute_seconds, const std::string& path);
   void SetQueueRows(int64_t rows);
+  // Runs of an admitted request's hidden states started for the GPU on
+  // arrival (server/api/wire_upload.h), and their bytes.
+  void RecordUploads(int64_t runs, int64_t bytes);
   void SetQueueCapacityRows(int64_t rows);
 
   // Mirrors the health status (main: loaded, device failure, drain).

@@ -60,8 +60,10 @@ TEST(StartWireUploads, LargePinnedRunsBecomeTheirDeviceCopy) {
   CopyingUpload upload(/*min_bytes=*/3 * kHidden * 2);
   SampleBatch batch = BatchOf({HostRun(0, 3, true), HostRun(3, 2, true), HostRun(5, 4, true)}, 9);
   const SampleBatch before = batch;
-  StartWireUploads(upload, kHidden, &batch);
+  const WireUploads started = StartWireUploads(upload, kHidden, &batch);
   EXPECT_EQ(upload.calls, 2);  // the 2-row run is below the threshold
+  EXPECT_EQ(started.runs, 2);
+  EXPECT_EQ(started.bytes, (3 + 4) * kHidden * 2);
   for (int i : {0, 2}) {
     SCOPED_TRACE(i);
     const WireHiddenRows& run = batch.wire_hidden[i];
@@ -99,7 +101,7 @@ TEST(StartWireUploads, UnpinnedDeviceAndFailedRunsStayAsTheyAre) {
   CopyingUpload failing(1, /*fail=*/true);
   SampleBatch pinned = BatchOf({HostRun(0, 4, true)}, 4);
   const void* data = pinned.wire_hidden[0].data;
-  StartWireUploads(failing, kHidden, &pinned);
+  EXPECT_EQ(StartWireUploads(failing, kHidden, &pinned).runs, 0);
   EXPECT_EQ(failing.calls, 1);
   EXPECT_EQ(pinned.wire_hidden[0].device, kHostMemory);
   EXPECT_TRUE(pinned.wire_hidden[0].pinned);

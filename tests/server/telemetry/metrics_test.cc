@@ -38,7 +38,11 @@ TEST(ServerMetrics, RecordsRequestsLaunchesAndModelInfo) {
 
   metrics.SetQueueCapacityRows(4096);
   metrics.SetServing(true);
+  metrics.RecordUploads(1, 524288);
+  metrics.RecordUploads(2, 1048576);
   const std::string text = metrics.Scrape();
+  EXPECT_THAT(text, HasSubstr("flashsampler_uploads_total 3"));
+  EXPECT_THAT(text, HasSubstr("flashsampler_uploaded_bytes_total 1572864"));
   EXPECT_THAT(text, HasSubstr("flashsampler_queue_capacity_rows 4096"));
   EXPECT_THAT(text, HasSubstr("flashsampler_serving 1"));
   EXPECT_THAT(text, HasSubstr("flashsampler_requests_total{code=\"OK\",method=\"Sample\"} 1"));
