@@ -263,7 +263,8 @@ void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& reque
   // in the launch's one batched copy (an upload there would only add its
   // calls and a cross-stream wait).
   std::function<void()> admitted;
-  if (input.wire.has_value() && input.wire->upload != nullptr) {
+  if (input.wire.has_value() && input.wire->upload != nullptr &&
+      HasWireUploadCandidates(*input.wire->upload, input.shape.hidden_size, call->parsed.batch)) {
     // Two pointers (inline in the std::function); the engine, once set, is
     // the batcher's for good, so its input is the same when this runs.
     admitted = [this, call] {

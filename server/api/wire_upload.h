@@ -30,4 +30,8 @@ struct WireUploads {
 // `hidden_size`: the engine's D, to size each run.
 WireUploads StartWireUploads(DeviceUpload& upload, int64_t hidden_size, SampleBatch* batch);
 
+// Whether `batch` has a run StartWireUploads would start: requests without
+// one (small payloads) skip the admission step altogether.
+bool HasWireUploadCandidates(const DeviceUpload& upload, int64_t hidden_size, const SampleBatch& batch);
+
 }  // namespace flashsampler

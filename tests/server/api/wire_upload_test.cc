@@ -60,8 +60,10 @@ TEST(StartWireUploads, LargePinnedRunsBecomeTheirDeviceCopy) {
   CopyingUpload upload(/*min_bytes=*/3 * kHidden * 2);
   SampleBatch batch = BatchOf({HostRun(0, 3, true), HostRun(3, 2, true), HostRun(5, 4, true)}, 9);
   const SampleBatch before = batch;
+  EXPECT_TRUE(HasWireUploadCandidates(upload, kHidden, batch));
   const WireUploads started = StartWireUploads(upload, kHidden, &batch);
   EXPECT_EQ(upload.calls, 2);  // the 2-row run is below the threshold
+  EXPECT_FALSE(HasWireUploadCandidates(upload, kHidden, BatchOf({HostRun(0, 2, true)}, 2)));
   EXPECT_EQ(started.runs, 2);
   EXPECT_EQ(started.bytes, (3 + 4) * kHidden * 2);
   for (int i : {0, 2}) {
@@ -93,6 +95,7 @@ TEST(StartWireUploads, UnpinnedDeviceAndFailedRunsStayAsTheyAre) {
   WireHiddenRows on_gpu = HostRun(4, 2, false);
   on_gpu.device = 0;
   SampleBatch batch = BatchOf({HostRun(0, 4, false), on_gpu}, 6);
+  EXPECT_FALSE(HasWireUploadCandidates(upload, kHidden, batch));
   StartWireUploads(upload, kHidden, &batch);
   EXPECT_EQ(upload.calls, 0);
   EXPECT_EQ(batch.wire_hidden[0].device, kHostMemory);
