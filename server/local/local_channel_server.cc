@@ -130,6 +130,12 @@ class LocalChannelServer::Connection final : public SampleCall {
       call_id_ = header->call_id;
       SamplerService::CallScope scope;
       if (header->arg != 0) scope.deadline = absl::Now() + absl::Microseconds(header->arg);
+      // A client that hung up while its request waits in the queue gets it
+      // dropped (CANCELLED, never computed), as a gRPC client that went
+      // away. The batcher asks before each launch, for queued requests only:
+      // one poll(2) each, and a connection has one request in flight. A
+      // client that only shut its writing half keeps its request.
+      scope.cancelled = [fd = fd_] { return PeerHungUp(fd); };
       {
         std::lock_guard<std::mutex> lock(answer_mu_);
         answered_ = false;

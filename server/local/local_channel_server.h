@@ -15,7 +15,9 @@
 // does not end the connection. Only a frame that cannot be trusted ends it:
 // a bad magic, an unknown kind, a payload over the limit, a frame of a kind
 // clients do not send. The server answers it with a Status frame of call id
-// 0, then closes.
+// 0, then closes. A request still queued when its client hangs up is dropped
+// without compute (CANCELLED), as a gRPC call whose client went away; the
+// batcher asks (one poll(2) per queued request) before each launch.
 //
 // Who may connect: the socket file is made mode 0600 before the server
 // listens, and a peer (SO_PEERCRED) that is neither this process's user nor

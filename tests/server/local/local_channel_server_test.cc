@@ -3,8 +3,9 @@
 // the local channel on a temporary socket, LocalSamplerClient and raw
 // sockets as clients. Concurrent connections get the answers each request
 // gets alone; a client that stops reading holds up its own connection only;
-// clients that vanish with a request in flight take nothing down; the drain
-// and Stop end every connection.
+// clients that vanish with a request in flight take nothing down, and one
+// that hangs up while its request is queued has it dropped uncomputed; the
+// drain and Stop end every connection.
 #include "server/local/local_channel_server.h"
 
 #include <sys/socket.h>
@@ -24,6 +25,9 @@
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "server/engine/engine.h"
 #include "server/model/lm_head.h"
 #include "tests/common/scoped_temp_dir.h"
@@ -61,18 +65,61 @@ int ConnectRaw(const std::string& path) {
   return fd;
 }
 
+std::unique_ptr<Engine> CpuEngine() {
+  EngineOptions engine_options;
+  engine_options.cpu.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 5), engine_options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+// The CPU engine, with its first launch held until Release() and the rows of
+// every launch recorded.
+class HeldCpuEngine final : public Engine {
+ public:
+  HeldCpuEngine() : cpu_(CpuEngine()) {}
+  absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      launches_.push_back(batch.rows);
+      first = launches_.size() == 1;
+    }
+    if (first) {
+      started_.Notify();
+      release_.WaitForNotification();
+    }
+    return cpu_->Sample(batch);
+  }
+  const ModelShape& shape() const override { return cpu_->shape(); }
+  std::string backend_name() const override { return "held cpu"; }
+  bool serves_draft_rows(bool with_controls) const override { return cpu_->serves_draft_rows(with_controls); }
+
+  void WaitForFirstLaunch() { started_.WaitForNotification(); }
+  void Release() { release_.Notify(); }
+  std::vector<int64_t> launches() const {
+    absl::MutexLock lock(&mu_);
+    return launches_;
+  }
+
+ private:
+  const std::unique_ptr<Engine> cpu_;
+  absl::Notification started_, release_;
+  mutable absl::Mutex mu_;
+  std::vector<int64_t> launches_ ABSL_GUARDED_BY(mu_);
+};
+
 class LocalChannelServerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartWith(CpuEngine()); }
+
+  void StartWith(std::unique_ptr<Engine> engine) {
     BatcherOptions options;
     options.max_batch_rows = 256;
     batcher_ = std::make_unique<DynamicBatcher>(options);
-    EngineOptions engine_options;
-    engine_options.cpu.num_threads = 2;
-    absl::StatusOr<std::unique_ptr<Engine>> engine =
-        MakeEngine("cpu", LmHead::Demo(kVocab, kHidden, 5), engine_options);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    batcher_->SetEngine(*std::move(engine));
+    ASSERT_NE(engine, nullptr);
+    batcher_->SetEngine(std::move(engine));
     service_ = std::make_unique<SamplerService>(batcher_.get(), RequestLimits{1024}, nullptr);
     LocalChannelOptions local;
     local.path = dir_.Path("s.sock");
@@ -201,6 +248,52 @@ TEST_F(LocalChannelServerTest, ClientsThatVanishMidRequestTakeNothingDown) {
   }
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->token_ids_size(), 3);
+}
+
+class LocalChannelCancellationTest : public LocalChannelServerTest {
+ protected:
+  void SetUp() override {
+    auto engine = std::make_unique<HeldCpuEngine>();
+    engine_ = engine.get();
+    StartWith(std::move(engine));
+  }
+  HeldCpuEngine* engine_ = nullptr;
+};
+
+// A queued request whose client has hung up is dropped before its launch
+// (CANCELLED, never computed), as a gRPC call whose client went away; a
+// client that is still there, or only stopped writing, keeps its request.
+TEST_F(LocalChannelCancellationTest, AQueuedRequestOfAClientThatHungUpIsNeverComputed) {
+  std::unique_ptr<LocalSamplerClient> first = Connect();
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<v1::SampleResponse> first_answer;
+  std::thread first_call([&] { first_answer = first->Sample(Request(2, 1)); });
+  engine_->WaitForFirstLaunch();  // the first request holds the engine
+
+  std::string payload;
+  ASSERT_TRUE(Request(5, 2).SerializeToString(&payload));
+  local::FrameHeader h;
+  h.call_id = 7;
+  const int gone = ConnectRaw(dir_.Path("s.sock"));
+  ASSERT_TRUE(local::WriteFrame(gone, h, payload).ok());
+  ASSERT_TRUE(Request(3, 3).SerializeToString(&payload));
+  const int half_closed = ConnectRaw(dir_.Path("s.sock"));
+  ASSERT_TRUE(local::WriteFrame(half_closed, h, payload).ok());
+  // Both are queued once the batcher holds their rows.
+  while (batcher_->queued_rows() < 5 + 3) std::this_thread::yield();
+  close(gone);                       // hung up: its request must not run
+  shutdown(half_closed, SHUT_WR);    // still reading: its request runs
+  engine_->Release();
+  first_call.join();
+  ASSERT_TRUE(first_answer.ok()) << first_answer.status();
+  // The half-closed client gets its answer.
+  std::string body;
+  absl::StatusOr<local::FrameHeader> answer = local::ReadFrame(half_closed, 1 << 20, &body);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->kind, local::FrameKind::kSampleResponse);
+  close(half_closed);
+  batcher_->Stop();  // whatever was queued has been run or dropped
+  EXPECT_THAT(engine_->launches(), ElementsAreArray({2, 3})) << "the hung-up client's 5 rows were computed";
 }
 
 TEST_F(LocalChannelServerTest, TheDrainEndsIdleConnectionsWithAGoodbyeAndStopJoinsEverything) {
