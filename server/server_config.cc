@@ -93,10 +93,10 @@ ABSL_FLAG(int64_t, cuda_fused_max_rows, int64_t{1} << 20,
           "BENCHMARKS.md)");
 ABSL_FLAG(int64_t, cuda_upload_min_bytes, int64_t{128} << 10,
           "CUDA backend (one GPU): a request whose hidden states arrive as host bytes of at least "
-          "this size (the gRPC payload, or a shared-memory region slice) is copied to the GPU by "
-          "the thread that received it, at once, so the copy overlaps the launch running then "
-          "instead of preceding its own; smaller ones ride their launch's one batched copy. "
-          "0: every copy at launch");
+          "this size (the gRPC payload, or a shared-memory region slice) and that is admitted "
+          "while a launch runs is copied to the GPU by the thread that received it, at once, so "
+          "the copy overlaps that launch instead of preceding its own; the rest ride their "
+          "launch's one batched copy. 0: every copy at launch");
 ABSL_FLAG(bool, cuda_fused_controls, true,
           "CUDA backend: batches with sampling controls (up to --cuda_fused_max_rows rows) apply "
           "them inside the fused kernel when every row allows it (top_k <= 64, or no filter); "

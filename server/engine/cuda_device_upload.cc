@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -89,7 +90,7 @@ class CudaDeviceUpload final : public DeviceUpload,
   // One upload's device memory, event and host bytes, released together.
   struct UploadHold {
     UploadHold(std::shared_ptr<CudaDeviceUpload> from, void* data, cudaEvent_t event,
-           std::shared_ptr<const void> host)
+               std::shared_ptr<const void> host)
         : from(std::move(from)), data(data), event(event), host(std::move(host)) {}
     ~UploadHold() {
       // The memory returns to the pool in stream order: after the copy, and
@@ -136,16 +137,18 @@ class CudaDeviceUpload final : public DeviceUpload,
   };
 
   // The host bytes may change or go, and the event be recorded again, only
-  // once the copy is done. It usually is (the launch waited for it); an
-  // upload dropped before its launch (a request refused or cancelled in the
-  // queue) may still be copying, and no thread should block on that: such
-  // uploads wait in retired_ until a later call finds their copies done.
+  // once the copy is done. It usually is (the launch waited for it): then
+  // both go at once (`host` on return, outside the lock). An upload dropped
+  // before its launch (a request cancelled in the queue) may still be
+  // copying, and no thread should block on that: it waits in retired_ until
+  // a later upload finds its copy done (ReapRetired).
   void Retire(cudaEvent_t e, std::shared_ptr<const void> host) {
-    {
-      absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu_);
+    if (cudaEventQuery(e) == cudaErrorNotReady) {
       retired_.push_back(Retired{e, std::move(host)});
+    } else {
+      free_events_.push_back(e);
     }
-    ReapRetired();
   }
 
   // Releases the retired uploads whose copies are done (their host bytes
@@ -154,7 +157,7 @@ class CudaDeviceUpload final : public DeviceUpload,
     std::vector<std::shared_ptr<const void>> released;
     {
       absl::MutexLock lock(&mu_);
-      for (size_t i = 0; i < retired_.size();) {
+      for (size_t i = 0; i < retired_.size();) {  // usually empty
         if (cudaEventQuery(retired_[i].event) == cudaErrorNotReady) {
           ++i;
           continue;

@@ -173,7 +173,7 @@ class DeviceUpload {
 // GPU once the request is admitted (server/api/wire_upload.h).
 struct WireInput {
   std::shared_ptr<HostStaging> staging;
-  std::shared_ptr<DeviceUpload> upload;
+  std::shared_ptr<DeviceUpload> upload = nullptr;
 };
 
 struct SampleBatch {
@@ -336,9 +336,10 @@ struct CudaEngineOptions {
   bool batch_invariant = false;
   // Requests whose pinned host hidden states (the wire payload staged by the
   // request thread, or a registered shared-memory slice) take at least this
-  // many bytes are copied to the GPU by the request thread on arrival, on a
-  // copy stream of their own (DeviceUpload), overlapping the launch that runs
-  // meanwhile; smaller ones ride the launch's batched copy. 0: never.
+  // many bytes, admitted while a launch runs, are copied to the GPU by the
+  // request thread at once, on a copy stream of their own (DeviceUpload),
+  // overlapping that launch; the rest ride their launch's batched copy.
+  // 0: never.
   int64_t upload_min_bytes = int64_t{128} << 10;
 };
 

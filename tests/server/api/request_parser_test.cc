@@ -504,26 +504,6 @@ class RequestParserRegions : public ::testing::Test {
     return ParseSampleRequest(r, Shape(), RequestLimits{1 << 16}, [&] { return next_seed++; }, &regions_);
   }
 
-  // Three rows of `values` as bf16 in a message, the same request with its
-  // bytes in the region at offset 1000, and those bytes.
-  struct WireRequests {
-    v1::SampleRequest bytes, region;
-    std::string want;
-  };
-  WireRequests ThreeBf16Rows(const std::vector<float>& values) {
-    WireRequests w;
-    *w.bytes.mutable_hidden_states() = MakeBf16(values, 3);
-    w.bytes.add_params()->set_seed(7);
-    w.region = MoveToRegion(w.bytes, 1000);
-    w.want = w.bytes.hidden_states().data();
-    return w;
-  }
-  // For an engine that takes wire rows as `wire` says.
-  absl::StatusOr<ParsedSampleRequest> ParseForWire(const v1::SampleRequest& r, const WireInput& wire) {
-    uint64_t next_seed = 1;
-    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return next_seed++; }, &regions_, &wire);
-  }
-
   std::unique_ptr<SharedMemoryBuffer> buffer_;
   MemoryRegions regions_{MemoryRegionsOptions{}};
 };
@@ -712,11 +692,15 @@ TEST_F(RequestParserRegions, AnEngineThatWidensGetsTheWireBytes) {
   std::vector<float> values(3 * kHidden);
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 1.0f;
   values[5] = std::numeric_limits<float>::quiet_NaN();  // left to the engine
-  const WireRequests w = ThreeBf16Rows(values);
-  const v1::SampleRequest& bytes_request = w.bytes;
-  const v1::SampleRequest& region_request = w.region;
-  const std::string& want = w.want;
-  const auto parse = [&](const v1::SampleRequest& r, const WireInput& wire) { return ParseForWire(r, wire); };
+  v1::SampleRequest bytes_request;
+  *bytes_request.mutable_hidden_states() = MakeBf16(values, 3);
+  bytes_request.add_params()->set_seed(7);
+  const v1::SampleRequest region_request = MoveToRegion(bytes_request, 1000);
+  const std::string want = bytes_request.hidden_states().data();
+  uint64_t seed = 1;
+  const auto parse = [&](const v1::SampleRequest& r, const WireInput& wire) {
+    return ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions_, &wire);
+  };
   const auto expect_run = [&](const absl::StatusOr<ParsedSampleRequest>& parsed, bool staged) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(parsed->batch.hidden.size(), 3u * kHidden);
