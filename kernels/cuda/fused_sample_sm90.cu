@@ -64,10 +64,11 @@
 // registers each: two blocks fill the SM's 64K) and declare 2 blocks per
 // SM, so the block scheduler runs one block's epilogue against the other's
 // main loop, as the mma.sync kernel's 2-blocks-per-SM configs do. Their
-// warps also fold two rows at a time with the pruned fold (FoldRowPair: the
-// noise's two logs only for each lane's most promising token and for the
-// tokens whose bound reaches the tile's best score; the same summary bits),
-// so the rows' dependency chains interleave. Nothing that decides a bit changes: the WGMMA is
+// warps also fold four rows a pass with the pruned fold (FoldRowPairLanes:
+// the noise's two logs only for each lane's most promising token and for
+// the tokens whose bound reaches the tile's best score; two rows' chains
+// interleave) and one butterfly for the four (FoldRowQuad: the same merge
+// tree in fewer merges); the same summary bits. Nothing that decides a bit changes: the WGMMA is
 // m64nNk16 with N = the block's rows as before, the same K order, the same
 // epilogue per row; only the block shape and stage count differ, which the
 // batch-invariance argument above already covers (256-row batches take two
@@ -83,7 +84,7 @@
 // main loop, then B's main loop while A runs its epilogue, then A's next
 // main loop while B runs its epilogue, ... The producer warp keeps loading
 // the next item's stages throughout, so the TMA and the tensor cores never
-// wait for an epilogue unless the epilogue (4 warps, two rows a pass, pruned) is the
+// wait for an epilogue unless the epilogue (4 warps, four rows a pass, pruned) is the
 // longer of the two. Per item the arithmetic is the one above (m64nNk16 with
 // N = the item's rows, two 64-token atoms per warpgroup, K in order, the
 // same fold), so it too gives kWgmma's bits.
@@ -181,7 +182,8 @@ using RingMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
 // so kStages - 1 steps of W, 16 KB each, are in flight per SM while the
 // tensor cores work on one) or 2 (two rings of ~100 KB, one block's epilogue
 // against the other's main loop). kStraightEpilogue: the epilogue's warps
-// fold two rows per pass with the pruned fold (FoldTile, FoldRowPair).
+// fold four rows per pass with the pruned fold (FoldTile, FoldRowPairLanes,
+// FoldRowQuad).
 template <class Element, int kRows_, int kStages_, int kBlocksPerSm_, bool kStraightEpilogue_>
 struct WgmmaConfig {
   static constexpr int kRows = kRows_;
@@ -487,13 +489,15 @@ __device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneT
 }
 
 // Rows a and b of the dot tile (their 128 fp32 dots each, before the scale)
-// to their tile summaries: lane k folds tokens [4k, 4k + 4) of each, as
-// above, then the butterfly (the mma.sync epilogue's shape). The two rows'
-// chains are independent, so they interleave. All 32 lanes call it.
-__device__ __forceinline__ void FoldRowPair(const RowSampler& a, const RowSampler& b,
-                                            const float* dots_a, const float* dots_b,
-                                            int64_t tok0, int lane, int64_t valid_vocab,
-                                            bool want_lse, SampleSummary& sa, SampleSummary& sb) {
+// to each lane's partial summaries: lane k folds tokens [4k, 4k + 4) of each
+// as above (the mma.sync epilogue's lane-to-token map). The two rows' chains
+// are independent, so they interleave. All 32 lanes call it; the butterfly
+// is FoldRowQuad's.
+__device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowSampler& b,
+                                                 const float* dots_a, const float* dots_b,
+                                                 int64_t tok0, int lane, int64_t valid_vocab,
+                                                 bool want_lse, SampleSummary& sa,
+                                                 SampleSummary& sb) {
   const LaneTokens ta = PrepareLaneTokens(
       a, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_a + 4 * lane), valid_vocab);
   const LaneTokens tb = PrepareLaneTokens(
@@ -518,11 +522,53 @@ __device__ __forceinline__ void FoldRowPair(const RowSampler& a, const RowSample
     FoldLogSumExp(sa, ta);
     FoldLogSumExp(sb, tb);
   }
+}
+
+// Four rows' lane summaries (a, b, c, d: each lane's partials) to their
+// tile summaries, with the butterfly's merge tree but 6 merges a lane
+// instead of 20. The butterfly (FoldRow's) gives every lane L of a row
+// the value v_5(L), where v_0(L) = lane L's partial and v_j(L) =
+// MergeSummaries(v_{j-1}(L), v_{j-1}(L ^ m_j)) for m_j = 16, 8, 4, 2, 1.
+// Here a lane computes v_j(L) for fewer rows as j grows: at m = 16, lanes
+// 0-15 compute v_1 of rows a and b and lanes 16-31 of rows c and d (each
+// sends the partials it gives up and receives the ones it keeps, so the
+// merge operands are the butterfly's, in the same order); at m = 8, lanes
+// with bit 3 clear keep a / c, the others b / d; at m = 4, 2, 1 each lane
+// has one row left. Every lane therefore ends with the butterfly's v_5(L)
+// of its row: row a in lanes 0-7, b in 8-15, c in 16-23, d in 24-31. The
+// butterfly's value is the same in every lane (MergeSummaries is symmetric:
+// the winner is a total order's maximum, and the log-sum-exp's rescaling
+// adds the same two products whichever side comes first), so lane 8's row
+// b is lane 0's, bit for bit. Returns the lane's row (0-3) and its summary.
+// x ? a : b field by field: a conditional on the structs themselves selects
+// an address, which puts them in local memory.
+__device__ __forceinline__ SampleSummary SelectSummary(bool x, const SampleSummary& a,
+                                                       const SampleSummary& b) {
+  SampleSummary o;
+  o.best_score = x ? a.best_score : b.best_score;
+  o.best_index = x ? a.best_index : b.best_index;
+  o.best_logit = x ? a.best_logit : b.best_logit;
+  o.max_logit = x ? a.max_logit : b.max_logit;
+  o.sum_exp = x ? a.sum_exp : b.sum_exp;
+  return o;
+}
+
+__device__ __forceinline__ int FoldRowQuad(const SampleSummary& a, const SampleSummary& b,
+                                           const SampleSummary& c, const SampleSummary& d,
+                                           int lane, SampleSummary& out) {
+  const bool upper16 = (lane & 16) != 0;
+  SampleSummary keep0 = SelectSummary(upper16, c, a);
+  SampleSummary keep1 = SelectSummary(upper16, d, b);
+  const SampleSummary give0 = SelectSummary(upper16, a, c);
+  const SampleSummary give1 = SelectSummary(upper16, b, d);
+  keep0 = MergeSummaries(keep0, ShuffleXorSummary(give0, 16));
+  keep1 = MergeSummaries(keep1, ShuffleXorSummary(give1, 16));
+  const bool upper8 = (lane & 8) != 0;
+  out = MergeSummaries(SelectSummary(upper8, keep1, keep0),
+                       ShuffleXorSummary(SelectSummary(upper8, keep0, keep1), 8));
 #pragma unroll
-  for (int m = 16; m >= 1; m /= 2) {
-    sa = MergeSummaries(sa, ShuffleXorSummary(sa, m));
-    sb = MergeSummaries(sb, ShuffleXorSummary(sb, m));
-  }
+  for (int m = 4; m >= 1; m /= 2) out = MergeSummaries(out, ShuffleXorSummary(out, m));
+  return (upper16 ? 2 : 0) + (upper8 ? 1 : 0);
 }
 
 // One row of the dot tile (dots: its 128 fp32 dots, before the scale) to its
@@ -544,9 +590,10 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
 
 // The block's rows < batch, one warp per row (warp w of kWarps: rows w,
 // w + kWarps, ...), each written to tile_summaries[row * num_tiles + tile].
-// Cfg::kStraightEpilogue: a warp folds rows r and r + kWarps in one pass
-// with the pruned fold (FoldRowPair), two independent chains, each row's
-// summary unchanged; a row of the pair past the batch is folded on the neutral setup
+// Cfg::kStraightEpilogue: a warp folds rows r + {0, 1, 2, 3} * kWarps in one
+// pass with the pruned fold (FoldRowPairLanes twice: two independent chains
+// each) and one shared butterfly (FoldRowQuad), each row's summary
+// unchanged; a row of the four past the batch is folded on the neutral setup
 // (RowSampler::Load inactive: no draft) and not written.
 // kControlled: the fused controlled path's epilogue instead
 // (ControlledTileRow, fused_controls.cuh: the mma.sync kernel's, statement
@@ -557,8 +604,8 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
                                          int64_t row0, int64_t tok0, int tile, int warp,
                                          int lane) {
   constexpr int kRows = Cfg::kRows;
-  static_assert(!Cfg::kStraightEpilogue || kRows % (2 * kWarps) == 0,
-                "paired rows: every warp folds whole pairs");
+  static_assert(!Cfg::kStraightEpilogue || kRows % (4 * kWarps) == 0,
+                "four rows a pass: every warp folds whole quads");
   if constexpr (kControlled) {
     for (int r = warp; r < kRows; r += kWarps) {
       if (row0 + r >= p.batch) break;  // uniform across the warp
@@ -566,21 +613,25 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
                         p.valid_vocab, p.num_tiles, tile, lane, p.tile_summaries);
     }
   } else if constexpr (Cfg::kStraightEpilogue) {
-    for (int r = warp; r < kRows; r += 2 * kWarps) {
-      const int64_t row_a = row0 + r, row_b = row_a + kWarps;
-      if (row_a >= p.batch) break;  // uniform across the warp
-      const bool live_b = row_b < p.batch;
-      const RowSampler a = RowSampler::Load(p.params, row_a, true, p.draft_tokens,
-                                            p.draft_logits, p.token_offset);
-      const RowSampler b = RowSampler::Load(p.params, row_b, live_b, p.draft_tokens,
-                                            p.draft_logits, p.token_offset);
-      SampleSummary sa, sb;
-      FoldRowPair(a, b, dots + r * kDotStride, dots + (r + kWarps) * kDotStride, tok0, lane,
-                  p.valid_vocab, p.want_lse, sa, sb);
-      if (lane == 0) {
-        p.tile_summaries[row_a * p.num_tiles + tile] = sa;
-        if (live_b) p.tile_summaries[row_b * p.num_tiles + tile] = sb;
+    for (int r = warp; r < kRows; r += 4 * kWarps) {
+      if (row0 + r >= p.batch) break;  // uniform across the warp
+      RowSampler rows[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t row = row0 + r + q * kWarps;
+        rows[q] = RowSampler::Load(p.params, row, row < p.batch, p.draft_tokens, p.draft_logits,
+                                   p.token_offset);
       }
+      SampleSummary sa, sb, sc, sd;
+      FoldRowPairLanes(rows[0], rows[1], dots + r * kDotStride, dots + (r + kWarps) * kDotStride,
+                       tok0, lane, p.valid_vocab, p.want_lse, sa, sb);
+      FoldRowPairLanes(rows[2], rows[3], dots + (r + 2 * kWarps) * kDotStride,
+                       dots + (r + 3 * kWarps) * kDotStride, tok0, lane, p.valid_vocab,
+                       p.want_lse, sc, sd);
+      SampleSummary mine;
+      const int q = FoldRowQuad(sa, sb, sc, sd, lane, mine);
+      const int64_t row = row0 + r + q * kWarps;
+      if ((lane & 7) == 0 && row < p.batch) p.tile_summaries[row * p.num_tiles + tile] = mine;
     }
   } else {
     for (int r = warp; r < kRows; r += kWarps) {
