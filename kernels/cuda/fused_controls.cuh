@@ -149,36 +149,57 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
   // Candidate row: m rounds of a warp arg-max in canonical order (higher l',
   // then lower id; -inf tokens never enter). l' is compared through its
   // order-preserving bits (-0 folded into +0, as float comparison has them
-  // equal), so a round is one redux.sync max plus a ballot: among lanes
-  // holding the maximum the lowest lane holds the lowest id, and within a
-  // lane the first maximum is the lowest id. Key 0 (below every finite l')
-  // marks taken and -inf tokens. The owner writes the c-th candidate itself.
+  // equal). Each lane first sorts its four tokens by (key descending, id
+  // ascending), so its best remaining token is always its head: a round is
+  // one redux.sync max over the heads plus a ballot (among lanes holding the
+  // maximum the lowest lane holds the lowest id, and a lane's head is its
+  // lowest id of that key), and the owner writes the c-th candidate and pops
+  // its head. Key 0 (below every finite l') marks -inf tokens and the empty
+  // slots popping leaves. The same candidates in the same order as arg-max
+  // rounds over the unsorted four (a total order picks them), in fewer
+  // instructions a round.
   const int m = d.top_k < kFusedTileCandidates ? d.top_k : kFusedTileCandidates;
   FusedCandidate* out = ctl.candidates + (row * num_tiles + tile) * kFusedTileCandidates;
   uint32_t key[4];
+  float lv[4];
+  int32_t id[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) key[i] = l[i] > -INFINITY ? OrderedFloatBits(l[i]) : 0u;
+  for (int i = 0; i < 4; ++i) {
+    key[i] = l[i] > -INFINITY ? OrderedFloatBits(l[i]) : 0u;
+    lv[i] = l[i];
+    id[i] = static_cast<int32_t>(g0 + i);
+  }
+  // A 4-input sorting network; position j goes before position i (j > i)
+  // when its key is larger, or equal with a lower id.
+  constexpr int kPairs[5][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}, {1, 2}};
+#pragma unroll
+  for (int q = 0; q < 5; ++q) {
+    const int i = kPairs[q][0], j = kPairs[q][1];
+    const bool swap = key[j] > key[i] || (key[j] == key[i] && id[j] < id[i]);
+    const uint32_t ki = key[i];
+    const float li = lv[i];
+    const int32_t ii = id[i];
+    key[i] = swap ? key[j] : key[i];
+    lv[i] = swap ? lv[j] : lv[i];
+    id[i] = swap ? id[j] : id[i];
+    key[j] = swap ? ki : key[j];
+    lv[j] = swap ? li : lv[j];
+    id[j] = swap ? ii : id[j];
+  }
   int c = 0;
   for (; c < m; ++c) {
-    uint32_t bk = key[0];
-    int bi = 0;
-#pragma unroll
-    for (int i = 1; i < 4; ++i) {
-      if (key[i] > bk) {  // > keeps the first (lowest id) of equal keys
-        bk = key[i];
-        bi = i;
-      }
-    }
-    const uint32_t top = __reduce_max_sync(kFullWarpMask, bk);
+    const uint32_t top = __reduce_max_sync(kFullWarpMask, key[0]);
     if (top == 0u) break;  // warp-uniform: no finite l' left in the tile
-    const uint32_t owners = __ballot_sync(kFullWarpMask, bk == top);
+    const uint32_t owners = __ballot_sync(kFullWarpMask, key[0] == top);
     if (lane == __ffs(owners) - 1) {
-      float bv = l[0];
+      out[c] = FusedCandidate{lv[0], id[0]};
 #pragma unroll
-      for (int i = 1; i < 4; ++i) bv = bi == i ? l[i] : bv;
-      out[c] = FusedCandidate{bv, static_cast<int32_t>(g0 + bi)};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) key[i] = bi == i ? 0u : key[i];
+      for (int i = 0; i < 3; ++i) {
+        key[i] = key[i + 1];
+        lv[i] = lv[i + 1];
+        id[i] = id[i + 1];
+      }
+      key[3] = 0u;
     }
   }
   if (lane >= c && lane < m) out[lane] = FusedCandidate{-INFINITY, -1};
