@@ -594,7 +594,9 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
 // pass with the pruned fold (FoldRowPairLanes twice: two independent chains
 // each) and one shared butterfly (FoldRowQuad), each row's summary
 // unchanged; a row of the four past the batch is folded on the neutral setup
-// (RowSampler::Load inactive: no draft) and not written.
+// (RowSampler::Load inactive: no draft) and not written, and when rows c and
+// d both are, their pair is not folded at all (a batch of 16 in a 32-row
+// block would otherwise fold twice the rows it has).
 // kControlled: the fused controlled path's epilogue instead
 // (ControlledTileRow, fused_controls.cuh: the mma.sync kernel's, statement
 // for statement), one row per warp and pass; it may overwrite its row of
@@ -625,9 +627,14 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
       SampleSummary sa, sb, sc, sd;
       FoldRowPairLanes(rows[0], rows[1], dots + r * kDotStride, dots + (r + kWarps) * kDotStride,
                        tok0, lane, p.valid_vocab, p.want_lse, sa, sb);
-      FoldRowPairLanes(rows[2], rows[3], dots + (r + 2 * kWarps) * kDotStride,
-                       dots + (r + 3 * kWarps) * kDotStride, tok0, lane, p.valid_vocab,
-                       p.want_lse, sc, sd);
+      if (row0 + r + 2 * kWarps < p.batch) {  // uniform across the warp
+        FoldRowPairLanes(rows[2], rows[3], dots + (r + 2 * kWarps) * kDotStride,
+                         dots + (r + 3 * kWarps) * kDotStride, tok0, lane, p.valid_vocab,
+                         p.want_lse, sc, sd);
+      } else {  // rows c and d are past the batch (a small batch in a wider block)
+        sc = EmptySampleSummary();
+        sd = EmptySampleSummary();
+      }
       SampleSummary mine;
       const int q = FoldRowQuad(sa, sb, sc, sd, lane, mine);
       const int64_t row = row0 + r + q * kWarps;
