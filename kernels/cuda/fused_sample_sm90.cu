@@ -462,28 +462,34 @@ __device__ __forceinline__ void FoldLogSumExp(SampleSummary& s, const LaneTokens
 
 // Steps 2 and 3's selection for one row: folds the probe (sampled rows) or
 // all four tokens (greedy rows) into s, and returns the mask of the lane's
-// tokens that still need their exact score.
+// tokens that still need their exact score. kSampled: the caller knows the
+// row is sampled, so the greedy row's selects are not emitted (they cost
+// about a tenth of a sampled row's fold when evaluated and discarded).
+template <bool kSampled>
 __device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneTokens& t,
                                               SampleSummary& s) {
+  const bool sampled = kSampled || row.sampled;
   int j = 0;
 #pragma unroll
   for (int i = 1; i < 4; ++i) j = t.bound[i] > PickOfFour(t.bound, j) ? i : j;
   const float logit_j = PickOfFour(t.logit, j);
   const bool probe_may_win = PickOfFour(t.compete, j);
   const float score_j = __fadd_rn(logit_j, GumbelFromBitsStraight(PickOfFour(t.bits, j)));
-  FoldScore(s, row.sampled && probe_may_win, score_j, t.token0 + j, logit_j);
+  FoldScore(s, sampled && probe_may_win, score_j, t.token0 + j, logit_j);
+  if constexpr (!kSampled) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    FoldScore(s, !row.sampled && t.compete[i], t.logit[i], t.token0 + i, t.logit[i]);
+    for (int i = 0; i < 4; ++i) {
+      FoldScore(s, !sampled && t.compete[i], t.logit[i], t.token0 + i, t.logit[i]);
+    }
   }
-  float best = row.sampled && probe_may_win ? score_j : -INFINITY;
+  float best = sampled && probe_may_win ? score_j : -INFINITY;
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) best = fmaxf(best, __shfl_xor_sync(kFullWarpMask, best, m));
   uint32_t need = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     // A -inf bound (l' = -inf) is kept while best is -inf: it may still win.
-    if (row.sampled && t.compete[i] && i != j && !(t.bound[i] < best)) need |= 1u << i;
+    if (sampled && t.compete[i] && i != j && !(t.bound[i] < best)) need |= 1u << i;
   }
   return need;
 }
@@ -492,7 +498,9 @@ __device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneT
 // to each lane's partial summaries: lane k folds tokens [4k, 4k + 4) of each
 // as above (the mma.sync epilogue's lane-to-token map). The two rows' chains
 // are independent, so they interleave. All 32 lanes call it; the butterfly
-// is FoldRowQuad's.
+// is FoldRowQuad's. kBothSampled: both rows are known to be sampled
+// (FoldProbe's kSampled); the same bits either way.
+template <bool kBothSampled>
 __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowSampler& b,
                                                  const float* dots_a, const float* dots_b,
                                                  int64_t tok0, int lane, int64_t valid_vocab,
@@ -504,7 +512,8 @@ __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowS
       b, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_b + 4 * lane), valid_vocab);
   sa = EmptySampleSummary();
   sb = EmptySampleSummary();
-  uint32_t need = FoldProbe(a, ta, sa) | FoldProbe(b, tb, sb) << 4;
+  uint32_t need =
+      FoldProbe<kBothSampled>(a, ta, sa) | FoldProbe<kBothSampled>(b, tb, sb) << 4;
   // Step 3: one token per lane and pass (bits 0-3: row a's, 4-7: row b's).
   while (__any_sync(kFullWarpMask, need != 0)) {
     const bool has = need != 0;
@@ -521,6 +530,19 @@ __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowS
   if (want_lse) {
     FoldLogSumExp(sa, ta);
     FoldLogSumExp(sb, tb);
+  }
+}
+
+// FoldRowPairLanes without the greedy rows' selects when both rows are
+// sampled (warp-uniform: one row each, the same for every lane).
+__device__ __forceinline__ void FoldPair(const RowSampler& a, const RowSampler& b,
+                                         const float* dots_a, const float* dots_b, int64_t tok0,
+                                         int lane, int64_t valid_vocab, bool want_lse,
+                                         SampleSummary& sa, SampleSummary& sb) {
+  if (a.sampled && b.sampled) {
+    FoldRowPairLanes<true>(a, b, dots_a, dots_b, tok0, lane, valid_vocab, want_lse, sa, sb);
+  } else {
+    FoldRowPairLanes<false>(a, b, dots_a, dots_b, tok0, lane, valid_vocab, want_lse, sa, sb);
   }
 }
 
@@ -591,7 +613,7 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
 // The block's rows < batch, one warp per row (warp w of kWarps: rows w,
 // w + kWarps, ...), each written to tile_summaries[row * num_tiles + tile].
 // Cfg::kStraightEpilogue: a warp folds rows r + {0, 1, 2, 3} * kWarps in one
-// pass with the pruned fold (FoldRowPairLanes twice: two independent chains
+// pass with the pruned fold (FoldPair twice: two independent chains
 // each) and one shared butterfly (FoldRowQuad), each row's summary
 // unchanged; a row of the four past the batch is folded on the neutral setup
 // (RowSampler::Load inactive: no draft) and not written, and when rows c and
@@ -625,12 +647,12 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
                                    p.token_offset);
       }
       SampleSummary sa, sb, sc, sd;
-      FoldRowPairLanes(rows[0], rows[1], dots + r * kDotStride, dots + (r + kWarps) * kDotStride,
-                       tok0, lane, p.valid_vocab, p.want_lse, sa, sb);
+      FoldPair(rows[0], rows[1], dots + r * kDotStride, dots + (r + kWarps) * kDotStride, tok0,
+               lane, p.valid_vocab, p.want_lse, sa, sb);
       if (row0 + r + 2 * kWarps < p.batch) {  // uniform across the warp
-        FoldRowPairLanes(rows[2], rows[3], dots + (r + 2 * kWarps) * kDotStride,
-                         dots + (r + 3 * kWarps) * kDotStride, tok0, lane, p.valid_vocab,
-                         p.want_lse, sc, sd);
+        FoldPair(rows[2], rows[3], dots + (r + 2 * kWarps) * kDotStride,
+                 dots + (r + 3 * kWarps) * kDotStride, tok0, lane, p.valid_vocab, p.want_lse, sc,
+                 sd);
       } else {  // rows c and d are past the batch (a small batch in a wider block)
         sc = EmptySampleSummary();
         sd = EmptySampleSummary();
