@@ -575,6 +575,34 @@ __device__ __forceinline__ SampleSummary SelectSummary(bool x, const SampleSumma
   return o;
 }
 
+// kLse: whether the log-sum-exp fields carry anything. Without want_lse every
+// partial has max_logit = -inf and sum_exp = 0, which MergeSummaries passes
+// through unchanged, so the merges of the winner alone (and their three
+// shuffles) give the same summaries: MergeWinner.
+__device__ __forceinline__ SampleSummary ShuffleXorWinner(const SampleSummary& s, int lane_mask) {
+  SampleSummary o = s;
+  o.best_score = __shfl_xor_sync(kFullWarpMask, s.best_score, lane_mask);
+  o.best_index = __shfl_xor_sync(kFullWarpMask, s.best_index, lane_mask);
+  o.best_logit = __shfl_xor_sync(kFullWarpMask, s.best_logit, lane_mask);
+  return o;
+}
+
+__device__ __forceinline__ SampleSummary MergeWinner(const SampleSummary& a,
+                                                     const SampleSummary& b) {
+  return SelectSummary(ScoreBeats(b.best_score, b.best_index, a.best_score, a.best_index), b, a);
+}
+
+template <bool kLse>
+__device__ __forceinline__ SampleSummary QuadMerge(const SampleSummary& own, const SampleSummary& give,
+                                                   int lane_mask) {
+  if constexpr (kLse) {
+    return MergeSummaries(own, ShuffleXorSummary(give, lane_mask));
+  } else {
+    return MergeWinner(own, ShuffleXorWinner(give, lane_mask));
+  }
+}
+
+template <bool kLse>
 __device__ __forceinline__ int FoldRowQuad(const SampleSummary& a, const SampleSummary& b,
                                            const SampleSummary& c, const SampleSummary& d,
                                            int lane, SampleSummary& out) {
@@ -583,13 +611,13 @@ __device__ __forceinline__ int FoldRowQuad(const SampleSummary& a, const SampleS
   SampleSummary keep1 = SelectSummary(upper16, d, b);
   const SampleSummary give0 = SelectSummary(upper16, a, c);
   const SampleSummary give1 = SelectSummary(upper16, b, d);
-  keep0 = MergeSummaries(keep0, ShuffleXorSummary(give0, 16));
-  keep1 = MergeSummaries(keep1, ShuffleXorSummary(give1, 16));
+  keep0 = QuadMerge<kLse>(keep0, give0, 16);
+  keep1 = QuadMerge<kLse>(keep1, give1, 16);
   const bool upper8 = (lane & 8) != 0;
-  out = MergeSummaries(SelectSummary(upper8, keep1, keep0),
-                       ShuffleXorSummary(SelectSummary(upper8, keep0, keep1), 8));
+  out = QuadMerge<kLse>(SelectSummary(upper8, keep1, keep0), SelectSummary(upper8, keep0, keep1),
+                        8);
 #pragma unroll
-  for (int m = 4; m >= 1; m /= 2) out = MergeSummaries(out, ShuffleXorSummary(out, m));
+  for (int m = 4; m >= 1; m /= 2) out = QuadMerge<kLse>(out, out, m);
   return (upper16 ? 2 : 0) + (upper8 ? 1 : 0);
 }
 
@@ -658,7 +686,8 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
         sd = EmptySampleSummary();
       }
       SampleSummary mine;
-      const int q = FoldRowQuad(sa, sb, sc, sd, lane, mine);
+      const int q = p.want_lse ? FoldRowQuad<true>(sa, sb, sc, sd, lane, mine)
+                               : FoldRowQuad<false>(sa, sb, sc, sd, lane, mine);
       const int64_t row = row0 + r + q * kWarps;
       if ((lane & 7) == 0 && row < p.batch) p.tile_summaries[row * p.num_tiles + tile] = mine;
     }

@@ -96,12 +96,12 @@ struct Outputs {
 
 int64_t NumTiles(int64_t valid_vocab) { return (valid_vocab + kTileTokens - 1) / kTileTokens; }
 
-// RunLaunch: LaunchFusedSample with every output requested (drafts when given),
-// outputs poisoned first, and downloads them plus the stage-1 tile summaries
+// RunLaunch: LaunchFusedSample with every output requested (drafts when given;
+// with_lse false: tokens only, no log Z or logprobs), outputs poisoned first, and downloads them plus the stage-1 tile summaries
 // at the start of the workspace (fused_sample.cu's layout).
 KernelStatus RunLaunch(const Launch& l, const std::vector<float>& hidden,
                  const std::vector<RowParams>& params, const std::vector<int32_t>* drafts,
-                 Stage1Kernel stage1, Outputs* out) {
+                 Stage1Kernel stage1, Outputs* out, bool with_lse = true) {
   const int64_t batch = static_cast<int64_t>(params.size());
   DeviceBuffer<float> d_hidden(hidden.size());
   DeviceBuffer<RowParams> d_params(params.size());
@@ -131,8 +131,8 @@ KernelStatus RunLaunch(const Launch& l, const std::vector<float>& hidden,
   args.hidden_dim = l.hidden;
   args.token_offset = l.token_offset;
   args.token_ids = d_tokens.data();
-  args.logz = d_logz.data();
-  args.logprobs = d_logprobs.data();
+  args.logz = with_lse ? d_logz.data() : nullptr;
+  args.logprobs = with_lse ? d_logprobs.data() : nullptr;
   args.workspace = d_workspace.data();
   args.workspace_bytes = ws_bytes;
   args.stage1 = stage1;
@@ -392,6 +392,59 @@ INSTANTIATE_TEST_SUITE_P(
                        // or 128 x 3 chunks (the other three)
                        ::testing::Values(int64_t{1}, int64_t{7}, int64_t{33}, int64_t{100},
                                          int64_t{300})));
+
+// Tokens only (no log Z, logprobs or drafts): the straight epilogue then
+// merges the winner fields alone (fused_sample_sm90.cu's MergeWinner), which
+// must give the summaries of the full merge: the winner fields of a launch
+// with log Z, bit for bit, and an empty log-sum-exp (-inf, 0), exactly as the
+// mma.sync kernel's tokens-only summaries.
+using TokensOnlyCase = std::tuple<Stage1Kernel, int64_t /*batch*/>;
+class FusedSampleSm90TokensOnly : public FusedSampleSm90Test,
+                                  public ::testing::WithParamInterface<TokensOnlyCase> {};
+
+TEST_P(FusedSampleSm90TokensOnly, WinnersAsWithLogZAndAsMmaSync) {
+  const auto [stage1, batch] = GetParam();
+  const Shape& s = kShapes[0];
+  Problem prob;
+  MakeProblem(CudaWeightDType::kBFloat16, s.vocab, s.valid_vocab, s.hidden, s.token_offset,
+              static_cast<uint32_t>(23 + batch), &prob);
+  const std::vector<float> hidden = RandomHidden(batch, s.hidden, CudaWeightDType::kBFloat16,
+                                                 static_cast<uint32_t>(batch * 5 + 2));
+  // A quarter greedy, so pairs of sampled rows and mixed pairs both occur.
+  const std::vector<RowParams> params =
+      gpu_test::RandomParams(batch, 0.25, static_cast<uint32_t>(batch + 9));
+  Outputs tokens_only, with_lse, mma;
+  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, nullptr, stage1, &tokens_only, false),
+            KernelStatus::kOk);
+  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, nullptr, stage1, &with_lse), KernelStatus::kOk);
+  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, nullptr, Stage1Kernel::kMmaSync, &mma, false),
+            KernelStatus::kOk);
+  EXPECT_EQ(tokens_only.tokens, with_lse.tokens);
+  EXPECT_EQ(tokens_only.tokens, mma.tokens);
+  ASSERT_EQ(tokens_only.tiles.size(), mma.tiles.size());
+  EXPECT_EQ(0, std::memcmp(tokens_only.tiles.data(), mma.tiles.data(),
+                           tokens_only.tiles.size() * sizeof(SampleSummary)))
+      << "tokens-only tile summaries differ from mma.sync's";
+  int64_t differing = 0, lse_not_empty = 0;
+  for (size_t i = 0; i < tokens_only.tiles.size(); ++i) {
+    const SampleSummary& a = tokens_only.tiles[i];
+    const SampleSummary& b = with_lse.tiles[i];
+    if (std::memcmp(&a.best_score, &b.best_score, 4) != 0 || a.best_index != b.best_index ||
+        std::memcmp(&a.best_logit, &b.best_logit, 4) != 0) {
+      ++differing;
+    }
+    if (!(a.max_logit == -INFINITY && a.sum_exp == 0.0f)) ++lse_not_empty;
+  }
+  EXPECT_EQ(differing, 0) << "winner fields differ between tokens-only and log-Z launches";
+  EXPECT_EQ(lse_not_empty, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, FusedSampleSm90TokensOnly,
+    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmmaOverlap, Stage1Kernel::kWgmmaPingpong,
+                                         Stage1Kernel::kWgmmaSeparateEpilogue),
+                       // 1 and 3 chunks, a partial quad (a pair past the batch)
+                       ::testing::Values(int64_t{7}, int64_t{33}, int64_t{100}, int64_t{300})));
 
 // ---- 2. Batch invariance ----------------------------------------------------------
 using InvarianceCase = std::tuple<Stage1Kernel, CudaWeightDType, int /*shape*/>;
