@@ -546,6 +546,49 @@ __device__ __forceinline__ void FoldPair(const RowSampler& a, const RowSampler& 
   }
 }
 
+// x ? a : b field by field: a conditional on the structs themselves selects
+// an address, which puts them in local memory.
+__device__ __forceinline__ SampleSummary SelectSummary(bool x, const SampleSummary& a,
+                                                       const SampleSummary& b) {
+  SampleSummary o;
+  o.best_score = x ? a.best_score : b.best_score;
+  o.best_index = x ? a.best_index : b.best_index;
+  o.best_logit = x ? a.best_logit : b.best_logit;
+  o.max_logit = x ? a.max_logit : b.max_logit;
+  o.sum_exp = x ? a.sum_exp : b.sum_exp;
+  return o;
+}
+
+// ShuffleXorSummary and MergeSummaries (sample_reduce.cuh, sample_summary.h)
+// for the winner fields alone; the log-sum-exp fields are the caller's own.
+__device__ __forceinline__ SampleSummary ShuffleXorWinner(const SampleSummary& s, int lane_mask) {
+  SampleSummary o = s;
+  o.best_score = __shfl_xor_sync(kFullWarpMask, s.best_score, lane_mask);
+  o.best_index = __shfl_xor_sync(kFullWarpMask, s.best_index, lane_mask);
+  o.best_logit = __shfl_xor_sync(kFullWarpMask, s.best_logit, lane_mask);
+  return o;
+}
+
+__device__ __forceinline__ SampleSummary MergeWinner(const SampleSummary& a,
+                                                     const SampleSummary& b) {
+  return SelectSummary(ScoreBeats(b.best_score, b.best_index, a.best_score, a.best_index), b, a);
+}
+
+// One merge of FoldRowQuad: MergeSummaries(own, give of lane ^ lane_mask).
+// kLse false (no log Z, logprobs or drafts): every partial has the empty
+// log-sum-exp (max_logit = -inf, sum_exp = 0), which MergeSummaries passes
+// through unchanged, so merging the winner fields alone (three shuffles, no
+// rescale) gives the same summary.
+template <bool kLse>
+__device__ __forceinline__ SampleSummary QuadMerge(const SampleSummary& own, const SampleSummary& give,
+                                                   int lane_mask) {
+  if constexpr (kLse) {
+    return MergeSummaries(own, ShuffleXorSummary(give, lane_mask));
+  } else {
+    return MergeWinner(own, ShuffleXorWinner(give, lane_mask));
+  }
+}
+
 // Four rows' lane summaries (a, b, c, d: each lane's partials) to their
 // tile summaries, with the butterfly's merge tree but 6 merges a lane
 // instead of 20. The butterfly (FoldRow's) gives every lane L of a row
@@ -562,46 +605,7 @@ __device__ __forceinline__ void FoldPair(const RowSampler& a, const RowSampler& 
 // the winner is a total order's maximum, and the log-sum-exp's rescaling
 // adds the same two products whichever side comes first), so lane 8's row
 // b is lane 0's, bit for bit. Returns the lane's row (0-3) and its summary.
-// x ? a : b field by field: a conditional on the structs themselves selects
-// an address, which puts them in local memory.
-__device__ __forceinline__ SampleSummary SelectSummary(bool x, const SampleSummary& a,
-                                                       const SampleSummary& b) {
-  SampleSummary o;
-  o.best_score = x ? a.best_score : b.best_score;
-  o.best_index = x ? a.best_index : b.best_index;
-  o.best_logit = x ? a.best_logit : b.best_logit;
-  o.max_logit = x ? a.max_logit : b.max_logit;
-  o.sum_exp = x ? a.sum_exp : b.sum_exp;
-  return o;
-}
-
-// kLse: whether the log-sum-exp fields carry anything. Without want_lse every
-// partial has max_logit = -inf and sum_exp = 0, which MergeSummaries passes
-// through unchanged, so the merges of the winner alone (and their three
-// shuffles) give the same summaries: MergeWinner.
-__device__ __forceinline__ SampleSummary ShuffleXorWinner(const SampleSummary& s, int lane_mask) {
-  SampleSummary o = s;
-  o.best_score = __shfl_xor_sync(kFullWarpMask, s.best_score, lane_mask);
-  o.best_index = __shfl_xor_sync(kFullWarpMask, s.best_index, lane_mask);
-  o.best_logit = __shfl_xor_sync(kFullWarpMask, s.best_logit, lane_mask);
-  return o;
-}
-
-__device__ __forceinline__ SampleSummary MergeWinner(const SampleSummary& a,
-                                                     const SampleSummary& b) {
-  return SelectSummary(ScoreBeats(b.best_score, b.best_index, a.best_score, a.best_index), b, a);
-}
-
-template <bool kLse>
-__device__ __forceinline__ SampleSummary QuadMerge(const SampleSummary& own, const SampleSummary& give,
-                                                   int lane_mask) {
-  if constexpr (kLse) {
-    return MergeSummaries(own, ShuffleXorSummary(give, lane_mask));
-  } else {
-    return MergeWinner(own, ShuffleXorWinner(give, lane_mask));
-  }
-}
-
+// kLse: FoldTile's want_lse (QuadMerge).
 template <bool kLse>
 __device__ __forceinline__ int FoldRowQuad(const SampleSummary& a, const SampleSummary& b,
                                            const SampleSummary& c, const SampleSummary& d,
