@@ -20,6 +20,10 @@
 //   filter1      the same with one block per row.
 //   full         LaunchControlledSample: the cuBLAS GEMM (H cast to bf16) and
 //                the above, from H to tokens.
+//   full_inv     the same with ControlledSampleArgs::batch_invariant (the
+//                server's --batch_invariant): the logits from the fused
+//                kernels' own mma.sync GEMM and 8-block clusters at every
+//                batch.
 //   plain_mat    LaunchMaterializedSample (no controls), for reference.
 //   fused_ctl    LaunchFusedControlledSample, from H to tokens (only for the
 //                sets it serves: top_k, top_k_top_p, bitmask; its rows must
@@ -107,9 +111,9 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
   std::printf("resident clusters (cudaOccupancyMaxActiveClusters): g=2 %d, g=4 %d, g=8 %d, g=16 %d\n",
               ControlledMaxActiveClusters(2), ControlledMaxActiveClusters(4),
               ControlledMaxActiveClusters(8), ControlledMaxActiveClusters(16));
-  std::printf("%-12s %4s %-12s %10s %6s %10s %10s %10s %10s %10s %10s %8s\n", "DxV", "B", "controls",
-              "filter_ms", "auto_g", "filter8_ms", "filter1_ms", "full_ms", "plain_mat_ms",
-              "fused_ctl", "plain_fused", "ctl/plain");
+  std::printf("%-12s %4s %-12s %10s %6s %10s %10s %10s %10s %10s %10s %10s %8s\n", "DxV", "B",
+              "controls", "filter_ms", "auto_g", "filter8_ms", "filter1_ms", "full_ms", "full_inv",
+              "plain_mat_ms", "fused_ctl", "plain_fused", "ctl/plain");
   for (const CudaShape& shape : o.shapes) {
     const int64_t d = shape.hidden, v = shape.vocab;
     DeviceBuffer w, h, logits, params, ws_from, ws_full, ws_mat, ws_fused, ws_fused_ctl, controls_buf;
@@ -203,6 +207,11 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           return a;
         };
         auto full = [&] { return LaunchControlledSample(controlled_args(ws_full), cublas, stream); };
+        auto full_inv = [&] {
+          ControlledSampleArgs a = controlled_args(ws_full);
+          a.batch_invariant = true;
+          return LaunchControlledSample(a, cublas, stream);
+        };
         auto plain = [&] { return LaunchMaterializedSample(plain_args(ws_mat), cublas, stream); };
         auto plain_fused = [&] { return LaunchFusedSample(plain_args(ws_fused), stream); };
         auto fused_ctl = [&] { return LaunchFusedControlledSample(controlled_args(ws_fused_ctl), stream); };
@@ -236,7 +245,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           }
         }
         std::vector<std::function<KernelStatus()>> variants = {filter, filter_g8, filter_g1, full, plain,
-                                                               plain_fused};
+                                                               plain_fused, full_inv};
         if (fused_served) variants.push_back(fused_ctl);
         for (auto& fn : variants) {
           for (int i = 0; i < o.warmup; ++i) CB_CHECK(fn());
@@ -266,7 +275,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           }
         }
         CB_CHECK(cudaStreamSynchronize(stream));
-        double med[7] = {0, 0, 0, 0, 0, 0, NAN};
+        double med[8] = {0, 0, 0, 0, 0, 0, 0, NAN};
         for (size_t k = 0; k < variants.size(); ++k) {
           std::vector<double> ms(runs);
           for (int i = 0; i < runs; ++i) {
@@ -280,9 +289,9 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
         char dxv[32];
         std::snprintf(dxv, sizeof dxv, "%lldx%lld", static_cast<long long>(d), static_cast<long long>(v));
         const int auto_g = ControlledClusterBlocksFor(batch);
-        std::printf("%-12s %4lld %-12s %10.3f %6d %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %8.3f\n",
+        std::printf("%-12s %4lld %-12s %10.3f %6d %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %8.3f\n",
                     dxv, static_cast<long long>(batch), set.name.c_str(), med[0], auto_g, med[1],
-                    med[2], med[3], med[4], med[6], med[5], med[6] / med[5]);
+                    med[2], med[3], med[6], med[4], med[7], med[5], med[7] / med[5]);
         std::fflush(stdout);
         results.push_back({{"hidden", d}, {"vocab", v}, {"batch", batch}, {"controls", set.name},
                            {"filter_median_ms", med[0]}, {"auto_cluster_blocks", auto_g},
@@ -290,7 +299,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
                            {"filter_one_block_median_ms", med[2]}, {"full_median_ms", med[3]},
                            {"plain_materialized_median_ms", med[4]},
                            {"plain_fused_median_ms", med[5]},
-                           {"fused_controlled_median_ms", fused_served ? nlohmann::json(med[6]) : nlohmann::json()}});
+                           {"full_batch_invariant_median_ms", med[6]},
+                           {"fused_controlled_median_ms", fused_served ? nlohmann::json(med[7]) : nlohmann::json()}});
       }
     }
   }
@@ -305,6 +315,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
                      {"filter_cluster8", "the same, 8 blocks per row"},
                      {"filter_one_block", "the same, one block per row"},
                      {"full", "LaunchControlledSample (GEMM + filter + sample)"},
+                     {"full_batch_invariant", "the same with batch_invariant (mma.sync GEMM, 8-block clusters)"},
                      {"plain_materialized", "LaunchMaterializedSample, no controls"},
                      {"plain_fused", "LaunchFusedSample, no controls"},
                      {"fused_controlled", "LaunchFusedControlledSample (null for sets it does not serve)"}};

@@ -1170,8 +1170,9 @@ size_t ControlledSampleWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_
 KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHandle_t cublas,
                                     cudaStream_t stream) {
   const Layout layout = ControlledLayout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
-  if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
-      args.params == nullptr || !ControlledBuffersValid(args.controls, args.outputs) ||
+  if ((cublas == nullptr && !args.batch_invariant) || args.weight == nullptr ||
+      args.hidden == nullptr || args.params == nullptr ||
+      !ControlledBuffersValid(args.controls, args.outputs) ||
       args.workspace == nullptr || layout.total == 0 ||
       !ValidCluster(args.cluster_blocks) ||
       args.workspace_bytes < layout.total || args.valid_vocab > args.vocab ||
@@ -1181,6 +1182,9 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
   char* ws = static_cast<char*>(args.workspace);
   float* raw = reinterpret_cast<float*>(ws + layout.raw);
   float* lp = reinterpret_cast<float*>(ws + layout.lp);
+  const int cluster_blocks = args.batch_invariant && args.cluster_blocks == kControlledClusterAuto
+                                 ? kControlledClusterBlocks
+                                 : args.cluster_blocks;
   for (int64_t row0 = 0; row0 < args.batch; row0 += kControlledChunkRows) {
     const int64_t rows = args.batch - row0 < kControlledChunkRows ? args.batch - row0 : kControlledChunkRows;
     LogitsGemmArgs gemm;
@@ -1192,10 +1196,10 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
     gemm.hidden_dim = args.hidden_dim;
     gemm.cast_hidden = ws + layout.cast;
     gemm.logits = raw;
+    gemm.batch_invariant = args.batch_invariant;
     if (const KernelStatus s = LaunchLogitsGemm(gemm, cublas, stream); s != KernelStatus::kOk) return s;
     if (const KernelStatus s = LaunchRows(raw, lp, rows, row0, args.valid_vocab, args.params,
-                                          args.controls, args.outputs, args.cluster_blocks,
-                                          stream);
+                                          args.controls, args.outputs, cluster_blocks, stream);
         s != KernelStatus::kOk) {
       return s;
     }

@@ -193,6 +193,16 @@ struct ControlledSampleArgs {
   // kCudaCore and kWgmmaPingpong cannot run its epilogue: kInvalidArgument.
   // The materialized path ignores it.
   Stage1Kernel stage1 = Stage1Kernel::kAuto;
+  // The materialized path (LaunchControlledSample) made batch-invariant: its
+  // logits come from the fused samplers' own GEMM instead of cuBLAS
+  // (LogitsGemmArgs::batch_invariant: 16-bit heads it serves, else
+  // kInvalidArgument), and kControlledClusterAuto resolves to
+  // kControlledClusterBlocks whatever the batch (the log-sum-exp's float64
+  // partial sums are grouped by block, so a cluster size chosen by batch
+  // could move log Z by a rounding). Every output of a row is then the same
+  // in every batch.
+  // The fused controlled path ignores it (it is invariant as it is).
+  bool batch_invariant = false;
 };
 
 // Rows per chunk: the launch processes the batch in chunks of at most this

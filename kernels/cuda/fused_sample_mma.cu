@@ -44,6 +44,9 @@
 //      - epilogue: the dot tile goes to shared memory (reusing the ring), then
 //        one warp per row, 4 consecutive tokens per lane (one Philox block
 //        gives their 4 noise words), RowSampler::AddFour, a butterfly merge.
+//      - or (LaunchMmaLogits, the batch-invariant materialized paths) the dot
+//        tile is written out as fp32 logits, one warp per row: the same dot
+//        products the sampling epilogues fold, bit for bit.
 #include "kernels/cuda/fused_sample_mma.cuh"
 
 #include <cuda_bf16.h>
@@ -203,12 +206,19 @@ __global__ void __launch_bounds__(256)
 }
 
 // ---- Kernel 2: the GEMM with the sampling epilogue ---------------------------------
+// What the block does with its dot tile (the main loop is the same for all):
+enum class MmaEpilogue {
+  kSample,      // the plain sampler's tile summaries
+  kControlled,  // the fused controlled path's (fused_controls.cuh)
+  kLogits,      // the dots themselves, as fp32 logits (LaunchMmaLogits)
+};
+
 // Block b: row chunk (b % num_chunks), rows [chunk * kRows, chunk * kRows + kRows);
 // tile (b / num_chunks), tokens [tile * 128, tile * 128 + 128). Writes
-// tile_summaries[row * num_tiles + tile] for each of its rows < batch.
-// kControlled: the fused controlled path's epilogue (fused_controls.cuh)
-// instead of the plain one.
-template <class T, class Cfg, bool kControlled>
+// tile_summaries[row * num_tiles + tile] for each of its rows < batch, or
+// (kLogits) logits[row * logits_ld + token] for its rows < batch and tokens
+// < valid_vocab.
+template <class T, class Cfg, MmaEpilogue kEpilogue>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     MmaTileKernel(const unsigned short* __restrict__ weight,
                   const unsigned short* __restrict__ hidden_rounded,
@@ -216,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
                   int64_t hidden_dim, int64_t num_chunks, int64_t num_tiles, bool want_lse,
                   const int32_t* __restrict__ draft_tokens, float* __restrict__ draft_logits,
                   int64_t token_offset, SampleSummary* __restrict__ tile_summaries,
-                  MmaControls ctl) {
+                  MmaControls ctl, float* __restrict__ logits, int64_t logits_ld) {
   constexpr int kRows = Cfg::kRows, kStages = Cfg::kStages, kMi = Cfg::kMi, kNi = Cfg::kNi;
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
@@ -376,8 +386,22 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   }
   __syncthreads();
 
-  // Epilogue, 2 (controlled): fused_controls.cuh, one warp per row as below.
-  if constexpr (kControlled) {
+  // Epilogue, 2 (logits): one warp per row, lane j stores tokens j, j + 32,
+  // j + 64, j + 96, so each store instruction writes 128 contiguous bytes
+  // (any logits_ld: no vector alignment is assumed). The values are the
+  // accumulators as they are: no scale, no transform.
+  if constexpr (kEpilogue == MmaEpilogue::kLogits) {
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= batch) break;  // uniform across the warp
+      float* out = logits + (row0 + r) * logits_ld + tok0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int j = lane + 32 * q;
+        if (tok0 + j < valid_vocab) out[j] = dots[r * kDotStride + j];
+      }
+    }
+  } else if constexpr (kEpilogue == MmaEpilogue::kControlled) {
+    // Epilogue, 2 (controlled): fused_controls.cuh, one warp per row as below.
     for (int r = warp; r < kRows; r += kWarps) {
       if (row0 + r >= batch) break;  // uniform across the warp
       ControlledTileRow(ctl, params, row0 + r, dots + r * kDotStride, tok0, token_offset,
@@ -409,14 +433,25 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
 // of 3 blocks per SM on 132 SMs for 8 and 16 rows, 4.5 waves of 2 for 32..128.
 // Where 3 blocks per SM would end in a last wave at most a third full (rows
 // >= 7168), 8 and 16 rows take the deep configs: DeepPipeline below.
+// What a launch writes besides the plain sampler's tile summaries: the
+// controlled path's (controls set) or the logits (logits set), never both.
+struct MmaOutputs {
+  const MmaControls* controls = nullptr;
+  float* logits = nullptr;
+  int64_t logits_ld = 0;
+};
+
 template <class T, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                        cudaStream_t stream, const MmaControls* controls) {
+                        cudaStream_t stream, MmaOutputs out) {
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   const int64_t blocks = num_tiles * num_chunks;
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  auto* kernel = controls != nullptr ? &MmaTileKernel<T, Cfg, true> : &MmaTileKernel<T, Cfg, false>;
+  const MmaControls* controls = out.controls;
+  auto* kernel = out.logits != nullptr  ? &MmaTileKernel<T, Cfg, MmaEpilogue::kLogits>
+                 : controls != nullptr ? &MmaTileKernel<T, Cfg, MmaEpilogue::kControlled>
+                                       : &MmaTileKernel<T, Cfg, MmaEpilogue::kSample>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
@@ -429,7 +464,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                             hidden_rounded, a.params, a.batch, a.valid_vocab, a.hidden_dim,
                             num_chunks, num_tiles, want_lse, a.draft_tokens, a.draft_logprobs,
                             a.token_offset, tile_summaries,
-                            controls != nullptr ? *controls : MmaControls{});
+                            controls != nullptr ? *controls : MmaControls{}, out.logits,
+                            out.logits_ld);
 }
 
 // Whether a launch of at most 16 rows takes the deep pipeline: as forced by
@@ -462,14 +498,14 @@ cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden
 template <class T>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
                            int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                           cudaStream_t stream, const MmaControls* c) {
+                           cudaStream_t stream, MmaOutputs c) {
   cudaError_t err = LaunchConvertHidden<T>(a, hidden_rounded, stream);
   if (err != cudaSuccess) return err;
   // The smallest block that holds the batch; above 128 rows, chunks of 128.
   const unsigned short* hr = hidden_rounded;
   if (a.batch <= 16) {
     bool deep = false;
-    err = DeepPipeline(a, num_tiles, c, &deep);
+    err = DeepPipeline(a, num_tiles, c.controls, &deep);
     if (err != cudaSuccess) return err;
     if (a.batch <= 8) {
       return deep ? LaunchTiles<T, Mma8Deep>(a, hr, num_tiles, want_lse, tile_summaries, stream, c)
@@ -503,12 +539,27 @@ cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidde
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                             SampleSummary* tile_summaries, unsigned short* hidden_rounded,
                             cudaStream_t stream, const MmaControls* controls) {
+  MmaOutputs out;
+  out.controls = controls;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<Fp16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
-                                   stream, controls);
+                                   stream, out);
   }
   return LaunchForBatch<Bf16Mma>(args, hidden_rounded, num_tiles, want_lse, tile_summaries,
-                                 stream, controls);
+                                 stream, out);
+}
+
+cudaError_t LaunchMmaLogits(const FusedSampleArgs& args, float* logits, int64_t logits_ld,
+                            unsigned short* hidden_rounded, cudaStream_t stream) {
+  if (logits == nullptr || logits_ld < args.valid_vocab) return cudaErrorInvalidValue;
+  const int64_t num_tiles = (args.valid_vocab + kTileTokens - 1) / kTileTokens;
+  MmaOutputs out;
+  out.logits = logits;
+  out.logits_ld = logits_ld;
+  if (args.weight_dtype == CudaWeightDType::kFloat16) {
+    return LaunchForBatch<Fp16Mma>(args, hidden_rounded, num_tiles, false, nullptr, stream, out);
+  }
+  return LaunchForBatch<Bf16Mma>(args, hidden_rounded, num_tiles, false, nullptr, stream, out);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

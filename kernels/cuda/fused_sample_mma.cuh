@@ -63,4 +63,16 @@ cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool
                             SampleSummary* tile_summaries, unsigned short* hidden_rounded,
                             cudaStream_t stream, const MmaControls* controls = nullptr);
 
+// Enqueues the tensor-core stage 1's GEMM with its dot products written out
+// instead of sampled: H rounded into hidden_rounded as above, then
+// logits[row * logits_ld + token] = the fp32 dot product of row and token
+// (no scale) for every row < args.batch and token < args.valid_vocab. The
+// same kernel, block shapes and K order as LaunchMmaStage1, so these are the
+// dots the fused samplers fold, bit for bit, and a row's logits are the same
+// in every batch. Reads args.weight, weight_dtype, hidden, batch,
+// valid_vocab, hidden_dim and mma_pipeline; MmaStage1Serves(args) must hold.
+// logits_ld >= valid_vocab, else cudaErrorInvalidValue.
+cudaError_t LaunchMmaLogits(const FusedSampleArgs& args, float* logits, int64_t logits_ld,
+                            unsigned short* hidden_rounded, cudaStream_t stream);
+
 }  // namespace flashsampler::kernels::cuda_internal

@@ -5,7 +5,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <limits>
+
+#include "kernels/cuda/fused_sample_mma.cuh"
 
 namespace flashsampler::kernels {
 namespace {
@@ -35,15 +38,48 @@ size_t LogitsGemmCastBytes(int64_t batch, int64_t hidden_dim, CudaWeightDType we
   return static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * 2;
 }
 
+bool LogitsGemmBatchInvariantServes(const void* weight, CudaWeightDType weight_dtype,
+                                    const float* hidden, int64_t hidden_dim) {
+  FusedSampleArgs a;
+  a.weight = weight;
+  a.weight_dtype = weight_dtype;
+  a.hidden = hidden;
+  a.hidden_dim = hidden_dim;
+  return cuda_internal::MmaStage1Serves(a);
+}
+
 KernelStatus LaunchLogitsGemm(const LogitsGemmArgs& args, cublasHandle_t cublas,
                               cudaStream_t stream) {
   const bool half_weights = args.weight_dtype != CudaWeightDType::kFloat32;
-  if (cublas == nullptr || args.weight == nullptr || args.hidden == nullptr ||
+  if ((cublas == nullptr && !args.batch_invariant) || args.weight == nullptr ||
+      args.hidden == nullptr ||
       args.logits == nullptr || (half_weights && args.cast_hidden == nullptr) ||
       args.batch < 1 || args.batch > kMaxInt32 || args.valid_vocab < 1 ||
       args.valid_vocab > kMaxInt32 || args.hidden_dim < 1 || args.hidden_dim > kMaxInt32 ||
       CudaWeightDTypeBytes(args.weight_dtype) == 0) {
     return KernelStatus::kInvalidArgument;
+  }
+  if (args.batch_invariant) {
+    // The fused samplers' main loop, which rounds H itself into cast_hidden
+    // (batch * hidden_dim 16-bit elements: the same buffer size).
+    if (!LogitsGemmBatchInvariantServes(args.weight, args.weight_dtype, args.hidden,
+                                        args.hidden_dim) ||
+        reinterpret_cast<uintptr_t>(args.cast_hidden) % 16 != 0) {
+      return KernelStatus::kInvalidArgument;
+    }
+    FusedSampleArgs a;
+    a.weight = args.weight;
+    a.weight_dtype = args.weight_dtype;
+    a.hidden = args.hidden;
+    a.batch = args.batch;
+    a.vocab = args.valid_vocab;
+    a.valid_vocab = args.valid_vocab;
+    a.hidden_dim = args.hidden_dim;
+    return cuda_internal::LaunchMmaLogits(a, args.logits, args.valid_vocab,
+                                          static_cast<unsigned short*>(args.cast_hidden),
+                                          stream) == cudaSuccess
+               ? KernelStatus::kOk
+               : KernelStatus::kDeviceError;
   }
   // ---- 1. H in the weight type (16-bit weights): a grid-stride cast, 256
   // threads per block, at most 4096 blocks.

@@ -9,11 +9,22 @@
 // for fp32 weights they are used as they are (CUBLAS_COMPUTE_32F_PEDANTIC: no
 // TF32). Only the first valid_vocab rows of W are read.
 //
+// cuBLAS picks its kernel, tiling and split of K by the shape, so a row's
+// logits may round differently with another number of rows beside it. With
+// batch_invariant the GEMM is instead the fused samplers' own tensor-core
+// main loop (mma.sync, fused_sample_mma.cuh: LaunchMmaLogits): one fp32 chain
+// of k16 products in increasing k for every block shape, so a row's logits
+// are bit-identical in every batch, and they are the very dot products the
+// fused kernels sample from. It serves fp16 / bf16 weights with hidden_dim %
+// 16 == 0 and W and H 16-byte aligned (LogitsGemmBatchInvariantServes); it is
+// slower than cuBLAS from a few dozen rows (BENCHMARKS.md).
+//
 // Thread safety: enqueues work on `stream` and binds the cuBLAS handle to it
 // (cublasSetStream); a handle must not be used by two threads at once.
 // Outcomes: kOk (enqueued); kInvalidArgument for a null pointer, a missing
-// cast buffer for 16-bit weights or sizes beyond cuBLAS's int range;
-// kDeviceError when a launch or cuBLAS fails.
+// cast buffer for 16-bit weights, sizes beyond cuBLAS's int range, or
+// batch_invariant for a head it does not serve; kDeviceError when a launch
+// or cuBLAS fails.
 #pragma once
 
 #include <cublas_v2.h>
@@ -40,7 +51,15 @@ struct LogitsGemmArgs {
   int64_t hidden_dim = 0;
   void* cast_hidden = nullptr;  // device, >= LogitsGemmCastBytes, 16-bit weights only
   float* logits = nullptr;      // device [batch, valid_vocab] fp32, row-major
+  // The batch-invariant GEMM (above) instead of cuBLAS; kInvalidArgument
+  // where it does not serve the head. The cuBLAS handle is then unused.
+  bool batch_invariant = false;
 };
+
+// Whether the batch-invariant GEMM serves these weights, hidden states and
+// hidden_dim (pointers are checked for 16-byte alignment only).
+bool LogitsGemmBatchInvariantServes(const void* weight, CudaWeightDType weight_dtype,
+                                    const float* hidden, int64_t hidden_dim);
 
 KernelStatus LaunchLogitsGemm(const LogitsGemmArgs& args, cublasHandle_t cublas,
                               cudaStream_t stream);

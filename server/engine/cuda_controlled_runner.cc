@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/fused_controlled_sample.h"
+#include "kernels/cuda/logits_gemm.h"
 
 namespace flashsampler {
 namespace {
@@ -153,6 +154,11 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   args.outputs = buffers->outputs;
   args.workspace = workspace;
   args.workspace_bytes = workspace_bytes;
+  // Under split_rows (--batch_invariant) the materialized path's logits come
+  // from the fused kernels' own GEMM, where it serves the head, so rows on
+  // that path keep their bits in every batch too.
+  args.batch_invariant =
+      split_rows_ && kernels::LogitsGemmBatchInvariantServes(weight, dtype, hidden, shape.hidden_size);
 
   // Draft rows take the materialized path (the fused one does not verify).
   const bool fused_applies =

@@ -30,6 +30,10 @@
 // summary rows fold and merge as the plain kernels do); a row on the
 // materialized path gets cuBLAS logits, whose rounding may depend on how
 // many rows share the launch, and under !split_rows so do its companions.
+// Under split_rows the materialized path takes its logits from the fused
+// kernels' own GEMM instead (ControlledSampleArgs::batch_invariant, 16-bit
+// heads with hidden_size % 16 == 0), so its rows, draft rows included, keep
+// their bits in every batch as well.
 // The result's path: kFusedControlled (every row fused),
 // kFusedControlledFallback (the fused launch, then the materialized path
 // for some rows or, without split_rows, the whole batch), kControlled (one

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -59,6 +60,28 @@ absl::StatusOr<std::unique_ptr<Engine>> DefaultCudaEngine(int64_t max_rows, bool
   options.max_batch_rows = max_rows;
   options.cuda.batch_invariant = batch_invariant;
   return MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+}
+
+// Row i of x and row j of y are the same bit for bit: token, log Z, logprob,
+// draft log-probability (when both have one), samples, ranks, top lists.
+void ExpectSameRow(const SampleResult& x, int64_t i, const SampleResult& y, int64_t j) {
+  EXPECT_EQ(x.token_ids[i], y.token_ids[j]);
+  EXPECT_EQ(0, std::memcmp(&x.logz[i], &y.logz[j], sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(&x.logprobs[i], &y.logprobs[j], sizeof(float)));
+  ASSERT_EQ(x.draft_logprobs.empty(), y.draft_logprobs.empty());
+  if (!x.draft_logprobs.empty()) {
+    EXPECT_EQ(0, std::memcmp(&x.draft_logprobs[i], &y.draft_logprobs[j], sizeof(float)));
+  }
+  EXPECT_EQ(x.details[i].token_ids, y.details[j].token_ids);
+  EXPECT_EQ(x.details[i].ranks, y.details[j].ranks);
+  ASSERT_EQ(x.details[i].logprobs.size(), y.details[j].logprobs.size());
+  EXPECT_EQ(0, std::memcmp(x.details[i].logprobs.data(), y.details[j].logprobs.data(),
+                           sizeof(float) * x.details[i].logprobs.size()));
+  ASSERT_EQ(x.details[i].top.size(), y.details[j].top.size());
+  for (size_t t = 0; t < x.details[i].top.size(); ++t) {
+    EXPECT_EQ(x.details[i].top[t].token_id, y.details[j].top[t].token_id);
+    EXPECT_EQ(0, std::memcmp(&x.details[i].top[t].logprob, &y.details[j].top[t].logprob, sizeof(float)));
+  }
 }
 
 // The planner needs no device: controls anywhere in the batch pick the
@@ -448,21 +471,7 @@ TEST(CudaEngineControls, FusedRowsKeepTheirBitsBesideARowTheFusedPathCannotServe
   EXPECT_EQ(a->path, LaunchPath::kFusedControlled) << LaunchPathName(a->path);
   EXPECT_EQ(b->path, LaunchPath::kControlled) << LaunchPathName(b->path);
   EXPECT_EQ(m->path, LaunchPath::kFusedControlledFallback) << LaunchPathName(m->path);
-  auto expect_same_row = [](const SampleResult& x, int64_t i, const SampleResult& y, int64_t j) {
-    EXPECT_EQ(x.token_ids[i], y.token_ids[j]);
-    EXPECT_EQ(0, std::memcmp(&x.logz[i], &y.logz[j], sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(&x.logprobs[i], &y.logprobs[j], sizeof(float)));
-    EXPECT_EQ(x.details[i].token_ids, y.details[j].token_ids);
-    EXPECT_EQ(x.details[i].ranks, y.details[j].ranks);
-    ASSERT_EQ(x.details[i].logprobs.size(), y.details[j].logprobs.size());
-    EXPECT_EQ(0, std::memcmp(x.details[i].logprobs.data(), y.details[j].logprobs.data(),
-                             sizeof(float) * x.details[i].logprobs.size()));
-    ASSERT_EQ(x.details[i].top.size(), y.details[j].top.size());
-    for (size_t t = 0; t < x.details[i].top.size(); ++t) {
-      EXPECT_EQ(x.details[i].top[t].token_id, y.details[j].top[t].token_id);
-      EXPECT_EQ(0, std::memcmp(&x.details[i].top[t].logprob, &y.details[j].top[t].logprob, sizeof(float)));
-    }
-  };
+  const auto expect_same_row = ExpectSameRow;
   for (int64_t r = 0; r < kRows; ++r) {
     SCOPED_TRACE(::testing::Message() << "row " << r);
     expect_same_row(*m, r < 17 ? r : r + 1, *a, r);
@@ -474,6 +483,86 @@ TEST(CudaEngineControls, FusedRowsKeepTheirBitsBesideARowTheFusedPathCannotServe
   absl::StatusOr<SampleResult> whole = (*one_pass)->Sample(mixed);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->path, LaunchPath::kControlled) << LaunchPathName(whole->path);
+}
+
+// --batch_invariant, every path: 64 rows with random controls of every kind
+// (rows the fused controlled path serves, rows only the materialized path
+// serves, plain rows) each alone and inside batches of 2, 3, 17, 64, 128,
+// 255, 256, 512 and 1024 rows at random places among random companions:
+// every output of a row is the same bit for bit. Then the same rows as draft
+// rows (Verify), every one with a control, so each is verified on the
+// materialized controlled path alone and in every batch: there too. The
+// materialized path takes its logits from the fused kernels' own GEMM under
+// the flag (cuBLAS's change with the batch's row count; 300-row batches of
+// this head already differed in the last bits of log Z).
+TEST(CudaEngineControls, EveryRowKeepsItsBitsInEveryBatchUnderBatchInvariant) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  absl::StatusOr<std::unique_ptr<Engine>> engine = DefaultCudaEngine(1024, /*batch_invariant=*/true);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  constexpr int64_t kTestRows = 64;
+  for (const bool drafts : {false, true}) {
+    SCOPED_TRACE(drafts ? "draft rows" : "sample rows");
+    SampleBatch test = RandomControlledBatch(kTestRows, drafts ? 606 : 605);
+    std::mt19937 gen(drafts ? 16 : 15);
+    if (drafts) {
+      test.draft_tokens.resize(kTestRows);
+      for (int64_t r = 0; r < kTestRows; ++r) {
+        if (!HasAnyControl(test.controls[r])) test.controls[r].top_p = 0.99f;
+        test.draft_tokens[r] = r % 4 == 0 ? -1 : static_cast<int32_t>(gen() % kValid);
+      }
+    }
+    auto row_of = [&](const SampleBatch& from, int64_t r, SampleBatch* into, int64_t slot) {
+      std::copy(from.hidden.begin() + r * kHidden, from.hidden.begin() + (r + 1) * kHidden,
+                into->hidden.begin() + slot * kHidden);
+      into->params[slot] = from.params[r];
+      into->controls[slot] = from.controls[r];
+      if (!from.draft_tokens.empty()) into->draft_tokens[slot] = from.draft_tokens[r];
+    };
+    std::vector<SampleResult> alone;
+    int64_t materialized_alone = 0;
+    for (int64_t r = 0; r < kTestRows; ++r) {
+      SampleBatch one = RandomControlledBatch(1, 1);
+      if (drafts) one.draft_tokens.assign(1, -1);
+      row_of(test, r, &one, 0);
+      absl::StatusOr<SampleResult> got = (*engine)->Sample(one);
+      ASSERT_TRUE(got.ok()) << "row " << r << ": " << got.status();
+      materialized_alone += got->path == LaunchPath::kControlled;
+      alone.push_back(*std::move(got));
+    }
+    // Rows of each kind: some alone on the materialized path (all of them
+    // with drafts), some not.
+    EXPECT_GT(materialized_alone, 0);
+    if (drafts) {
+      EXPECT_EQ(materialized_alone, kTestRows);
+    } else {
+      EXPECT_LT(materialized_alone, kTestRows);
+    }
+    int64_t compared = 0;
+    for (int64_t batch : {2, 3, 17, 64, 128, 255, 256, 512, 1024}) {
+      SCOPED_TRACE(::testing::Message() << "batch of " << batch);
+      const int64_t per_batch = std::min(kTestRows, std::max<int64_t>(1, batch / 2));
+      for (int64_t first = 0; first < kTestRows; first += per_batch) {
+        const int64_t count = std::min(per_batch, kTestRows - first);
+        SampleBatch b = RandomControlledBatch(batch, gen());
+        if (drafts) {
+          b.draft_tokens.resize(static_cast<size_t>(batch));
+          for (int32_t& d : b.draft_tokens) d = gen() % 3 == 0 ? -1 : static_cast<int32_t>(gen() % kValid);
+        }
+        std::vector<int64_t> slots(static_cast<size_t>(batch));
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), gen);
+        for (int64_t i = 0; i < count; ++i) row_of(test, first + i, &b, slots[i]);
+        absl::StatusOr<SampleResult> got = (*engine)->Sample(b);
+        ASSERT_TRUE(got.ok()) << got.status();
+        for (int64_t i = 0; i < count; ++i) {
+          SCOPED_TRACE(::testing::Message() << "test row " << first + i << " at slot " << slots[i]);
+          ASSERT_NO_FATAL_FAILURE(ExpectSameRow(*got, slots[i], alone[first + i], 0));
+          ++compared;
+        }
+      }
+    }
+    EXPECT_EQ(compared, 9 * kTestRows);
+  }
 }
 
 }  // namespace
