@@ -102,13 +102,17 @@ ABSL_FLAG(bool, cuda_fused_controls, true,
           "them inside the fused kernel when every row allows it (top_k <= 64, or no filter); "
           "false: always the materialized controlled path");
 ABSL_FLAG(bool, batch_invariant, false,
-          "CUDA backend: a batch that mixes rows with top_k <= 64 (or no filter) and rows the "
-          "fused controlled path cannot serve (top_p or min_p without top_k, top_k > 64, ...) "
-          "runs the first on the fused path and the others by themselves on the materialized "
-          "path, so every row of the first kind keeps its bits whatever its companions (a second "
-          "pass over W for such batches: 1.2-1.8x the kernel time at 16-256 rows on an H100, "
-          "BENCHMARKS.md). Without it the whole batch takes the materialized path. Batches "
-          "without such rows, and the CPU backend, are batch-invariant either way");
+          "CUDA backend, one GPU: every row's token, log Z and logprobs are bit-identical in every "
+          "batch. A batch that mixes rows with top_k <= 64 (or no filter) and rows the fused "
+          "controlled path cannot serve (top_p or min_p without top_k, top_k > 64, ...) runs the "
+          "first on the fused path and the others by themselves on the materialized path (a "
+          "second pass over W for such batches: 1.2-1.8x the kernel time at 16-256 rows on an "
+          "H100), and the materialized path (those rows, Verify with controls) takes its logits "
+          "from the fused kernels' own GEMM instead of cuBLAS (16-bit heads; 4-7% faster at 1-64 "
+          "rows, 17-69% slower at 256 on an H100; BENCHMARKS.md). Without it the whole batch "
+          "takes the materialized path on cuBLAS logits. Batches without such rows, and the CPU "
+          "backend, are batch-invariant either way. Needs --cuda_fused_max_rows >= "
+          "--max_batch_rows");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
 ABSL_FLAG(int64_t, lame_duck_ms, 250,
@@ -232,6 +236,13 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     return absl::InvalidArgumentError("--shard_timeout_s must be in (0, 3600]");
   }
   if (c.cuda_fused_max_rows < 0) return absl::InvalidArgumentError("--cuda_fused_max_rows must be >= 0");
+  if (c.batch_invariant && c.cuda_fused_max_rows < c.max_batch_rows) {
+    // Plain batches above --cuda_fused_max_rows take the materialized plain
+    // path, whose log Z rounds otherwise than the fused kernel's.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch_invariant needs --cuda_fused_max_rows >= --max_batch_rows (", c.cuda_fused_max_rows,
+        " < ", c.max_batch_rows, "): a row's bits would change when its batch crosses it"));
+  }
   if (c.cuda_upload_min_bytes < 0) return absl::InvalidArgumentError("--cuda_upload_min_bytes must be >= 0");
   if (!(c.grace_period_s >= 0 && c.grace_period_s <= 3600)) {
     return absl::InvalidArgumentError("--grace_period_s must be in [0, 3600]");

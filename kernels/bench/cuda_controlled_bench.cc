@@ -22,8 +22,7 @@
 //                the above, from H to tokens.
 //   full_inv     the same with ControlledSampleArgs::batch_invariant (the
 //                server's --batch_invariant): the logits from the fused
-//                kernels' own mma.sync GEMM and 8-block clusters at every
-//                batch.
+//                kernels' own mma.sync GEMM instead of cuBLAS.
 //   plain_mat    LaunchMaterializedSample (no controls), for reference.
 //   fused_ctl    LaunchFusedControlledSample, from H to tokens (only for the
 //                sets it serves: top_k, top_k_top_p, bitmask; its rows must
@@ -315,7 +314,7 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
                      {"filter_cluster8", "the same, 8 blocks per row"},
                      {"filter_one_block", "the same, one block per row"},
                      {"full", "LaunchControlledSample (GEMM + filter + sample)"},
-                     {"full_batch_invariant", "the same with batch_invariant (mma.sync GEMM, 8-block clusters)"},
+                     {"full_batch_invariant", "the same with batch_invariant (the mma.sync GEMM instead of cuBLAS)"},
                      {"plain_materialized", "LaunchMaterializedSample, no controls"},
                      {"plain_fused", "LaunchFusedSample, no controls"},
                      {"fused_controlled", "LaunchFusedControlledSample (null for sets it does not serve)"}};

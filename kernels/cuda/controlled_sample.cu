@@ -60,6 +60,60 @@ __device__ __forceinline__ bool Kept(uint32_t d, int32_t i, Cut c) {
 // non-finite value).
 __device__ __forceinline__ Cut AllFinite() { return Cut{DescKey(-INFINITY), -1}; }
 
+// ---- Exact sums of masses ------------------------------------------------------
+// log Z sums m_i = exp(double(l'_i) - max) over a row's kept tokens, each in
+// (0, 1]. A float64 sum would round after every addition, so its bits would
+// depend on how the tokens are split over threads, blocks and the cluster
+// (whose size is chosen per batch): log Z could move by a rounding with the
+// batch. Instead each m_i is rounded down to a multiple of 2^-96 and summed
+// as a 128-bit integer, which is exact, so the sum is the same for every
+// split and order. Dropped: < 2^-96 per token, below 2^-64 of the largest
+// term (1) for any vocabulary under 2^32; the sum is < 2^31, so it fits.
+// It is turned into a double only once, at the end.
+constexpr int kMassFracBits = 96;
+
+// Trivial (cub keeps it in unions): value-initialize, ExactMass{}, for zero.
+struct ExactMass {
+  unsigned long long lo;  // bits 0..63 of the 128-bit fixed-point value
+  unsigned long long hi;  // bits 64..127
+};
+
+struct MassSum {
+  __device__ ExactMass operator()(ExactMass a, ExactMass b) const {
+    ExactMass r{};
+    r.lo = a.lo + b.lo;
+    r.hi = a.hi + b.hi + (r.lo < a.lo ? 1ull : 0ull);  // the carry of the low words
+    return r;
+  }
+};
+
+// floor(m * 2^96) for m in [0, 1] (NaN, negatives and zero: 0). From the
+// bits: m = f * 2^(E - 1075) with the 53-bit significand f and the biased
+// exponent E, so m * 2^96 is f shifted by E - 979 (<= 44 for m <= 1).
+// Subnormal m (E = 0) are far below 2^-96: 0.
+__device__ __forceinline__ ExactMass MassOf(double m) {
+  ExactMass r{};
+  if (!(m > 0.0)) return r;
+  const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(m));
+  const int biased = static_cast<int>(bits >> 52);  // sign bit 0: m > 0
+  const unsigned long long f = (bits & ((1ull << 52) - 1)) | (1ull << 52);
+  const int shift = biased - 1075 + kMassFracBits;
+  if (shift >= 64 || shift <= -64) return r;  // m >= 2^32 is not a mass; below 2^-96: 0
+  if (shift > 0) {
+    r.lo = f << shift;
+    r.hi = f >> (64 - shift);
+  } else {
+    r.lo = f >> (-shift);
+  }
+  return r;
+}
+
+// The sum as a double (one deterministic rounding per word: a function of
+// the exact sum only).
+__device__ __forceinline__ double MassToDouble(ExactMass v) {
+  return ldexp(__ull2double_rn(v.hi), 64 - kMassFracBits) + ldexp(__ull2double_rn(v.lo), -kMassFracBits);
+}
+
 // ---- Cluster-wide building blocks ---------------------------------------------
 // A row is served by a cluster of G blocks (G = 1, 2, 4, 8 or 16; one block
 // per cluster when G = 1): block `rank` sweeps the 4-aligned slice [lo, hi) of
@@ -94,7 +148,7 @@ struct Shared {
   union {
     cub::BlockReduce<float, kThreads>::TempStorage reduce_float;
     cub::BlockReduce<int, kThreads>::TempStorage reduce_int;
-    cub::BlockReduce<double, kThreads>::TempStorage reduce_double;
+    cub::BlockReduce<ExactMass, kThreads>::TempStorage reduce_mass;
     cub::BlockScan<int, kThreads>::TempStorage scan_int;
     cub::BlockScan<unsigned long long, kThreads>::TempStorage scan_u64;
   } cub;
@@ -112,7 +166,7 @@ struct Shared {
   float f;
   int i0;
   int i1;
-  double d;
+  ExactMass mass;
   // This block's share of a level's total (PickBin), read by the cluster.
   unsigned long long range_total;
   BinPick pick;  // broadcast inside the block
@@ -220,9 +274,9 @@ __device__ int BlockSumInt(int v, Shared& sh) {
   return FromThread0(cub::BlockReduce<int, kThreads>(sh.cub.reduce_int).Sum(v), &sh.i0);
 }
 
-// Fixed-shape tree: the same inputs give the same sum on every launch.
-__device__ double BlockSumDouble(double v, Shared& sh) {
-  return FromThread0(cub::BlockReduce<double, kThreads>(sh.cub.reduce_double).Sum(v), &sh.d);
+__device__ ExactMass BlockSumMass(ExactMass v, Shared& sh) {
+  return FromThread0(cub::BlockReduce<ExactMass, kThreads>(sh.cub.reduce_mass).Reduce(v, MassSum()),
+                     &sh.mass);
 }
 
 // Cluster combinations of block values: op(...op(op(init, v_0), v_1)...) over
@@ -254,8 +308,8 @@ __device__ int ClusterPrefixInt(int v, Shared& sh, const Slice& s) {
 __device__ int ClusterMinInt(int v, Shared& sh, const Slice& s) {
   return ClusterCombine(v, INT_MAX, s.g, [](int a, int b) { return a < b ? a : b; }, sh, s);
 }
-__device__ double ClusterSumDouble(double v, Shared& sh, const Slice& s) {
-  return ClusterCombine(v, 0.0, s.g, [](double a, double b) { return a + b; }, sh, s);
+__device__ ExactMass ClusterSumMass(ExactMass v, Shared& sh, const Slice& s) {
+  return ClusterCombine(v, ExactMass{}, s.g, MassSum(), sh, s);
 }
 
 // The max of a row's values and how many there are, over the cluster.
@@ -586,30 +640,31 @@ __device__ Cut SelectTopP(const float* vals, Cut cut, float top_p, double max, i
   return TieCut(vals, cut, prefix, static_cast<int>(keep), count_eq, sh, s);
 }
 
-// A block's share of a draw: its winner, and the sum and count of its kept tokens.
+// A block's share of a draw: its winner, and the mass and count of its kept tokens.
 struct DrawPart {
   float score;
   int token;
-  double sum;
+  ExactMass sum;
   int kept;
 };
 
 // argmax over kept i != exclude of (l'_i + noise on `stream`) (greedy: l'_i),
-// ties to the lower id (-1 when nothing else is kept); optionally the float64
-// sum of exp(l' - max) over the kept tokens (exclude too) and their count.
+// ties to the lower id (-1 when nothing else is kept); optionally the sum of
+// exp(l' - max) over the kept tokens (exclude too; exact, ExactMass) and
+// their count.
 __device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, uint32_t stream,
                           int exclude, double max, double* sum_out, int* count_out, Shared& sh,
                           const Slice& s) {
   p.stream = stream;
   float best_score = -INFINITY;
   int best = -1;
-  double sum = 0.0;
+  ExactMass sum{};
   int kept = 0;
   const bool want_sum = sum_out != nullptr;
   ForEach(lp, s.lo, s.hi, [&](int i, float x) {
     if (!Kept(DescKey(x), i, cut)) return;
     if (want_sum) {
-      sum += exp(static_cast<double>(x) - max);
+      sum = MassSum()(sum, MassOf(exp(static_cast<double>(x) - max)));
       ++kept;
     }
     if (i == exclude) return;  // a draft's residual: x stays in logz only
@@ -638,7 +693,7 @@ __device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, u
     sh.warp_score[warp] = best_score;
     sh.warp_token[warp] = best;
   }
-  const double block_sum = want_sum ? BlockSumDouble(sum, sh) : 0.0;  // its barriers order the slots
+  const ExactMass block_sum = want_sum ? BlockSumMass(sum, sh) : ExactMass{};  // its barriers order the slots
   const int block_kept = want_sum ? BlockSumInt(kept, sh) : 0;
   __syncthreads();
   DrawPart part{sh.warp_score[0], sh.warp_token[0], block_sum, block_kept};
@@ -651,19 +706,19 @@ __device__ int DrawSample(const float* lp, Cut cut, RowParams p, bool sampled, u
   __syncthreads();  // every thread has read the warp slots before the next draw writes them
   // The blocks' winners, sums and counts, combined in rank order.
   const DrawPart all = ClusterCombine(
-      part, DrawPart{-INFINITY, -1, 0.0, 0}, s.g,
+      part, DrawPart{-INFINITY, -1, ExactMass{}, 0}, s.g,
       [](DrawPart a, DrawPart b) {
         if (ScoreBeats(b.score, b.token, a.score, a.token)) {
           a.score = b.score;
           a.token = b.token;
         }
-        a.sum += b.sum;
+        a.sum = MassSum()(a.sum, b.sum);
         a.kept += b.kept;
         return a;
       },
       sh, s);
   if (want_sum) {
-    *sum_out = all.sum;
+    *sum_out = MassToDouble(all.sum);
     *count_out = all.kept;
   }
   return all.token;
@@ -678,13 +733,15 @@ __device__ int RankOf(const float* vals, Cut cut, float v, Shared& sh, const Sli
   return ClusterSumInt(BlockSumInt(c, sh), sh, s);
 }
 
-// log sum exp over kept values with maximum `max` (float64).
+// log sum exp over kept values with maximum `max` (float64 terms, summed exactly).
 __device__ double LogSumExp(const float* vals, Cut cut, float max, Shared& sh, const Slice& s) {
-  double sum = 0.0;
+  ExactMass sum{};
   ForEach(vals, s.lo, s.hi, [&](int i, float x) {
-    if (Kept(DescKey(x), i, cut)) sum += exp(static_cast<double>(x) - static_cast<double>(max));
+    if (Kept(DescKey(x), i, cut)) {
+      sum = MassSum()(sum, MassOf(exp(static_cast<double>(x) - static_cast<double>(max))));
+    }
   });
-  return static_cast<double>(max) + log(ClusterSumDouble(BlockSumDouble(sum, sh), sh, s));
+  return static_cast<double>(max) + log(MassToDouble(ClusterSumMass(BlockSumMass(sum, sh), sh, s)));
 }
 
 // The first `top` kept tokens in canonical order, with value - logz, written
@@ -1182,9 +1239,6 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
   char* ws = static_cast<char*>(args.workspace);
   float* raw = reinterpret_cast<float*>(ws + layout.raw);
   float* lp = reinterpret_cast<float*>(ws + layout.lp);
-  const int cluster_blocks = args.batch_invariant && args.cluster_blocks == kControlledClusterAuto
-                                 ? kControlledClusterBlocks
-                                 : args.cluster_blocks;
   for (int64_t row0 = 0; row0 < args.batch; row0 += kControlledChunkRows) {
     const int64_t rows = args.batch - row0 < kControlledChunkRows ? args.batch - row0 : kControlledChunkRows;
     LogitsGemmArgs gemm;
@@ -1199,7 +1253,8 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
     gemm.batch_invariant = args.batch_invariant;
     if (const KernelStatus s = LaunchLogitsGemm(gemm, cublas, stream); s != KernelStatus::kOk) return s;
     if (const KernelStatus s = LaunchRows(raw, lp, rows, row0, args.valid_vocab, args.params,
-                                          args.controls, args.outputs, cluster_blocks, stream);
+                                          args.controls, args.outputs, args.cluster_blocks,
+                                          stream);
         s != KernelStatus::kOk) {
       return s;
     }

@@ -36,8 +36,10 @@
 //      stream + j * sample_stream_stride, i) (greedy rows: argmax l'_i), ties
 //      to the lower id, as in the RNG contract; a token whose l' + kGumbelMax
 //      is below the thread's best score skips its noise (exact pruning).
-//   logz = max + log(sum over kept of exp(double(l') - max)) (float64, a
-//   fixed-shape block reduction: deterministic), logprobs = l'_token - logz.
+//   logz = max + log(sum over kept of exp(double(l') - max)) (each term in
+//   float64, rounded down to a multiple of 2^-96 and summed exactly as a
+//   128-bit integer: the same sum for any split of the row over threads,
+//   blocks and clusters), logprobs = l'_token - logz.
 //   Draft rows (speculative verification, server/engine/engine.h; controls.draft_tokens
 //   set and draft x >= 0): draft_logprobs = l'_x - logz when x is kept, else
 //   -inf (p(x) = 0); the samples of a sampled row (T > 0) are drawn from the
@@ -156,8 +158,8 @@ struct ControlledSampleOutputs {
 // Blocks per row (a thread-block cluster sharing the row's sweeps through
 // distributed shared memory): 1, 2, 4, 8 or 16 (a non-portable cluster size;
 // a device that refuses it fails the launch), or kControlledClusterAuto. The
-// results do not depend on it except for the float64 rounding of logz (summed
-// in rank order).
+// results do not depend on it, bit for bit (the only sums over the row are
+// exact: integer histograms and fixed-point masses).
 inline constexpr int kControlledClusterBlocks = 8;
 // Auto (the default): per launch chunk of `rows` rows, the largest g of 16, 8,
 // 4, 2 for which all `rows` clusters can be resident at once on the current
@@ -196,11 +198,9 @@ struct ControlledSampleArgs {
   // The materialized path (LaunchControlledSample) made batch-invariant: its
   // logits come from the fused samplers' own GEMM instead of cuBLAS
   // (LogitsGemmArgs::batch_invariant: 16-bit heads it serves, else
-  // kInvalidArgument), and kControlledClusterAuto resolves to
-  // kControlledClusterBlocks whatever the batch (the log-sum-exp's float64
-  // partial sums are grouped by block, so a cluster size chosen by batch
-  // could move log Z by a rounding). Every output of a row is then the same
-  // in every batch.
+  // kInvalidArgument). Every output of a row is then the same in every
+  // batch: steps 1-8 read only the row's own logits, and neither the chunk
+  // nor the cluster size the batch picks changes a bit (exact sums above).
   // The fused controlled path ignores it (it is invariant as it is).
   bool batch_invariant = false;
 };

@@ -46,6 +46,14 @@ namespace {
 absl::StatusOr<std::unique_ptr<Engine>> MakeCudaBackend(const LmHead& head,
                                                         const EngineOptions& options) {
   const std::vector<int>& devices = options.cuda.devices;
+  if (devices.size() > 1 && options.cuda.batch_invariant) {
+    // The sharded engine runs a batch that mixes rows the fused controlled
+    // path serves with rows it cannot whole on the materialized path, with
+    // cuBLAS logits: it would not keep the promise.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch_invariant is not supported across several GPUs (--devices lists ",
+        devices.size(), "); give one device, e.g. --devices=", devices[0]));
+  }
   if (devices.size() <= 1) {
     CudaEngineOptions single = options.cuda;
     if (devices.size() == 1) single.device = devices[0];

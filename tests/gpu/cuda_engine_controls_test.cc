@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -493,8 +494,9 @@ TEST(CudaEngineControls, FusedRowsKeepTheirBitsBesideARowTheFusedPathCannotServe
 // rows (Verify), every one with a control, so each is verified on the
 // materialized controlled path alone and in every batch: there too. The
 // materialized path takes its logits from the fused kernels' own GEMM under
-// the flag (cuBLAS's change with the batch's row count; 300-row batches of
-// this head already differed in the last bits of log Z).
+// the flag. With cuBLAS's logits instead (the runner's flag forced off, H100,
+// 2026-11-28) log Z and logprobs differed already between a row alone and in
+// a batch of 2.
 TEST(CudaEngineControls, EveryRowKeepsItsBitsInEveryBatchUnderBatchInvariant) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
   absl::StatusOr<std::unique_ptr<Engine>> engine = DefaultCudaEngine(1024, /*batch_invariant=*/true);
@@ -563,6 +565,24 @@ TEST(CudaEngineControls, EveryRowKeepsItsBitsInEveryBatchUnderBatchInvariant) {
     }
     EXPECT_EQ(compared, 9 * kTestRows);
   }
+}
+
+// The sharded engine does not split mixed batches nor take the fused GEMM's
+// logits, so --batch_invariant with several devices is refused at start,
+// before any device is touched (here even a repeated device).
+TEST(CudaEngineControls, BatchInvariantIsRefusedAcrossSeveralGpus) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.valid_vocab = kValid;
+  options.max_batch_rows = 8;
+  options.cuda.batch_invariant = true;
+  options.cuda.devices = {0, 0};
+  absl::StatusOr<std::unique_ptr<Engine>> e = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("--batch_invariant"), std::string::npos) << e.status();
+  options.cuda.devices = {0};
+  EXPECT_TRUE(MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options).ok());
 }
 
 }  // namespace

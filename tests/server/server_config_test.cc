@@ -40,13 +40,31 @@ TEST(ServerConfig, DefaultsAreValid) {
 TEST(ServerConfig, FlagsReachTheConfig) {
   absl::FlagSaver saver;
   absl::SetFlag(&FLAGS_cuda_fused_max_rows, 128);
+  absl::SetFlag(&FLAGS_max_batch_rows, 128);
   absl::SetFlag(&FLAGS_batch_invariant, true);
   absl::SetFlag(&FLAGS_cuda_upload_min_bytes, 0);
   absl::StatusOr<ServerConfig> c = ServerConfigFromFlags();
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cuda_fused_max_rows, 128);
+  EXPECT_EQ(c->max_batch_rows, 128);
   EXPECT_EQ(c->cuda_upload_min_bytes, 0);
   EXPECT_TRUE(c->batch_invariant);
+}
+
+// --batch_invariant with batches above --cuda_fused_max_rows (which take the
+// materialized plain path, other roundings) is refused, naming both flags.
+TEST(ServerConfig, BatchInvariantRefusesBatchesPastTheFusedKernel) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_batch_invariant, true);
+  absl::SetFlag(&FLAGS_cuda_fused_max_rows, 128);
+  absl::SetFlag(&FLAGS_max_batch_rows, 256);
+  absl::StatusOr<ServerConfig> c = ServerConfigFromFlags();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("--batch_invariant"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("--cuda_fused_max_rows"), std::string::npos) << c.status();
+  absl::SetFlag(&FLAGS_batch_invariant, false);
+  EXPECT_TRUE(ServerConfigFromFlags().ok());
 }
 
 // Each bad value names its flag in an InvalidArgument.
