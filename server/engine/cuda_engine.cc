@@ -16,7 +16,10 @@
 // materialized paths: their draft tokens are uploaded beside the params and
 // the kernels exclude / score them (FusedSampleArgs::draft_tokens); with
 // controls, the materialized controlled path does (after every control, as
-// the CPU backend). Every CUDA call is checked: a failure marks
+// the CPU backend); under --batch_invariant a batch with drafts that mixes
+// rows with and without controls also runs the fused kernel, whose results
+// the rows without controls keep (what they get in a batch of their own).
+// Every CUDA call is checked: a failure marks
 // the engine unhealthy (health flips to NOT_SERVING) and the batch fails with
 // Internal; a sticky device error is not retried.
 #include <cublas_v2.h>
@@ -372,16 +375,47 @@ class CudaEngine final : public Engine {
   }
 
   absl::StatusOr<SampleResult> RunSampler(const SampleBatch& batch) {
-    const int64_t rows = batch.rows;
     const bool drafts = !batch.draft_tokens.empty();  // uploaded by StageHidden
     const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
-    if (path == CudaSamplerPath::kControlled) {
+    if (path != CudaSamplerPath::kControlled) return RunPlain(batch, path);
+    const auto controlled = [&] {
       return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
                              static_cast<const float*>(hidden_),
                              static_cast<const RowParams*>(params_),
                              drafts ? static_cast<const int32_t*>(drafts_) : nullptr, workspace_,
                              workspace_bytes_, cublas_, stream_);
+    };
+    const auto plain_row = [&](int64_t r) { return !HasAnyControl(batch.controls[r]); };
+    bool any_plain = false;
+    for (int64_t r = 0; r < batch.rows && !any_plain; ++r) any_plain = plain_row(r);
+    if (!options_.batch_invariant || !drafts || !any_plain) return controlled();
+    // --batch_invariant, draft rows with and without controls in one batch:
+    // the controlled path verifies every draft on the materialized path,
+    // while a draft row without controls in a batch of its own is verified
+    // by the fused kernel. So the fused kernel runs over the whole batch
+    // first (a second pass over W) and its results are what the rows without
+    // controls get, as they would alone; the rows with controls get the
+    // controlled path's.
+    absl::StatusOr<SampleResult> fused = RunPlain(batch, CudaSamplerPath::kFused);
+    if (!fused.ok()) return fused;
+    absl::StatusOr<SampleResult> result = controlled();
+    if (!result.ok()) return result;
+    for (int64_t r = 0; r < batch.rows; ++r) {
+      if (!plain_row(r)) continue;
+      result->token_ids[r] = fused->token_ids[r];
+      if (batch.want_logz) result->logz[r] = fused->logz[r];
+      if (batch.want_logprobs) result->logprobs[r] = fused->logprobs[r];
+      result->draft_logprobs[r] = fused->draft_logprobs[r];
+      result->details[r] = std::move(fused->details[r]);
     }
+    return result;
+  }
+
+  // The plain kernels (fused or materialized) over the whole batch; controls,
+  // if any, are neutral or ignored.
+  absl::StatusOr<SampleResult> RunPlain(const SampleBatch& batch, CudaSamplerPath path) {
+    const int64_t rows = batch.rows;
+    const bool drafts = !batch.draft_tokens.empty();
     kernels::FusedSampleArgs args;
     args.weight = weight_;
     args.weight_dtype = ToCudaDType(shape_.weight_dtype);

@@ -491,8 +491,9 @@ TEST(CudaEngineControls, FusedRowsKeepTheirBitsBesideARowTheFusedPathCannotServe
 // serves, plain rows) each alone and inside batches of 2, 3, 17, 64, 128,
 // 255, 256, 512 and 1024 rows at random places among random companions:
 // every output of a row is the same bit for bit. Then the same rows as draft
-// rows (Verify), every one with a control, so each is verified on the
-// materialized controlled path alone and in every batch: there too. The
+// rows (Verify): alone, a row with controls is verified on the materialized
+// controlled path and a row without on the fused kernel, and so it is in
+// every batch, where the engine splits the two kinds: there too. The
 // materialized path takes its logits from the fused kernels' own GEMM under
 // the flag. With cuBLAS's logits instead (the runner's flag forced off, H100,
 // 2026-11-28) log Z and logprobs differed already between a row alone and in
@@ -509,7 +510,6 @@ TEST(CudaEngineControls, EveryRowKeepsItsBitsInEveryBatchUnderBatchInvariant) {
     if (drafts) {
       test.draft_tokens.resize(kTestRows);
       for (int64_t r = 0; r < kTestRows; ++r) {
-        if (!HasAnyControl(test.controls[r])) test.controls[r].top_p = 0.99f;
         test.draft_tokens[r] = r % 4 == 0 ? -1 : static_cast<int32_t>(gen() % kValid);
       }
     }
@@ -531,14 +531,9 @@ TEST(CudaEngineControls, EveryRowKeepsItsBitsInEveryBatchUnderBatchInvariant) {
       materialized_alone += got->path == LaunchPath::kControlled;
       alone.push_back(*std::move(got));
     }
-    // Rows of each kind: some alone on the materialized path (all of them
-    // with drafts), some not.
+    // Rows of each kind: some alone on the materialized path, some not.
     EXPECT_GT(materialized_alone, 0);
-    if (drafts) {
-      EXPECT_EQ(materialized_alone, kTestRows);
-    } else {
-      EXPECT_LT(materialized_alone, kTestRows);
-    }
+    EXPECT_LT(materialized_alone, kTestRows);
     int64_t compared = 0;
     for (int64_t batch : {2, 3, 17, 64, 128, 255, 256, 512, 1024}) {
       SCOPED_TRACE(::testing::Message() << "batch of " << batch);
