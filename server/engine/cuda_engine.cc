@@ -538,6 +538,14 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCudaEngine(const LmHead& head, int64
   if (max_batch_rows < 1) return absl::InvalidArgumentError("max_batch_rows must be >= 1");
   absl::StatusOr<ModelShape> shape = ResolveModelShape(head, valid_vocab);
   if (!shape.ok()) return shape.status();
+  if (options.batch_invariant && (shape->weight_dtype == WeightDType::kFloat32 || shape->hidden_size % 16 != 0)) {
+    // The materialized path's batch-invariant logits come from the
+    // tensor-core GEMM (kernels/cuda/logits_gemm.h), which needs these.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch_invariant needs a bf16 or fp16 LM head with a hidden size divisible by 16 on the "
+        "CUDA backend (this one: ", WeightDTypeName(shape->weight_dtype), ", hidden size ",
+        shape->hidden_size, "); the CPU backend is batch-invariant for every head"));
+  }
   auto engine = std::make_unique<CudaEngine>(*shape, options, max_batch_rows);
   if (absl::Status s = engine->Init(head); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("CUDA backend initialisation failed: ", s.message()));

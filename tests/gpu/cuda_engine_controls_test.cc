@@ -562,10 +562,12 @@ TEST(CudaEngineControls, EveryRowKeepsItsBitsInEveryBatchUnderBatchInvariant) {
   }
 }
 
-// The sharded engine does not split mixed batches nor take the fused GEMM's
-// logits, so --batch_invariant with several devices is refused at start,
-// before any device is touched (here even a repeated device).
-TEST(CudaEngineControls, BatchInvariantIsRefusedAcrossSeveralGpus) {
+// --batch_invariant is refused at start where it could not hold: with
+// several devices (the sharded engine neither splits mixed batches nor takes
+// the fused GEMM's logits; refused before any device is touched, here even a
+// repeated one), and for a head the tensor-core GEMM cannot serve (hidden
+// size not a multiple of 16; fp32 heads likewise).
+TEST(CudaEngineControls, BatchInvariantIsRefusedWhereItCannotHold) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
   EngineOptions options;
   options.valid_vocab = kValid;
@@ -578,6 +580,13 @@ TEST(CudaEngineControls, BatchInvariantIsRefusedAcrossSeveralGpus) {
   EXPECT_NE(e.status().message().find("--batch_invariant"), std::string::npos) << e.status();
   options.cuda.devices = {0};
   EXPECT_TRUE(MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options).ok());
+  options.valid_vocab = 0;
+  e = MakeEngine("cuda", LmHead::Demo(100, 40, 9), options);  // 40 % 16 != 0
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("hidden size divisible by 16"), std::string::npos) << e.status();
+  options.cuda.batch_invariant = false;
+  EXPECT_TRUE(MakeEngine("cuda", LmHead::Demo(100, 40, 9), options).ok());
 }
 
 }  // namespace
