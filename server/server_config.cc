@@ -108,8 +108,8 @@ ABSL_FLAG(bool, batch_invariant, false,
           "first on the fused path and the others by themselves on the materialized path (a "
           "second pass over W for such batches: 1.2-1.8x the kernel time at 16-256 rows on an "
           "H100), and the materialized path (those rows, Verify with controls) takes its logits "
-          "from the fused kernels' own GEMM instead of cuBLAS (16-bit heads; 4-7% faster at 1-64 "
-          "rows, 17-69% slower at 256 on an H100; BENCHMARKS.md). Without it the whole batch "
+          "from the fused kernels' own GEMM instead of cuBLAS (16-bit heads; 4-8% faster at 1-64 "
+          "rows, 18-70% slower at 256 on an H100; BENCHMARKS.md). Without it the whole batch "
           "takes the materialized path on cuBLAS logits. Batches without such rows, and the CPU "
           "backend, are batch-invariant either way. Needs --cuda_fused_max_rows >= "
           "--max_batch_rows");
