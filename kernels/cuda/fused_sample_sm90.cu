@@ -361,6 +361,10 @@ struct WgmmaKernelParams {
   int64_t token_offset;
   SampleSummary* tile_summaries;
   MmaControls ctl;  // the fused controlled path's (kControlled kernels only)
+  // LaunchWgmmaLogits: the dot tile is written here (row stride logits_ld)
+  // instead of folded; null for the samplers.
+  float* logits;
+  int64_t logits_ld;
 };
 
 // ---- The epilogue's fold ----------------------------------------------------------
@@ -662,6 +666,21 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
   constexpr int kRows = Cfg::kRows;
   static_assert(!Cfg::kStraightEpilogue || kRows % (4 * kWarps) == 0,
                 "four rows a pass: every warp folds whole quads");
+  if (p.logits != nullptr) {
+    // LaunchWgmmaLogits: the dots as they are (no scale), one warp per row,
+    // lane j storing tokens j, j + 32, j + 64, j + 96 (128 contiguous bytes
+    // per store instruction, any logits_ld). Uniform across the block.
+    for (int r = warp; r < kRows; r += kWarps) {
+      if (row0 + r >= p.batch) break;  // uniform across the warp
+      float* out = p.logits + (row0 + r) * p.logits_ld + tok0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int j = lane + 32 * q;
+        if (tok0 + j < p.valid_vocab) out[j] = dots[r * kDotStride + j];
+      }
+    }
+    return;
+  }
   if constexpr (kControlled) {
     for (int r = warp; r < kRows; r += kWarps) {
       if (row0 + r >= p.batch) break;  // uniform across the warp
@@ -1021,7 +1040,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 template <class Element, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                        cudaStream_t stream, const MmaControls* controls) {
+                        cudaStream_t stream, const MmaControls* controls, float* logits,
+                        int64_t logits_ld) {
   using Mainloop = typename Cfg::Mainloop;
   // The controlled epilogue is built for every schedule but the ping-pong.
   if (Cfg::kSchedule == Schedule::kPingpong && controls != nullptr) return cudaErrorInvalidValue;
@@ -1063,6 +1083,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   params.token_offset = a.token_offset;
   params.tile_summaries = tile_summaries;
   if (controls != nullptr) params.ctl = *controls;
+  params.logits = logits;
+  params.logits_ld = logits_ld;
 
   auto* kernel = [controls] {
     if constexpr (Cfg::kSchedule == Schedule::kSeparateEpilogue) {
@@ -1091,26 +1113,27 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
 template <class Element>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t num_tiles,
                            bool want_lse, SampleSummary* ts, cudaStream_t stream,
-                           Stage1Kernel variant, const MmaControls* c) {
+                           Stage1Kernel variant, const MmaControls* c, float* lg = nullptr,
+                           int64_t ld = 0) {
   if (variant == Stage1Kernel::kWgmmaPingpong) {
-    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
   }
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
-    if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-    if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-    return LaunchTiles<Element, Separate128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    return LaunchTiles<Element, Separate128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
   }
   if (variant == Stage1Kernel::kWgmmaOverlap) {
-    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
   }
-  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
-  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, num_tiles, want_lse, ts, stream, c);
+  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
 }
 
 }  // namespace
@@ -1122,17 +1145,41 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args) {
          reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0;
 }
 
-cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
-                              SampleSummary* tile_summaries, unsigned short* hidden_rounded,
-                              cudaStream_t stream, Stage1Kernel variant,
-                              const MmaControls* controls) {
+// The device check of both launchers: sm_90a code runs on compute capability 9.0 only.
+static cudaError_t CheckSm90() {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
-  if (major != 9 || minor != 0) return cudaErrorNotSupported;  // sm_90a code runs on 9.0 only
+  return major == 9 && minor == 0 ? cudaSuccess : cudaErrorNotSupported;
+}
 
+cudaError_t LaunchWgmmaLogits(const FusedSampleArgs& args, float* logits, int64_t logits_ld,
+                              unsigned short* hidden_rounded, cudaStream_t stream) {
+  if (logits == nullptr || logits_ld < args.valid_vocab) return cudaErrorInvalidValue;
+  cudaError_t err = CheckSm90();
+  if (err != cudaSuccess) return err;
+  err = LaunchRoundHidden(args, hidden_rounded, stream);
+  if (err != cudaSuccess) return err;
+  const int64_t num_tiles = (args.valid_vocab + kTileTokens - 1) / kTileTokens;
+  // One block per SM, up to 256 rows a block: the epilogue is a store, so
+  // the main loop's reuse of each W tile across the most rows decides.
+  if (args.weight_dtype == CudaWeightDType::kFloat16) {
+    return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, false, nullptr, stream,
+                                           Stage1Kernel::kWgmma, nullptr, logits, logits_ld);
+  }
+  return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, false, nullptr,
+                                             stream, Stage1Kernel::kWgmma, nullptr, logits,
+                                             logits_ld);
+}
+
+cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
+                              SampleSummary* tile_summaries, unsigned short* hidden_rounded,
+                              cudaStream_t stream, Stage1Kernel variant,
+                              const MmaControls* controls) {
+  cudaError_t err = CheckSm90();
+  if (err != cudaSuccess) return err;
   err = LaunchRoundHidden(args, hidden_rounded, stream);
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {

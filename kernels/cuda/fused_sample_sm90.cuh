@@ -66,4 +66,14 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
                               cudaStream_t stream, Stage1Kernel variant,
                               const MmaControls* controls = nullptr);
 
+// LaunchMmaLogits (fused_sample_mma.cuh) on the WGMMA main loop (one block
+// per SM, kWgmma's schedule): logits[row * logits_ld + token] = the fp32 dot
+// of row and token for every row < args.batch and token < args.valid_vocab,
+// the dots the WGMMA samplers fold, bit for bit, which are mma.sync's
+// (fused_sample_sm90_test). WgmmaStage1Eligible(args) must hold;
+// cudaErrorNotSupported off compute capability 9.0, cudaErrorInvalidValue
+// for logits_ld < valid_vocab.
+cudaError_t LaunchWgmmaLogits(const FusedSampleArgs& args, float* logits, int64_t logits_ld,
+                              unsigned short* hidden_rounded, cudaStream_t stream);
+
 }  // namespace flashsampler::kernels::cuda_internal

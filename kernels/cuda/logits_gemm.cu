@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "kernels/cuda/fused_sample_mma.cuh"
+#include "kernels/cuda/fused_sample_sm90.cuh"
 
 namespace flashsampler::kernels {
 namespace {
@@ -75,11 +76,21 @@ KernelStatus LaunchLogitsGemm(const LogitsGemmArgs& args, cublasHandle_t cublas,
     a.vocab = args.valid_vocab;
     a.valid_vocab = args.valid_vocab;
     a.hidden_dim = args.hidden_dim;
-    return cuda_internal::LaunchMmaLogits(a, args.logits, args.valid_vocab,
-                                          static_cast<unsigned short*>(args.cast_hidden),
-                                          stream) == cudaSuccess
-               ? KernelStatus::kOk
-               : KernelStatus::kDeviceError;
+    auto* rounded = static_cast<unsigned short*>(args.cast_hidden);
+    cudaError_t err;
+#if FLASHSAMPLER_HAVE_CUTLASS
+    // As the samplers' kAuto: WGMMA from kWgmmaMinAutoBatch rows on Hopper,
+    // mma.sync below. The same dots either way (fused_sample_sm90_test).
+    if (a.batch >= cuda_internal::kWgmmaMinAutoBatch && cuda_internal::WgmmaStage1Eligible(a) &&
+        WgmmaStage1Available()) {
+      err = cuda_internal::LaunchWgmmaLogits(a, args.logits, args.valid_vocab, rounded, stream);
+    } else {
+      err = cuda_internal::LaunchMmaLogits(a, args.logits, args.valid_vocab, rounded, stream);
+    }
+#else
+    err = cuda_internal::LaunchMmaLogits(a, args.logits, args.valid_vocab, rounded, stream);
+#endif
+    return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
   }
   // ---- 1. H in the weight type (16-bit weights): a grid-stride cast, 256
   // threads per block, at most 4096 blocks.

@@ -12,12 +12,14 @@
 // cuBLAS picks its kernel, tiling and split of K by the shape, so a row's
 // logits may round differently with another number of rows beside it. With
 // batch_invariant the GEMM is instead the fused samplers' own tensor-core
-// main loop (mma.sync, fused_sample_mma.cuh: LaunchMmaLogits): one fp32 chain
-// of k16 products in increasing k for every block shape, so a row's logits
-// are bit-identical in every batch, and they are the very dot products the
-// fused kernels sample from. It serves fp16 / bf16 weights with hidden_dim %
-// 16 == 0 and W and H 16-byte aligned (LogitsGemmBatchInvariantServes); it is
-// slower than cuBLAS from a few dozen rows (BENCHMARKS.md).
+// main loop, chosen as theirs is (fused_sample.h, Stage1Kernel::kAuto):
+// mma.sync below 16 rows (fused_sample_mma.cuh: LaunchMmaLogits), WGMMA from
+// 16 on Hopper (fused_sample_sm90.cuh: LaunchWgmmaLogits). Both form one
+// fp32 chain of k16 products in increasing k for every block shape, with the
+// same bits, so a row's logits are bit-identical in every batch, and they
+// are the very dot products the fused kernels sample from. It serves fp16 /
+// bf16 weights with hidden_dim % 16 == 0 and W and H 16-byte aligned
+// (LogitsGemmBatchInvariantServes). Speed against cuBLAS: BENCHMARKS.md.
 //
 // Thread safety: enqueues work on `stream` and binds the cuBLAS handle to it
 // (cublasSetStream); a handle must not be used by two threads at once.

@@ -1,6 +1,8 @@
 // Tests of kernels/cuda/logits_gemm.h (ctest label `gpu`), its batch-invariant
 // GEMM above all (LogitsGemmArgs::batch_invariant: the fused samplers' own
-// mma.sync main loop writing its dot products out):
+// main loop writing its dot products out; mma.sync below 16 rows, WGMMA from
+// 16 on Hopper, so a row alone and the same row in a larger batch also
+// compare the two kernels):
 //  - a row's logits are bit-identical alone and inside batches of 2, 3, 17,
 //    64, 128, 255, 256, 512 and 1024 rows with random companions at random
 //    places, for bf16 and fp16 heads at the hidden sizes of the 151936- and
