@@ -19,10 +19,10 @@
 //   filter8      the same with an 8-block cluster per row.
 //   filter1      the same with one block per row.
 //   full         LaunchControlledSample: the cuBLAS GEMM (H cast to bf16) and
-//                the above, from H to tokens.
-//   full_inv     the same with ControlledSampleArgs::batch_invariant (the
-//                server's --batch_invariant): the logits from the fused
-//                kernels' own mma.sync GEMM instead of cuBLAS.
+//                the above, from H to tokens (LogitsGemmPath::kCublas).
+//   full_inv     the same on the fused kernels' own GEMM
+//                (LogitsGemmPath::kBatchInvariant: a row's logits the same in
+//                every batch; the default's kAuto on Hopper).
 //   plain_mat    LaunchMaterializedSample (no controls), for reference.
 //   fused_ctl    LaunchFusedControlledSample, from H to tokens (only for the
 //                sets it serves: top_k, top_k_top_p, bitmask; its rows must
@@ -205,12 +205,13 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
           a.stage1 = o.stage1;  // plain_fused: the same stage 1 as fused_ctl
           return a;
         };
-        auto full = [&] { return LaunchControlledSample(controlled_args(ws_full), cublas, stream); };
-        auto full_inv = [&] {
+        auto full_with = [&](LogitsGemmPath path) {
           ControlledSampleArgs a = controlled_args(ws_full);
-          a.batch_invariant = true;
+          a.logits_gemm = path;
           return LaunchControlledSample(a, cublas, stream);
         };
+        auto full = [&] { return full_with(LogitsGemmPath::kCublas); };
+        auto full_inv = [&] { return full_with(LogitsGemmPath::kBatchInvariant); };
         auto plain = [&] { return LaunchMaterializedSample(plain_args(ws_mat), cublas, stream); };
         auto plain_fused = [&] { return LaunchFusedSample(plain_args(ws_fused), stream); };
         auto fused_ctl = [&] { return LaunchFusedControlledSample(controlled_args(ws_fused_ctl), stream); };
@@ -313,8 +314,8 @@ int RunCudaControlledBench(const CudaBenchOptions& o, const std::string& which) 
     j["variants"] = {{"filter", "LaunchControlledSampleFromLogits on cuBLAS fp32 logits, cluster size auto"},
                      {"filter_cluster8", "the same, 8 blocks per row"},
                      {"filter_one_block", "the same, one block per row"},
-                     {"full", "LaunchControlledSample (GEMM + filter + sample)"},
-                     {"full_batch_invariant", "the same with batch_invariant (the mma.sync GEMM instead of cuBLAS)"},
+                     {"full", "LaunchControlledSample on cuBLAS logits (GEMM + filter + sample)"},
+                     {"full_batch_invariant", "the same on the fused kernels' GEMM (LogitsGemmPath::kBatchInvariant)"},
                      {"plain_materialized", "LaunchMaterializedSample, no controls"},
                      {"plain_fused", "LaunchFusedSample, no controls"},
                      {"fused_controlled", "LaunchFusedControlledSample (null for sets it does not serve)"}};

@@ -1227,7 +1227,8 @@ size_t ControlledSampleWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_
 KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHandle_t cublas,
                                     cudaStream_t stream) {
   const Layout layout = ControlledLayout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
-  if ((cublas == nullptr && !args.batch_invariant) || args.weight == nullptr ||
+  if ((cublas == nullptr && args.logits_gemm != LogitsGemmPath::kBatchInvariant) ||
+      args.weight == nullptr ||
       args.hidden == nullptr || args.params == nullptr ||
       !ControlledBuffersValid(args.controls, args.outputs) ||
       args.workspace == nullptr || layout.total == 0 ||
@@ -1250,7 +1251,7 @@ KernelStatus LaunchControlledSample(const ControlledSampleArgs& args, cublasHand
     gemm.hidden_dim = args.hidden_dim;
     gemm.cast_hidden = ws + layout.cast;
     gemm.logits = raw;
-    gemm.batch_invariant = args.batch_invariant;
+    gemm.path = args.logits_gemm;
     if (const KernelStatus s = LaunchLogitsGemm(gemm, cublas, stream); s != KernelStatus::kOk) return s;
     if (const KernelStatus s = LaunchRows(raw, lp, rows, row0, args.valid_vocab, args.params,
                                           args.controls, args.outputs, args.cluster_blocks,

@@ -7,7 +7,8 @@
 // What it computes, per row b (one cluster of cluster_blocks thread blocks per
 // row, each sweeping a slice of it; every reduction combines the blocks'
 // partials in rank order through distributed shared memory):
-//   0. L = H W^T by cuBLAS (logits_gemm.h), fp32, written once to the
+//   0. L = H W^T (logits_gemm.h: the fused samplers' own GEMM on Hopper,
+//      cuBLAS elsewhere, ControlledSampleArgs::logits_gemm), fp32, written once to the
 //      workspace (LaunchControlledSample; LaunchControlledSampleFromLogits
 //      starts from given logits).
 //   1-4. l'_i = raw_i * scale, -inf where the allowed bitmask clears i; the
@@ -86,6 +87,7 @@
 #include "kernels/common/row_params.h"
 #include "kernels/common/touched_tokens.h"
 #include "kernels/cuda/fused_sample.h"
+#include "kernels/cuda/logits_gemm.h"
 
 namespace flashsampler::kernels {
 
@@ -195,14 +197,13 @@ struct ControlledSampleArgs {
   // kCudaCore and kWgmmaPingpong cannot run its epilogue: kInvalidArgument.
   // The materialized path ignores it.
   Stage1Kernel stage1 = Stage1Kernel::kAuto;
-  // The materialized path (LaunchControlledSample) made batch-invariant: its
-  // logits come from the fused samplers' own GEMM instead of cuBLAS
-  // (LogitsGemmArgs::batch_invariant: 16-bit heads it serves, else
-  // kInvalidArgument). Every output of a row is then the same in every
+  // The materialized path's logits GEMM (LaunchControlledSample;
+  // logits_gemm.h). With the fused samplers' GEMM (kAuto on Hopper,
+  // kBatchInvariant anywhere) every output of a row is the same in every
   // batch: steps 1-8 read only the row's own logits, and neither the chunk
   // nor the cluster size the batch picks changes a bit (exact sums above).
   // The fused controlled path ignores it (it is invariant as it is).
-  bool batch_invariant = false;
+  LogitsGemmPath logits_gemm = LogitsGemmPath::kAuto;
 };
 
 // Rows per chunk: the launch processes the batch in chunks of at most this

@@ -52,22 +52,29 @@ bool LogitsGemmBatchInvariantServes(const void* weight, CudaWeightDType weight_d
 KernelStatus LaunchLogitsGemm(const LogitsGemmArgs& args, cublasHandle_t cublas,
                               cudaStream_t stream) {
   const bool half_weights = args.weight_dtype != CudaWeightDType::kFloat32;
-  if ((cublas == nullptr && !args.batch_invariant) || args.weight == nullptr ||
-      args.hidden == nullptr ||
+  const bool ours_serves =
+      LogitsGemmBatchInvariantServes(args.weight, args.weight_dtype, args.hidden, args.hidden_dim) &&
+      reinterpret_cast<uintptr_t>(args.cast_hidden) % 16 == 0;
+  bool ours = false;
+  switch (args.path) {
+    case LogitsGemmPath::kAuto: ours = ours_serves && WgmmaStage1Available(); break;
+    case LogitsGemmPath::kCublas: ours = false; break;
+    case LogitsGemmPath::kBatchInvariant:
+      if (!ours_serves) return KernelStatus::kInvalidArgument;
+      ours = true;
+      break;
+    default: return KernelStatus::kInvalidArgument;
+  }
+  if ((cublas == nullptr && !ours) || args.weight == nullptr || args.hidden == nullptr ||
       args.logits == nullptr || (half_weights && args.cast_hidden == nullptr) ||
       args.batch < 1 || args.batch > kMaxInt32 || args.valid_vocab < 1 ||
       args.valid_vocab > kMaxInt32 || args.hidden_dim < 1 || args.hidden_dim > kMaxInt32 ||
       CudaWeightDTypeBytes(args.weight_dtype) == 0) {
     return KernelStatus::kInvalidArgument;
   }
-  if (args.batch_invariant) {
+  if (ours) {
     // The fused samplers' main loop, which rounds H itself into cast_hidden
     // (batch * hidden_dim 16-bit elements: the same buffer size).
-    if (!LogitsGemmBatchInvariantServes(args.weight, args.weight_dtype, args.hidden,
-                                        args.hidden_dim) ||
-        reinterpret_cast<uintptr_t>(args.cast_hidden) % 16 != 0) {
-      return KernelStatus::kInvalidArgument;
-    }
     FusedSampleArgs a;
     a.weight = args.weight;
     a.weight_dtype = args.weight_dtype;

@@ -155,10 +155,11 @@ absl::StatusOr<SampleResult> CudaControlledRunner::Run(
   args.workspace = workspace;
   args.workspace_bytes = workspace_bytes;
   // Under split_rows (--batch_invariant) the materialized path's logits come
-  // from the fused kernels' own GEMM, where it serves the head, so rows on
-  // that path keep their bits in every batch too.
-  args.batch_invariant =
-      split_rows_ && kernels::LogitsGemmBatchInvariantServes(weight, dtype, hidden, shape.hidden_size);
+  // from the fused kernels' own GEMM on any device (the engine refuses the
+  // flag for heads it does not serve), so rows on that path keep their bits
+  // in every batch too; by default they do where that GEMM is the fast one
+  // (kAuto: Hopper), cuBLAS's elsewhere.
+  args.logits_gemm = split_rows_ ? kernels::LogitsGemmPath::kBatchInvariant : kernels::LogitsGemmPath::kAuto;
 
   // Draft rows take the materialized path (the fused one does not verify).
   const bool fused_applies =

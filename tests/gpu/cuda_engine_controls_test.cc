@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/fused_sample.h"
 #include "server/engine/cuda_controlled_runner.h"
 #include "server/engine/engine.h"
 #include "server/model/safetensors_writer.h"
@@ -587,6 +588,68 @@ TEST(CudaEngineControls, BatchInvariantIsRefusedWhereItCannotHold) {
   EXPECT_NE(e.status().message().find("hidden size divisible by 16"), std::string::npos) << e.status();
   options.cuda.batch_invariant = false;
   EXPECT_TRUE(MakeEngine("cuda", LmHead::Demo(100, 40, 9), options).ok());
+}
+
+// Without --batch_invariant, on Hopper, the materialized path takes the
+// fused kernels' GEMM too (LogitsGemmPath::kAuto), so in batches whose rows
+// all need that path (top_p or min_p without top_k) every row gets the bits
+// it gets alone. (Mixed batches still run whole on one path: the flag's
+// split.) Elsewhere the default is cuBLAS's logits: skipped there.
+TEST(CudaEngineControls, MaterializedRowsKeepTheirBitsByDefaultOnHopper) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  if (!kernels::WgmmaStage1Available()) GTEST_SKIP() << "the default is cuBLAS's logits off Hopper";
+  absl::StatusOr<std::unique_ptr<Engine>> engine = DefaultCudaEngine(300);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 gen(31);
+  const auto materialized_only = [&](int64_t rows, uint64_t seed) {
+    SampleBatch b = testing::PlainRowsFrom(gen, rows, kHidden, seed);
+    b.controls.assign(static_cast<size_t>(rows), RowControls{});
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r % 2 == 0) {
+        b.controls[r].top_p = 0.5f + 0.1f * static_cast<float>(r % 5);
+      } else {
+        b.controls[r].min_p = 0.02f * static_cast<float>(1 + r % 4);
+      }
+    }
+    return b;
+  };
+  constexpr int64_t kTestRows = 16;
+  const SampleBatch test = materialized_only(kTestRows, 7);
+  std::vector<SampleResult> alone;
+  for (int64_t r = 0; r < kTestRows; ++r) {
+    SampleBatch one = materialized_only(1, 8);
+    std::copy(test.hidden.begin() + r * kHidden, test.hidden.begin() + (r + 1) * kHidden, one.hidden.begin());
+    one.params[0] = test.params[r];
+    one.controls[0] = test.controls[r];
+    absl::StatusOr<SampleResult> got = (*engine)->Sample(one);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->path, LaunchPath::kControlled) << LaunchPathName(got->path);
+    alone.push_back(*std::move(got));
+  }
+  for (int64_t batch : {2, 17, 256, 300}) {
+    SCOPED_TRACE(::testing::Message() << "batch of " << batch);
+    const int64_t per_batch = std::min(kTestRows, std::max<int64_t>(1, batch / 2));
+    for (int64_t first = 0; first < kTestRows; first += per_batch) {
+      SampleBatch b = materialized_only(batch, gen());
+      std::vector<int64_t> slots(static_cast<size_t>(batch));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), gen);
+      const int64_t count = std::min(per_batch, kTestRows - first);
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = first + i, slot = slots[i];
+        std::copy(test.hidden.begin() + r * kHidden, test.hidden.begin() + (r + 1) * kHidden,
+                  b.hidden.begin() + slot * kHidden);
+        b.params[slot] = test.params[r];
+        b.controls[slot] = test.controls[r];
+      }
+      absl::StatusOr<SampleResult> got = (*engine)->Sample(b);
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (int64_t i = 0; i < count; ++i) {
+        SCOPED_TRACE(::testing::Message() << "test row " << first + i << " at slot " << slots[i]);
+        ASSERT_NO_FATAL_FAILURE(ExpectSameRow(*got, slots[i], alone[first + i], 0));
+      }
+    }
+  }
 }
 
 }  // namespace

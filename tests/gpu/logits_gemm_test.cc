@@ -1,5 +1,5 @@
 // Tests of kernels/cuda/logits_gemm.h (ctest label `gpu`), its batch-invariant
-// GEMM above all (LogitsGemmArgs::batch_invariant: the fused samplers' own
+// GEMM above all (LogitsGemmPath::kBatchInvariant: the fused samplers' own
 // main loop writing its dot products out; mma.sync below 16 rows, WGMMA from
 // 16 on Hopper, so a row alone and the same row in a larger batch also
 // compare the two kernels):
@@ -77,7 +77,7 @@ class BatchInvariantGemmTest : public GpuTest,
     a.hidden_dim = hidden_;
     a.cast_hidden = cast_.data();
     a.logits = logits_.data();
-    a.batch_invariant = true;
+    a.path = LogitsGemmPath::kBatchInvariant;
     EXPECT_EQ(LaunchLogitsGemm(a, nullptr, nullptr), KernelStatus::kOk);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return logits_.Download(static_cast<size_t>(n * vocab_));
@@ -213,9 +213,14 @@ TEST_F(LogitsGemmArgsTest, BatchInvariantRefusesHeadsItDoesNotServe) {
   a.hidden_dim = 32;
   a.cast_hidden = cast.data();
   a.logits = logits.data();
-  a.batch_invariant = true;
+  a.path = LogitsGemmPath::kBatchInvariant;
   EXPECT_FALSE(LogitsGemmBatchInvariantServes(a.weight, a.weight_dtype, a.hidden, a.hidden_dim));
   EXPECT_EQ(LaunchLogitsGemm(a, nullptr, nullptr), KernelStatus::kInvalidArgument);
+  a.path = LogitsGemmPath::kAuto;  // an fp32 head: cuBLAS, which needs its handle
+  EXPECT_EQ(LaunchLogitsGemm(a, nullptr, nullptr), KernelStatus::kInvalidArgument);
+  a.path = static_cast<LogitsGemmPath>(7);
+  EXPECT_EQ(LaunchLogitsGemm(a, nullptr, nullptr), KernelStatus::kInvalidArgument);
+  a.path = LogitsGemmPath::kBatchInvariant;
   a.weight_dtype = CudaWeightDType::kBFloat16;
   EXPECT_TRUE(LogitsGemmBatchInvariantServes(a.weight, a.weight_dtype, a.hidden, a.hidden_dim));
   a.hidden_dim = 24;  // not a multiple of 16
@@ -224,7 +229,7 @@ TEST_F(LogitsGemmArgsTest, BatchInvariantRefusesHeadsItDoesNotServe) {
   a.hidden = h.data() + 1;  // 4-byte aligned only
   EXPECT_EQ(LaunchLogitsGemm(a, nullptr, nullptr), KernelStatus::kInvalidArgument);
   a.hidden = h.data();
-  a.batch_invariant = false;  // cuBLAS needs its handle
+  a.path = LogitsGemmPath::kCublas;  // cuBLAS needs its handle
   EXPECT_EQ(LaunchLogitsGemm(a, nullptr, nullptr), KernelStatus::kInvalidArgument);
   FS_ASSERT_CUDA(cudaDeviceSynchronize());
 }
