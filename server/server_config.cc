@@ -107,12 +107,13 @@ ABSL_FLAG(bool, batch_invariant, false,
           "controlled path cannot serve (top_p or min_p without top_k, top_k > 64, ...) runs the "
           "first on the fused path and the others by themselves on the materialized path (a "
           "second pass over W for such batches: 1.2-1.8x the kernel time at 16-256 rows on an "
-          "H100), and the materialized path (those rows, Verify with controls) takes its logits "
-          "from the fused kernels' own GEMM instead of cuBLAS (16-bit heads; 4-8% faster at 1-64 "
-          "rows, 18-70% slower at 256 on an H100; BENCHMARKS.md). Without it the whole batch "
-          "takes the materialized path on cuBLAS logits. Batches without such rows, and the CPU "
-          "backend, are batch-invariant either way. Needs --cuda_fused_max_rows >= "
-          "--max_batch_rows");
+          "H100); a Verify batch that mixes draft rows with and without controls runs the fused "
+          "kernel for the latter too; and the materialized path takes its logits from the fused "
+          "kernels' own GEMM on any GPU (the default does on Hopper only, where it is as fast as "
+          "cuBLAS; elsewhere it is slower from a few dozen rows). Without the flag a mixed batch "
+          "takes the materialized path whole. Batches without such rows, and the CPU backend, "
+          "are batch-invariant either way. Needs a 16-bit head with a hidden size divisible by 16 "
+          "and --cuda_fused_max_rows >= --max_batch_rows");
 ABSL_FLAG(double, grace_period_s, 10.0,
           "On SIGTERM/SIGINT: seconds in-flight RPCs get to finish before they are cancelled");
 ABSL_FLAG(int64_t, lame_duck_ms, 250,
