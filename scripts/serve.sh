@@ -10,10 +10,20 @@ bash scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target flashsampler-server flashsampler-cli
 address=127.0.0.1:${FLASHSAMPLER_PORT:-50051}
-build/bin/flashsampler-server --address="$address" "$@" &
+# In a session of its own, so that a terminal's Ctrl-C reaches this script
+# alone: the server gets exactly one SIGINT, from stop_server. (A second
+# signal during its drain would end it at once, undrained.)
+setsid build/bin/flashsampler-server --address="$address" "$@" &
 server=$!
-# However this script ends (Ctrl-C, a failing step), the server is drained and stopped.
-trap 'kill -INT $server 2>/dev/null; wait $server' EXIT
+status=0
+stop_server() {  # one SIGINT: the server drains in-flight requests, then exits
+  kill -INT $server 2>/dev/null || true
+  wait $server || status=$?
+}
+# However this script ends (Ctrl-C, a failing step), the server is drained and
+# stopped; on Ctrl-C or SIGTERM the script exits with the server's status.
+trap 'stop_server' EXIT
+trap 'trap - EXIT; stop_server; exit $status' INT TERM
 cli=(build/bin/flashsampler-cli --address="$address")
 for _ in $(seq 1 600); do
   if "${cli[@]}" health >/dev/null 2>&1; then break; fi
