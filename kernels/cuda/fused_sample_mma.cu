@@ -427,12 +427,6 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
 }
 
 // ---- Launcher ----------------------------------------------------------------------
-// Grid: num_tiles * ceil(batch / kRows) blocks of kThreads = 256 threads,
-// kSmemBytes = kStages * (128 + kRows) * 2 * kKStep bytes of dynamic shared
-// memory each (table above). At V = 151936 there are 1187 tiles: 2.99 waves
-// of 3 blocks per SM on 132 SMs for 8 and 16 rows, 4.5 waves of 2 for 32..128.
-// Where 3 blocks per SM would end in a last wave at most a third full (rows
-// >= 7168), 8 and 16 rows take the deep configs: DeepPipeline below.
 // What a launch writes besides the plain sampler's tile summaries: the
 // controlled path's (controls set) or the logits (logits set), never both.
 struct MmaOutputs {
@@ -441,6 +435,12 @@ struct MmaOutputs {
   int64_t logits_ld = 0;
 };
 
+// Grid: num_tiles * ceil(batch / kRows) blocks of kThreads = 256 threads,
+// kSmemBytes = kStages * (128 + kRows) * 2 * kKStep bytes of dynamic shared
+// memory each (table above). At V = 151936 there are 1187 tiles: 2.99 waves
+// of 3 blocks per SM on 132 SMs for 8 and 16 rows, 4.5 waves of 2 for 32..128.
+// Where 3 blocks per SM would end in a last wave at most a third full (rows
+// >= 7168), 8 and 16 rows take the deep configs: DeepPipeline below.
 template <class T, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,

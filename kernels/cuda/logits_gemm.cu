@@ -32,6 +32,20 @@ KernelStatus StatusFromCublas(cublasStatus_t s) {
   return s == CUBLAS_STATUS_SUCCESS ? KernelStatus::kOk : KernelStatus::kDeviceError;
 }
 
+// The fused samplers' view of a GEMM launch: what their stage 1 reads.
+FusedSampleArgs Stage1ArgsOf(const void* weight, CudaWeightDType weight_dtype, const float* hidden,
+                             int64_t batch, int64_t valid_vocab, int64_t hidden_dim) {
+  FusedSampleArgs a;
+  a.weight = weight;
+  a.weight_dtype = weight_dtype;
+  a.hidden = hidden;
+  a.batch = batch;
+  a.vocab = valid_vocab;
+  a.valid_vocab = valid_vocab;
+  a.hidden_dim = hidden_dim;
+  return a;
+}
+
 }  // namespace
 
 size_t LogitsGemmCastBytes(int64_t batch, int64_t hidden_dim, CudaWeightDType weight_dtype) {
@@ -41,23 +55,22 @@ size_t LogitsGemmCastBytes(int64_t batch, int64_t hidden_dim, CudaWeightDType we
 
 bool LogitsGemmBatchInvariantServes(const void* weight, CudaWeightDType weight_dtype,
                                     const float* hidden, int64_t hidden_dim) {
-  FusedSampleArgs a;
-  a.weight = weight;
-  a.weight_dtype = weight_dtype;
-  a.hidden = hidden;
-  a.hidden_dim = hidden_dim;
-  return cuda_internal::MmaStage1Serves(a);
+  return cuda_internal::MmaStage1Serves(Stage1ArgsOf(weight, weight_dtype, hidden, 0, 0, hidden_dim));
 }
 
 KernelStatus LaunchLogitsGemm(const LogitsGemmArgs& args, cublasHandle_t cublas,
                               cudaStream_t stream) {
   const bool half_weights = args.weight_dtype != CudaWeightDType::kFloat32;
+  const FusedSampleArgs a = Stage1ArgsOf(args.weight, args.weight_dtype, args.hidden, args.batch,
+                                         args.valid_vocab, args.hidden_dim);
+  // Where our GEMM serves the head, and whether it runs on WGMMA there (one
+  // device query; the WGMMA stage 1 serves exactly the launches mma.sync does).
   const bool ours_serves =
-      LogitsGemmBatchInvariantServes(args.weight, args.weight_dtype, args.hidden, args.hidden_dim) &&
-      reinterpret_cast<uintptr_t>(args.cast_hidden) % 16 == 0;
+      cuda_internal::MmaStage1Serves(a) && reinterpret_cast<uintptr_t>(args.cast_hidden) % 16 == 0;
+  const bool wgmma = ours_serves && WgmmaStage1Available();
   bool ours = false;
   switch (args.path) {
-    case LogitsGemmPath::kAuto: ours = ours_serves && WgmmaStage1Available(); break;
+    case LogitsGemmPath::kAuto: ours = wgmma; break;
     case LogitsGemmPath::kCublas: ours = false; break;
     case LogitsGemmPath::kBatchInvariant:
       if (!ours_serves) return KernelStatus::kInvalidArgument;
@@ -74,22 +87,13 @@ KernelStatus LaunchLogitsGemm(const LogitsGemmArgs& args, cublasHandle_t cublas,
   }
   if (ours) {
     // The fused samplers' main loop, which rounds H itself into cast_hidden
-    // (batch * hidden_dim 16-bit elements: the same buffer size).
-    FusedSampleArgs a;
-    a.weight = args.weight;
-    a.weight_dtype = args.weight_dtype;
-    a.hidden = args.hidden;
-    a.batch = args.batch;
-    a.vocab = args.valid_vocab;
-    a.valid_vocab = args.valid_vocab;
-    a.hidden_dim = args.hidden_dim;
+    // (batch * hidden_dim 16-bit elements: the same buffer size). As their
+    // kAuto: WGMMA from kWgmmaMinAutoBatch rows on Hopper, mma.sync below;
+    // the same dots either way (fused_sample_sm90_test).
     auto* rounded = static_cast<unsigned short*>(args.cast_hidden);
     cudaError_t err;
 #if FLASHSAMPLER_HAVE_CUTLASS
-    // As the samplers' kAuto: WGMMA from kWgmmaMinAutoBatch rows on Hopper,
-    // mma.sync below. The same dots either way (fused_sample_sm90_test).
-    if (a.batch >= cuda_internal::kWgmmaMinAutoBatch && cuda_internal::WgmmaStage1Eligible(a) &&
-        WgmmaStage1Available()) {
+    if (wgmma && a.batch >= cuda_internal::kWgmmaMinAutoBatch) {
       err = cuda_internal::LaunchWgmmaLogits(a, args.logits, args.valid_vocab, rounded, stream);
     } else {
       err = cuda_internal::LaunchMmaLogits(a, args.logits, args.valid_vocab, rounded, stream);
