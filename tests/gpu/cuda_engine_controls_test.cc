@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -84,6 +85,59 @@ void ExpectSameRow(const SampleResult& x, int64_t i, const SampleResult& y, int6
     EXPECT_EQ(x.details[i].top[t].token_id, y.details[j].top[t].token_id);
     EXPECT_EQ(0, std::memcmp(&x.details[i].top[t].logprob, &y.details[j].top[t].logprob, sizeof(float)));
   }
+}
+
+// Row r of `from` (hidden state, params, controls, draft) into row `slot` of `into`.
+void CopyRow(const SampleBatch& from, int64_t r, SampleBatch* into, int64_t slot) {
+  std::copy(from.hidden.begin() + r * kHidden, from.hidden.begin() + (r + 1) * kHidden,
+            into->hidden.begin() + slot * kHidden);
+  into->params[slot] = from.params[r];
+  into->controls[slot] = from.controls[r];
+  if (!from.draft_tokens.empty()) into->draft_tokens[slot] = from.draft_tokens[r];
+}
+
+// Samples each row of `test` alone, then inside batches of each size in
+// `batches` made by `companions` (rows of the same form: controls, and drafts
+// when `test` has them), at random places: at most half a batch's rows are
+// test rows, and every test row goes into one batch of each size. Every output
+// of every row is the same as alone, bit for bit. Returns the results alone,
+// for the caller's checks of their paths.
+std::vector<SampleResult> ExpectRowsKeepTheirBitsInEveryBatch(
+    Engine& engine, const SampleBatch& test, const std::vector<int64_t>& batches,
+    const std::function<SampleBatch(int64_t rows)>& companions, std::mt19937& gen) {
+  std::vector<SampleResult> alone;
+  for (int64_t r = 0; r < test.rows; ++r) {
+    SampleBatch one = companions(1);
+    CopyRow(test, r, &one, 0);
+    absl::StatusOr<SampleResult> got = engine.Sample(one);
+    EXPECT_TRUE(got.ok()) << "row " << r << ": " << got.status();
+    if (!got.ok()) return alone;
+    alone.push_back(*std::move(got));
+  }
+  int64_t compared = 0;
+  for (int64_t batch : batches) {
+    SCOPED_TRACE(::testing::Message() << "batch of " << batch);
+    const int64_t per_batch = std::min(test.rows, std::max<int64_t>(1, batch / 2));
+    for (int64_t first = 0; first < test.rows; first += per_batch) {
+      const int64_t count = std::min(per_batch, test.rows - first);
+      SampleBatch b = companions(batch);
+      std::vector<int64_t> slots(static_cast<size_t>(batch));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), gen);
+      for (int64_t i = 0; i < count; ++i) CopyRow(test, first + i, &b, slots[i]);
+      absl::StatusOr<SampleResult> got = engine.Sample(b);
+      EXPECT_TRUE(got.ok()) << got.status();
+      if (!got.ok()) return alone;
+      for (int64_t i = 0; i < count; ++i) {
+        SCOPED_TRACE(::testing::Message() << "test row " << first + i << " at slot " << slots[i]);
+        ExpectSameRow(*got, slots[i], alone[first + i], 0);
+        if (::testing::Test::HasFatalFailure()) return alone;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, static_cast<int64_t>(batches.size()) * test.rows);
+  return alone;
 }
 
 // The planner needs no device: controls anywhere in the batch pick the
@@ -514,52 +568,23 @@ TEST(CudaEngineControls, EveryRowKeepsItsBitsInEveryBatchUnderBatchInvariant) {
         test.draft_tokens[r] = r % 4 == 0 ? -1 : static_cast<int32_t>(gen() % kValid);
       }
     }
-    auto row_of = [&](const SampleBatch& from, int64_t r, SampleBatch* into, int64_t slot) {
-      std::copy(from.hidden.begin() + r * kHidden, from.hidden.begin() + (r + 1) * kHidden,
-                into->hidden.begin() + slot * kHidden);
-      into->params[slot] = from.params[r];
-      into->controls[slot] = from.controls[r];
-      if (!from.draft_tokens.empty()) into->draft_tokens[slot] = from.draft_tokens[r];
+    const auto companions = [&](int64_t rows) {
+      SampleBatch b = RandomControlledBatch(rows, gen());
+      if (drafts) {
+        b.draft_tokens.resize(static_cast<size_t>(rows));
+        for (int32_t& d : b.draft_tokens) d = gen() % 3 == 0 ? -1 : static_cast<int32_t>(gen() % kValid);
+      }
+      return b;
     };
-    std::vector<SampleResult> alone;
-    int64_t materialized_alone = 0;
-    for (int64_t r = 0; r < kTestRows; ++r) {
-      SampleBatch one = RandomControlledBatch(1, 1);
-      if (drafts) one.draft_tokens.assign(1, -1);
-      row_of(test, r, &one, 0);
-      absl::StatusOr<SampleResult> got = (*engine)->Sample(one);
-      ASSERT_TRUE(got.ok()) << "row " << r << ": " << got.status();
-      materialized_alone += got->path == LaunchPath::kControlled;
-      alone.push_back(*std::move(got));
-    }
+    const std::vector<SampleResult> alone = ExpectRowsKeepTheirBitsInEveryBatch(
+        **engine, test, {2, 3, 17, 64, 128, 255, 256, 512, 1024}, companions, gen);
+    ASSERT_EQ(alone.size(), static_cast<size_t>(kTestRows));
     // Rows of each kind: some alone on the materialized path, some not.
+    const auto materialized_alone = std::count_if(alone.begin(), alone.end(), [](const SampleResult& a) {
+      return a.path == LaunchPath::kControlled;
+    });
     EXPECT_GT(materialized_alone, 0);
     EXPECT_LT(materialized_alone, kTestRows);
-    int64_t compared = 0;
-    for (int64_t batch : {2, 3, 17, 64, 128, 255, 256, 512, 1024}) {
-      SCOPED_TRACE(::testing::Message() << "batch of " << batch);
-      const int64_t per_batch = std::min(kTestRows, std::max<int64_t>(1, batch / 2));
-      for (int64_t first = 0; first < kTestRows; first += per_batch) {
-        const int64_t count = std::min(per_batch, kTestRows - first);
-        SampleBatch b = RandomControlledBatch(batch, gen());
-        if (drafts) {
-          b.draft_tokens.resize(static_cast<size_t>(batch));
-          for (int32_t& d : b.draft_tokens) d = gen() % 3 == 0 ? -1 : static_cast<int32_t>(gen() % kValid);
-        }
-        std::vector<int64_t> slots(static_cast<size_t>(batch));
-        std::iota(slots.begin(), slots.end(), 0);
-        std::shuffle(slots.begin(), slots.end(), gen);
-        for (int64_t i = 0; i < count; ++i) row_of(test, first + i, &b, slots[i]);
-        absl::StatusOr<SampleResult> got = (*engine)->Sample(b);
-        ASSERT_TRUE(got.ok()) << got.status();
-        for (int64_t i = 0; i < count; ++i) {
-          SCOPED_TRACE(::testing::Message() << "test row " << first + i << " at slot " << slots[i]);
-          ASSERT_NO_FATAL_FAILURE(ExpectSameRow(*got, slots[i], alone[first + i], 0));
-          ++compared;
-        }
-      }
-    }
-    EXPECT_EQ(compared, 9 * kTestRows);
   }
 }
 
@@ -615,41 +640,11 @@ TEST(CudaEngineControls, MaterializedRowsKeepTheirBitsByDefaultOnHopper) {
   };
   constexpr int64_t kTestRows = 16;
   const SampleBatch test = materialized_only(kTestRows, 7);
-  std::vector<SampleResult> alone;
-  for (int64_t r = 0; r < kTestRows; ++r) {
-    SampleBatch one = materialized_only(1, 8);
-    std::copy(test.hidden.begin() + r * kHidden, test.hidden.begin() + (r + 1) * kHidden, one.hidden.begin());
-    one.params[0] = test.params[r];
-    one.controls[0] = test.controls[r];
-    absl::StatusOr<SampleResult> got = (*engine)->Sample(one);
-    ASSERT_TRUE(got.ok()) << got.status();
-    ASSERT_EQ(got->path, LaunchPath::kControlled) << LaunchPathName(got->path);
-    alone.push_back(*std::move(got));
-  }
-  for (int64_t batch : {2, 17, 256, 300}) {
-    SCOPED_TRACE(::testing::Message() << "batch of " << batch);
-    const int64_t per_batch = std::min(kTestRows, std::max<int64_t>(1, batch / 2));
-    for (int64_t first = 0; first < kTestRows; first += per_batch) {
-      SampleBatch b = materialized_only(batch, gen());
-      std::vector<int64_t> slots(static_cast<size_t>(batch));
-      std::iota(slots.begin(), slots.end(), 0);
-      std::shuffle(slots.begin(), slots.end(), gen);
-      const int64_t count = std::min(per_batch, kTestRows - first);
-      for (int64_t i = 0; i < count; ++i) {
-        const int64_t r = first + i, slot = slots[i];
-        std::copy(test.hidden.begin() + r * kHidden, test.hidden.begin() + (r + 1) * kHidden,
-                  b.hidden.begin() + slot * kHidden);
-        b.params[slot] = test.params[r];
-        b.controls[slot] = test.controls[r];
-      }
-      absl::StatusOr<SampleResult> got = (*engine)->Sample(b);
-      ASSERT_TRUE(got.ok()) << got.status();
-      for (int64_t i = 0; i < count; ++i) {
-        SCOPED_TRACE(::testing::Message() << "test row " << first + i << " at slot " << slots[i]);
-        ASSERT_NO_FATAL_FAILURE(ExpectSameRow(*got, slots[i], alone[first + i], 0));
-      }
-    }
-  }
+  const std::vector<SampleResult> alone = ExpectRowsKeepTheirBitsInEveryBatch(
+      **engine, test, {2, 17, 256, 300}, [&](int64_t rows) { return materialized_only(rows, gen()); },
+      gen);
+  ASSERT_EQ(alone.size(), static_cast<size_t>(kTestRows));
+  for (const SampleResult& a : alone) EXPECT_EQ(a.path, LaunchPath::kControlled) << LaunchPathName(a.path);
 }
 
 }  // namespace
