@@ -125,6 +125,24 @@ class LocalChannelE2E : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
+  // Samples `request` on a new connection, kept in *client when given. The
+  // server counts a closed connection (of an earlier case or test) until its
+  // thread has seen the close (--max_local_connections=3): a connection it
+  // refuses for the limit (RESOURCE_EXHAUSTED) is opened again until it has
+  // let those go. Any other outcome is returned.
+  static absl::StatusOr<v1::SampleResponse> SampleOnANewConnection(
+      const v1::SampleRequest& request, std::unique_ptr<LocalSamplerClient>* client = nullptr) {
+    absl::StatusOr<v1::SampleResponse> r = absl::UnknownError("not sent");
+    for (int attempt = 0; attempt < 10000; ++attempt) {
+      std::unique_ptr<LocalSamplerClient> c = Connect();
+      if (c == nullptr) return absl::UnavailableError("cannot connect");
+      r = c->Sample(request);
+      if (client != nullptr) *client = std::move(c);
+      if (r.status().code() != absl::StatusCode::kResourceExhausted) break;
+    }
+    return r;
+  }
+
   static ScopedTempDir* dir_;
   static std::string socket_;
   static ServerProcess* server_;
@@ -336,35 +354,20 @@ TEST_F(LocalChannelE2E, AFrameThatCannotBeTrustedEndsTheConnectionWithItsReason)
   size_t sent = 0;
   ASSERT_TRUE(local::SendBytes(fd, half.substr(0, 500), &sent, true).ok());
   close(fd);
-  // The server still serves (a connection refused for the limit while the
-  // closed ones are let go is opened again, as above).
-  absl::StatusOr<v1::SampleResponse> served = absl::UnknownError("not sent");
-  for (int attempt = 0; attempt < 10000; ++attempt) {
-    std::unique_ptr<LocalSamplerClient> local = Connect();
-    ASSERT_NE(local, nullptr);
-    served = local->Sample(BytesRequest(3, 6));
-    if (served.status().code() != absl::StatusCode::kResourceExhausted) break;
-  }
+  // The server still serves.
+  const absl::StatusOr<v1::SampleResponse> served = SampleOnANewConnection(BytesRequest(3, 6));
   EXPECT_TRUE(served.ok()) << served.status();
 }
 
 TEST_F(LocalChannelE2E, ConnectionsBeyondTheLimitAreRefused) {
   // Three connections (the limit), each known to the server once it has
-  // answered on it. Connections of earlier tests may still be ending (the
-  // server counts one until its thread has seen the close): a refused one is
-  // opened again until the server has let those go.
-  std::vector<std::unique_ptr<LocalSamplerClient>> open;
-  for (int attempt = 0; attempt < 10000 && open.size() < 3; ++attempt) {
-    std::unique_ptr<LocalSamplerClient> c = Connect();
-    ASSERT_NE(c, nullptr);
-    absl::StatusOr<v1::SampleResponse> r = c->Sample(BytesRequest(1, 7));
-    if (r.ok()) {
-      open.push_back(std::move(c));
-    } else {
-      ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
-    }
+  // answered on it (connections of earlier tests may still be ending:
+  // SampleOnANewConnection).
+  std::vector<std::unique_ptr<LocalSamplerClient>> open(3);
+  for (auto& c : open) {
+    const absl::StatusOr<v1::SampleResponse> r = SampleOnANewConnection(BytesRequest(1, 7), &c);
+    ASSERT_TRUE(r.ok()) << r.status();
   }
-  ASSERT_EQ(open.size(), 3u);
   // A fourth is told why and closed, whether its request was sent or not.
   std::unique_ptr<LocalSamplerClient> extra = Connect();
   ASSERT_NE(extra, nullptr);
