@@ -169,7 +169,6 @@ int main(int argc, char** argv) {
   // backend the polling core is one its workers would rather have.
   const bool gpu_backend = config->backend == "cuda" ||
                            (config->backend == "auto" && flashsampler::CudaBackendAvailable());
-  batching.launch_when_idle = !gpu_backend && config->launch_when_idle;
   batching.idle_spin = absl::Microseconds(
       config->idle_spin_us >= 0 ? config->idle_spin_us : (gpu_backend ? 1000 : 0));
   // SERVING once the engine is loaded, NOT_SERVING for good after a drain

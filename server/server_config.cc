@@ -63,11 +63,6 @@ ABSL_FLAG(int64_t, idle_spin_us, -1,
           "this many microseconds (one busy core) before it sleeps, so a request arriving "
           "meanwhile starts without a thread wake-up. -1: 1000 on the CUDA backend, 0 on the "
           "CPU backend (whose workers need the cores)");
-ABSL_FLAG(bool, launch_when_idle, true,
-          "CPU backend: a request that arrives while the engine is idle (nothing queued, no launch "
-          "running) is sampled at once on the thread that received it, sparing the wake-up of the "
-          "batcher's worker; requests that arrive meanwhile queue and batch as usual. Not for GPU "
-          "backends, whose worker owns the device");
 ABSL_FLAG(std::string, metrics_address, "",
           "HOST:PORT serving Prometheus metrics at /metrics (port 0: a free port); empty: off");
 ABSL_FLAG(int32_t, cuda_device, -1,
@@ -149,7 +144,6 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.max_queue_rows = absl::GetFlag(FLAGS_max_queue_rows);
   c.completion_threads = absl::GetFlag(FLAGS_completion_threads);
   c.idle_spin_us = absl::GetFlag(FLAGS_idle_spin_us);
-  c.launch_when_idle = absl::GetFlag(FLAGS_launch_when_idle);
   c.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   c.grace_period_s = absl::GetFlag(FLAGS_grace_period_s);
   c.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);

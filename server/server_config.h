@@ -32,7 +32,6 @@ struct ServerConfig {
   bool shm_device_copies = false;   // map shared-memory regions for device copies (--shm_device_copies)
   int completion_threads = 4;       // threads answering finished requests
   int64_t idle_spin_us = -1;        // batcher worker's idle poll; -1: by backend
-  bool launch_when_idle = true;     // CPU backend: idle-engine requests run on their own thread
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off
   int cuda_device = -1;            // CUDA backend: one device ordinal; -1: use `devices`
   // CUDA backend: the GPUs W is sharded over by vocabulary (--devices);

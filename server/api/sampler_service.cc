@@ -231,10 +231,8 @@ SamplerService::CallScope SamplerService::ScopeOf(grpc::CallbackServerContext* c
 
 void SamplerService::SubmitBatch(CallScope scope, const SampleBatch* batch,
                                  DynamicBatcher::Done on_result, std::function<void()> admitted) {
-  // `alone`: no other request is in flight here (this one counts), so an
-  // idle engine may run it on this thread (BatcherOptions::launch_when_idle).
   batcher_->Submit(batch, std::move(on_result), scope.deadline, std::move(scope.cancelled),
-                   std::move(admitted), /*alone=*/inflight_.load(std::memory_order_relaxed) == 1);
+                   std::move(admitted));
 }
 
 void SamplerService::StartSample(CallScope scope, const v1::SampleRequest& request,

@@ -135,11 +135,9 @@ absl::Status ClassifyQueuedCall(absl::Time enqueued, absl::Time deadline, absl::
 }
 
 void DynamicBatcher::Submit(const SampleBatch* batch, Done done, absl::Time deadline,
-                            std::function<bool()> cancelled, std::function<void()> admitted,
-                            bool alone) {
+                            std::function<bool()> cancelled, std::function<void()> admitted) {
   absl::Status refusal;
   std::shared_ptr<Job> admitted_job;
-  Engine* idle_engine = nullptr;  // set: the request runs here, now (launch_when_idle)
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
@@ -159,48 +157,18 @@ void DynamicBatcher::Submit(const SampleBatch* batch, Done done, absl::Time dead
       job->deadline = deadline;
       job->cancelled = std::move(cancelled);
       job->enqueued = absl::Now();
-      if (options_.launch_when_idle && alone && !admitted && !engine_busy_ && queue_.empty() &&
-          admitting_ == 0 && batch->rows <= options_.max_batch_rows) {
-        engine_busy_ = true;
-        inline_running_ = true;
-        idle_engine = engine_.get();
-      } else {
-        queued_rows_ += batch->rows;
-        if (!admitted) {
-          queue_.push_back(std::move(job));
-          PublishQueueRows();
-          return;
-        }
-        ++admitting_;
+      queued_rows_ += batch->rows;
+      if (!admitted) {
+        queue_.push_back(std::move(job));
+        PublishQueueRows();
+        return;
       }
+      ++admitting_;
       admitted_job = std::move(job);
     }
   }
   if (admitted_job == nullptr) {
     done(refusal);
-    return;
-  }
-  if (idle_engine != nullptr) {
-    // The worker's checks before a launch (NextLaunch), for this one request.
-    const absl::Time now = absl::Now();
-    const bool gone = deadline > now && admitted_job->cancelled && admitted_job->cancelled();
-    if (absl::Status status = ClassifyQueuedCall(admitted_job->enqueued, deadline, now, gone);
-        !status.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        inline_running_ = false;
-        engine_busy_ = false;
-      }
-      admitted_job->done(std::move(status));
-      return;
-    }
-    Launch launch;
-    launch.slices.push_back(RowSlice{batch, 0, batch->rows});
-    launch.jobs.push_back(std::move(admitted_job));
-    RunLaunch(idle_engine, launch, /*answer_here=*/true);
-    absl::MutexLock lock(&mu_);
-    inline_running_ = false;
-    engine_busy_ = false;
     return;
   }
   admitted();
@@ -224,9 +192,8 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
                                 std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused) {
   SpinWhileIdle();
   absl::MutexLock lock(&mu_);
-  engine_busy_ = false;
   auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !inline_running_ && (!queue_.empty() || (stopping_ && admitting_ == 0));
+    return !queue_.empty() || (stopping_ && admitting_ == 0);
   };
   mu_.Await(absl::Condition(&has_work));
   if (queue_.empty()) return false;  // stopping and drained (nothing is being admitted)
@@ -284,11 +251,10 @@ bool DynamicBatcher::NextLaunch(Launch* launch,
     if (job->next_row == job->batch->rows) queue_.pop_front();
   }
   PublishQueueRows();
-  engine_busy_ = true;
   return true;
 }
 
-void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch, bool answer_here) {
+void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch) {
   const absl::Time start = absl::Now();
   for (size_t i = 0; i < launch.jobs.size(); ++i) {
     Job& job = *launch.jobs[i];
@@ -315,7 +281,7 @@ void DynamicBatcher::RunLaunch(Engine* engine, Launch& launch, bool answer_here)
   // go to the pool even then: answering ~25 requests here (~10 us each)
   // would delay the launch their successors are about to join.
   const bool inline_completion =
-      answer_here || (launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0);
+      launch.jobs.size() == 1 && queued_jobs_.load(std::memory_order_acquire) == 0;
   std::vector<std::shared_ptr<Job>> answered;
   answered.reserve(launch.jobs.size());
   int64_t launch_row = 0;
@@ -470,7 +436,7 @@ void DynamicBatcher::WorkerLoop() {
       engine = engine_.get();  // jobs are only queued once an engine is set
     }
     launch_running_.store(true, std::memory_order_relaxed);
-    RunLaunch(engine, launch, /*answer_here=*/false);
+    RunLaunch(engine, launch);
     launch_running_.store(false, std::memory_order_relaxed);
   }
 }

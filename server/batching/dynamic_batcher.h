@@ -95,11 +95,6 @@ struct BatcherOptions {
   // thread wake-up (measured ~60 us on the GPU machine, a VM). Costs one
   // core while it polls; zero blocks at once.
   absl::Duration idle_spin = absl::ZeroDuration();
-  // A request submitted `alone` (the caller has no other request in flight)
-  // while the engine is idle (nothing queued, no launch running) runs at once
-  // on the submitting thread instead of waking the worker. Only for engines
-  // that any thread may call (the CPU engine).
-  bool launch_when_idle = false;
 };
 
 class DynamicBatcher {
@@ -143,8 +138,7 @@ class DynamicBatcher {
   // (no launch sees it yet): the CUDA path starts its rows' copy to the GPU
   // (server/api/wire_upload.h). It does not run for a refused request.
   void Submit(const SampleBatch* batch, Done done, absl::Time deadline = absl::InfiniteFuture(),
-              std::function<bool()> cancelled = nullptr, std::function<void()> admitted = nullptr,
-              bool alone = false);
+              std::function<bool()> cancelled = nullptr, std::function<void()> admitted = nullptr);
 
   // Rows waiting for a launch right now.
   int64_t queued_rows() const;
@@ -164,7 +158,7 @@ class DynamicBatcher {
   // Waits for work and forms the next launch; false when stopping and drained.
   // Requests answered without compute are moved to `refused`.
   bool NextLaunch(Launch* launch, std::vector<std::pair<std::shared_ptr<Job>, absl::Status>>* refused);
-  void RunLaunch(Engine* engine, Launch& launch, bool answer_here);
+  void RunLaunch(Engine* engine, Launch& launch);
   // One engine launch of `slices` (a lone whole request without a copy),
   // checked for the draft log-probabilities the scatter needs, and recorded
   // in the launch metrics.
@@ -211,12 +205,6 @@ class DynamicBatcher {
   std::atomic<int64_t> queued_jobs_{0};
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> launch_running_{false};  // launch_running()
-  // A launch is running or about to: the worker's (from when it is formed
-  // until the worker next takes mu_) or a submitting thread's
-  // (launch_when_idle). At most one at a time; the worker forms no launch
-  // while a submitting thread's runs.
-  bool engine_busy_ ABSL_GUARDED_BY(mu_) = false;
-  bool inline_running_ ABSL_GUARDED_BY(mu_) = false;
   CompletionPool completions_;  // before worker_: it outlives the worker's last Post
   std::thread worker_;
 };

@@ -39,14 +39,6 @@ class FakeEngine final : public Engine {
     shape_.hidden_size = 2;
   }
   absl::StatusOr<SampleResult> Sample(const SampleBatch& batch) override {
-    const int running = ++running_;
-    int seen = max_running_.load();
-    while (running > seen && !max_running_.compare_exchange_weak(seen, running)) {
-    }
-    struct Leave {
-      std::atomic<int>& running;
-      ~Leave() { --running; }
-    } leave{running_};
     bool hold;
     {
       absl::MutexLock lock(&mu_);
@@ -101,8 +93,6 @@ class FakeEngine final : public Engine {
     absl::MutexLock lock(&mu_);
     return launches_;
   }
-  // The most Sample calls that ever ran at once (the Engine contract: 1).
-  int max_running() const { return max_running_.load(); }
   // The thread of the last Sample call (the batcher's worker).
   std::thread::id sample_thread() const {
     absl::MutexLock lock(&mu_);
@@ -116,7 +106,6 @@ class FakeEngine final : public Engine {
   std::atomic<bool> serves_drafts_{false};
   std::atomic<bool> ignores_drafts_{false};
   std::atomic<int64_t> poison_seed_{-1};
-  std::atomic<int> running_{0}, max_running_{0};
   ModelShape shape_;
   absl::Notification first_started_, release_;
   mutable absl::Mutex mu_;
@@ -306,99 +295,6 @@ TEST(DynamicBatcher, IdlePollServesNewRequestsAndEndsOnStop) {
   Outcome refused;
   batcher.Submit(&late, refused.Callback());
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
-}
-
-// launch_when_idle: a request submitted `alone` to an idle engine is sampled
-// and answered on the submitting thread before Submit returns; one not alone,
-// or with the option off, goes to the worker.
-TEST(DynamicBatcher, LaunchWhenIdleRunsALoneRequestOnTheSubmittingThread) {
-  BatcherOptions options = Options(64, absl::ZeroDuration());
-  options.launch_when_idle = true;
-  DynamicBatcher batcher(options);
-  auto owned = std::make_unique<FakeEngine>();
-  FakeEngine* engine = owned.get();
-  batcher.SetEngine(std::move(owned));
-  const std::thread::id here = std::this_thread::get_id();
-  for (uint64_t i = 0; i < 3; ++i) {
-    SampleBatch b = Batch(2, 10 * i);
-    Outcome o;
-    batcher.Submit(&b, o.Callback(), absl::InfiniteFuture(), nullptr, nullptr, /*alone=*/true);
-    ASSERT_TRUE(o.done.HasBeenNotified()) << "not answered before Submit returned";
-    ASSERT_EQ(o.code(), absl::StatusCode::kOk);
-    EXPECT_THAT(o.result->token_ids, ElementsAre(10 * i, 10 * i + 1));
-    EXPECT_EQ(o.state->thread, here);
-    EXPECT_EQ(engine->sample_thread(), here);
-  }
-  SampleBatch shared = Batch(1, 50);
-  Outcome shared_outcome;
-  batcher.Submit(&shared, shared_outcome.Callback(), absl::InfiniteFuture(), nullptr, nullptr,
-                 /*alone=*/false);
-  ASSERT_EQ(shared_outcome.code(), absl::StatusCode::kOk);
-  EXPECT_NE(engine->sample_thread(), here) << "a request not alone ran on the submitting thread";
-
-  DynamicBatcher off(Options(64, absl::ZeroDuration()));
-  auto off_owned = std::make_unique<FakeEngine>();
-  FakeEngine* off_engine = off_owned.get();
-  off.SetEngine(std::move(off_owned));
-  SampleBatch b = Batch(1, 60);
-  Outcome o;
-  off.Submit(&b, o.Callback(), absl::InfiniteFuture(), nullptr, nullptr, /*alone=*/true);
-  ASSERT_EQ(o.code(), absl::StatusCode::kOk);
-  EXPECT_NE(off_engine->sample_thread(), here) << "launch_when_idle is off by default";
-}
-
-// The engine is never called twice at once: an alone request that arrives
-// while the worker's launch runs is queued; while a submitting thread's
-// launch runs, later requests (alone or not) queue, and the worker launches
-// them only once it returned.
-TEST(DynamicBatcher, LaunchWhenIdleNeverRunsBesideAnotherLaunch) {
-  BatcherOptions options = Options(64, absl::ZeroDuration());
-  options.launch_when_idle = true;
-  {
-    DynamicBatcher batcher(options);
-    SampleBatch first = Batch(1, 7);
-    Outcome first_outcome;
-    FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);  // on the worker
-    SampleBatch lone = Batch(1, 8);
-    Outcome lone_outcome;
-    batcher.Submit(&lone, lone_outcome.Callback(), absl::InfiniteFuture(), nullptr, nullptr,
-                   /*alone=*/true);
-    EXPECT_FALSE(lone_outcome.done.HasBeenNotified());
-    EXPECT_EQ(batcher.queued_rows(), 1);
-    engine->Release();
-    ASSERT_EQ(first_outcome.code(), absl::StatusCode::kOk);
-    ASSERT_EQ(lone_outcome.code(), absl::StatusCode::kOk);
-    EXPECT_THAT(lone_outcome.result->token_ids, ElementsAre(8));
-    EXPECT_THAT(engine->launches(), ElementsAre(1, 1));
-    EXPECT_EQ(engine->max_running(), 1);
-  }
-  DynamicBatcher batcher(options);
-  auto owned = std::make_unique<FakeEngine>(/*hold_first=*/true);
-  FakeEngine* engine = owned.get();
-  batcher.SetEngine(std::move(owned));
-  SampleBatch held = Batch(1, 1);
-  Outcome held_outcome;
-  std::thread submitter([&] {
-    batcher.Submit(&held, held_outcome.Callback(), absl::InfiniteFuture(), nullptr, nullptr,
-                   /*alone=*/true);
-  });
-  engine->WaitForFirstLaunch();  // held on the submitting thread
-  SampleBatch second = Batch(2, 20), third = Batch(1, 30);
-  Outcome second_outcome, third_outcome;
-  batcher.Submit(&second, second_outcome.Callback());
-  batcher.Submit(&third, third_outcome.Callback(), absl::InfiniteFuture(), nullptr, nullptr,
-                 /*alone=*/true);
-  EXPECT_EQ(batcher.queued_rows(), 3);
-  EXPECT_THAT(engine->launches(), ElementsAre(1)) << "a launch ran beside the submitting thread's";
-  engine->Release();
-  submitter.join();
-  ASSERT_EQ(held_outcome.code(), absl::StatusCode::kOk);
-  ASSERT_EQ(second_outcome.code(), absl::StatusCode::kOk);
-  ASSERT_EQ(third_outcome.code(), absl::StatusCode::kOk);
-  EXPECT_THAT(second_outcome.result->token_ids, ElementsAre(20, 21));
-  EXPECT_THAT(third_outcome.result->token_ids, ElementsAre(30));
-  EXPECT_THAT(engine->launches(), ElementsAre(1, 3)) << "the queued requests were not one launch";
-  EXPECT_EQ(engine->max_running(), 1);
 }
 
 TEST(DynamicBatcher, WaitsForAFullBatchWithinTheQueueDelay) {
