@@ -343,6 +343,32 @@ TEST_F(FusedControlledSampleTest, TopKBoundaryTiesGoToTheLowerId) {
   for (int32_t t : greedy.tokens) EXPECT_EQ(t, 0);
 }
 
+// Every token of 40 tiles ties: the top-k tiles and candidates are the lowest
+// ids (the stage-2 sorts order by l' and keep ties in id order), for a top_k
+// that each tile covers (no saturation), greedy and sampled alike.
+TEST_F(FusedControlledSampleTest, TiesAcrossTilesGoToTheLowestIds) {
+  constexpr int64_t kVocab = 40 * 128;
+  std::vector<float> w(kVocab, 0.5f);
+  constexpr int64_t kRows = 64;
+  RowControls c = testing::FilterControls(12, 1.0f, 0.0f);
+  c.top_logprobs = 12;
+  std::vector<RowParams> params(kRows);
+  for (int64_t r = 0; r < kRows; ++r) {
+    params[r] = RowParams{r % 2 == 0 ? 1.0f : 0.0f, 7, 0, static_cast<uint32_t>(r)};
+  }
+  const Outputs out = Run(w, std::vector<float>(kRows, 1.0f), params, std::vector<RowControls>(kRows, c));
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  for (int64_t r = 0; r < kRows; ++r) {
+    ASSERT_EQ(out.row_status[r], 0) << r;
+    ASSERT_EQ(out.details[r].top.size(), 12u) << r;
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(out.details[r].top[i].token_id, i) << "row " << r;
+    EXPECT_TRUE(out.tokens[r] >= 0 && out.tokens[r] < 12) << "row " << r << ": " << out.tokens[r];
+    if (params[r].temperature == 0.0f) {
+      EXPECT_EQ(out.tokens[r], 0) << r;
+    }
+  }
+}
+
 // top_k = 40 over 100 tied tokens of one tile: the tile keeps 16 candidates,
 // all inside the top 40, so it may hold more: row_status 2 (run the row on
 // the materialized path). The same row with top_k = 16 is served.
