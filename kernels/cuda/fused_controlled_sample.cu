@@ -361,9 +361,9 @@ FusedControlledTiles FusedControlledTilesIn(void* workspace, int64_t batch, int6
 // Grid: stage 1 as the plain tensor-core sampler (ChooseStage1: below 16
 // rows fused_sample_mma.cu's launcher, one block of 256 threads per
 // (128-token tile, row chunk of 8..128 rows); from 16 rows on Hopper
-// fused_sample_sm90.cu's: to 128 rows a persistent block of 544 threads per
-// SM with separate epilogue warps, above two blocks of 288 threads per SM), with the
-// controlled epilogue.
+// fused_sample_sm90.cu's: to 128 rows, and at hidden_dim >= 8192, a
+// persistent block of 544 threads per SM with separate epilogue warps, else
+// two blocks of 288 threads per SM), with the controlled epilogue.
 bool FusedControlledStage1Valid(const ControlledSampleArgs& a, int64_t token_offset) {
   return a.weight != nullptr && a.hidden != nullptr && a.params != nullptr &&
          a.controls.rows != nullptr && a.controls.touched != nullptr && a.workspace != nullptr &&
@@ -398,7 +398,7 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
   plain.hidden_dim = a.hidden_dim;
   plain.token_offset = token_offset;
   cuda_internal::Stage1Choice choice;
-  if (!cuda_internal::ChooseStage1(plain, a.stage1, &choice, /*controlled=*/true) ||
+  if (!cuda_internal::ChooseStage1(plain, a.stage1, &choice) ||
       choice.family == cuda_internal::Stage1Choice::kCudaCore ||
       (choice.family == cuda_internal::Stage1Choice::kWgmma &&
        choice.wgmma_schedule == Stage1Kernel::kWgmmaPingpong)) {

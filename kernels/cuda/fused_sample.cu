@@ -503,8 +503,7 @@ size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_di
 
 namespace cuda_internal {
 
-bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice,
-                  bool controlled) {
+bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice) {
   *choice = Stage1Choice{};
   switch (requested) {
     case Stage1Kernel::kAuto:
@@ -518,9 +517,8 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
       // its schedules: kSeparateEpilogueMaxAutoBatch's comment.
       if (args.batch >= kWgmmaMinAutoBatch && WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
         choice->family = Stage1Choice::kWgmma;
-        const bool separate =
-            args.batch <= kSeparateEpilogueMaxAutoBatch ||
-            (!controlled && args.hidden_dim >= kSeparateEpilogueMinAutoHidden);
+        const bool separate = args.batch <= kSeparateEpilogueMaxAutoBatch ||
+                              args.hidden_dim >= kSeparateEpilogueMinAutoHidden;
         choice->wgmma_schedule =
             separate ? Stage1Kernel::kWgmmaSeparateEpilogue : Stage1Kernel::kWgmmaOverlap;
       }

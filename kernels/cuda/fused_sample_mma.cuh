@@ -36,10 +36,9 @@ struct Stage1Choice {
 // batch; fused_sample.cu): kAuto as Stage1Kernel::kAuto says, a forced kernel
 // as itself. False when a forced kernel cannot serve the launch (its
 // conditions, the build, the device) or `requested` is outside the enum: an
-// argument error, never a silent fallback. controlled: the launch runs the
-// fused controlled path's epilogue (kAuto's WGMMA schedule depends on it).
-bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice,
-                  bool controlled = false);
+// argument error, never a silent fallback. The fused controlled path makes
+// the same choice for its launches.
+bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice);
 
 // Enqueues kernel 1 of the tensor-core stage 1 alone: H (fp32 [batch,
 // hidden_dim]) rounded to the weight dtype (round to nearest even, as the

@@ -31,11 +31,13 @@ constexpr int64_t kWgmmaMinAutoBatch = 16;
 // (BENCHMARKS.md, "Separate epilogue warps"): separate / overlap 0.98-0.84 at
 // 32-128 rows on both shapes and 0.91-0.98 at 192-1024 rows at D = 8192;
 // 1.05-1.16 at 192-1024 rows at D = 4096. All schedules give the same bits.
-// A controlled launch (ChooseStage1's `controlled`) takes it up to 128 rows
-// only: its epilogue (16 arg-max rounds per candidate row) is heavier, so
-// above 128 rows the 8 separate epilogue warps are the bound at any hidden
-// size (H100, top_k 50 + top_p: separate / two blocks per SM 0.91-0.92 at
-// 128 rows, 1.10-1.25 at 192-512 rows at D = 4096, 0.98-1.03 at D = 8192).
+// The fused controlled path takes the same rule. Its first measurement kept
+// it on two blocks per SM above 128 rows at any hidden size (0.98-1.03 at
+// D = 8192, 2026-11-26); after the candidate rounds on sorted lane heads,
+// separate / two blocks per SM at D = 8192 is 0.87-0.90 at 256-768 rows,
+// 0.97-0.99 at 192 and 1024, 0.99-1.00 at 320 and 1.03 at 160 (H100,
+// 2026-11-28, top_k 50 + top_p 0.9); at D = 4096 two blocks per SM stay
+// ahead above 128 rows (separate 1.01-1.15).
 constexpr int64_t kSeparateEpilogueMaxAutoBatch = 128;
 constexpr int64_t kSeparateEpilogueMinAutoHidden = 8192;
 
