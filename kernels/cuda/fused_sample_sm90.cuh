@@ -34,7 +34,7 @@ constexpr int64_t kWgmmaMinAutoBatch = 16;
 // The fused controlled path takes the same rule. Its first measurement kept
 // it on two blocks per SM above 128 rows at any hidden size (0.98-1.03 at
 // D = 8192, 2026-11-26); after the candidate rounds on sorted lane heads,
-// separate / two blocks per SM at D = 8192 is 0.87-0.90 at 256-768 rows,
+// separate / two blocks per SM at D = 8192 is 0.87-0.92 at 256-768 rows,
 // 0.97-0.99 at 192 and 1024, 0.99-1.00 at 320 and 1.03 at 160 (H100,
 // 2026-11-28, top_k 50 + top_p 0.9); at D = 4096 two blocks per SM stay
 // ahead above 128 rows (separate 1.01-1.15).
