@@ -53,7 +53,11 @@ __device__ __forceinline__ uint64_t CandidateKey(const FusedCandidate& c) {
 // sort's input lists ids in ascending order wherever logits can tie (tile
 // heads in tile order; candidates tile by tile in tile order, each tile's in
 // canonical order). So the result is the canonical order of the 64-bit key,
-// with half the radix passes (8 of 4 bits instead of 16).
+// with half the radix passes (8 of 4 bits instead of 16). This rests on two
+// facts outside this kernel: the tile columns of `candidates` are in
+// ascending global tile order (a vocabulary shard's tiles are gathered at
+// column token_offset / 128, sharded_sample.cu), and stage 1 writes each
+// tile's candidates in canonical order (ControlledTileRow, fused_controls.cuh).
 __device__ __forceinline__ uint32_t LogitKey(const FusedCandidate& c) {
   return c.id < 0 ? 0u : static_cast<uint32_t>(CandidateOrderKey(c.logit, c.id) >> 32);
 }
@@ -420,8 +424,8 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
 }
 
 // Grid: one block of 256 threads per row, static shared memory =
-// sizeof(FinishShared) (the cub sort storage of 2048 64-bit keys with int
-// values, ~26 KB, plus the row's top-k), launched as a programmatic dependent
+// sizeof(FinishShared) (the cub sort storage of 2048 32-bit keys with int
+// values, plus the row's top-k), launched as a programmatic dependent
 // (after stage 1 it may start early and waits; after copies it is ordinary).
 KernelStatus LaunchFusedControlledStage2(const void* tile_summaries, const void* tile_candidates,
                                          int64_t tiles, int64_t batch, const RowParams* params,

@@ -369,6 +369,29 @@ TEST_F(FusedControlledSampleTest, TiesAcrossTilesGoToTheLowestIds) {
   }
 }
 
+// The selected tiles enter the candidate sort in tile order, not in the
+// order of their heads: tile 1's head (2.0, id 128) beats tile 0's (1.0),
+// and the ties at 1.0 then go to tile 0's lower ids. top_k 4 keeps
+// 128, 0, 1, 2 (taking tile 1's 129-131 would be the head order's mistake).
+TEST_F(FusedControlledSampleTest, TiedCandidatesOfLaterHeadsGoToLowerTiles) {
+  std::vector<float> w(256, 1.0f);
+  w[128] = 2.0f;
+  constexpr int64_t kRows = 2;
+  RowControls c = testing::FilterControls(4, 1.0f, 0.0f);
+  c.top_logprobs = 4;
+  const std::vector<RowParams> params = {RowParams{1.0f, 3, 0, 0}, RowParams{0.0f, 3, 0, 1}};
+  const Outputs out = Run(w, std::vector<float>(kRows, 1.0f), params, std::vector<RowControls>(kRows, c));
+  ASSERT_EQ(out.launch, KernelStatus::kOk);
+  for (int64_t r = 0; r < kRows; ++r) {
+    ASSERT_EQ(out.row_status[r], 0) << r;
+    ASSERT_EQ(out.details[r].top.size(), 4u) << r;
+    const int32_t want[4] = {128, 0, 1, 2};
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out.details[r].top[i].token_id, want[i]) << "row " << r << " top " << i;
+  }
+  EXPECT_EQ(out.tokens[1], 128);  // greedy
+  EXPECT_TRUE(out.tokens[0] == 128 || (out.tokens[0] >= 0 && out.tokens[0] <= 2)) << out.tokens[0];
+}
+
 // top_k = 40 over 100 tied tokens of one tile: the tile keeps 16 candidates,
 // all inside the top 40, so it may hold more: row_status 2 (run the row on
 // the materialized path). The same row with top_k = 16 is served.
