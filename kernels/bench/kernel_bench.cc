@@ -117,8 +117,8 @@ ABSL_FLAG(std::string, stage1, "auto",
           "sm_90 builds with CUTLASS, one block per SM) or wgmma_overlap (the same kernel at two "
           "blocks per SM, so one block's epilogue overlaps the other's main loop) or "
           "wgmma_pingpong (persistent, two consumer warpgroups alternating main loop and "
-          "epilogue) or wgmma_separate_epilogue (persistent, two MMA warpgroups and two epilogue "
-          "warpgroups) or cuda_core (the CUDA-core kernel at every B); with --controls, the stage 1 "
+          "epilogue) or wgmma_separate_epilogue (persistent, two MMA warpgroups and 8 epilogue "
+          "warps, 11 at 128 rows) or cuda_core (the CUDA-core kernel at every B); with --controls, the stage 1 "
           "of the fused controlled path and of its plain reference (not wgmma_pingpong or "
           "cuda_core there)");
 ABSL_FLAG(int64_t, copy_mib, 2048, "cuda: MiB of the device-to-device copy that measures bandwidth");

@@ -517,10 +517,11 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
       // its schedules: kSeparateEpilogueMaxAutoBatch's comment.
       if (args.batch >= kWgmmaMinAutoBatch && WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
         choice->family = Stage1Choice::kWgmma;
-        const bool separate = args.batch <= kSeparateEpilogueMaxAutoBatch ||
-                              args.hidden_dim >= kSeparateEpilogueMinAutoHidden;
+        const bool overlap = args.batch > kSeparateEpilogueMaxAutoBatch &&
+                             args.batch <= kOverlapMaxAutoBatch &&
+                             args.hidden_dim < kSeparateEpilogueMinAutoHidden;
         choice->wgmma_schedule =
-            separate ? Stage1Kernel::kWgmmaSeparateEpilogue : Stage1Kernel::kWgmmaOverlap;
+            overlap ? Stage1Kernel::kWgmmaOverlap : Stage1Kernel::kWgmmaSeparateEpilogue;
       }
 #endif
       return true;

@@ -299,25 +299,31 @@ template <class E> using Pingpong64 = PingpongConfig<E, 64, 7>;    // 7 x 24 KB 
 template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
 
 // Separate epilogue warps (kWgmmaSeparateEpilogue): a persistent block per
-// SM, 544 threads. Warpgroups 0-1 are the MMA warpgroups (the cooperative
-// collective, as WgmmaConfig: 64 tokens x kRows each), warpgroups 2-3 run
-// the epilogue only, warp 16 alone produces. The MMA warpgroups write an
-// item's accumulators into the dot tile and go straight on to the next
-// item's main loop; the epilogue warps fold the tile meanwhile. One dot tile
-// (two would not fit beside a useful ring at 128 rows), so the MMA warps wait
-// for the epilogue to release it before they write the next: per item the
-// SM spends max(main loop, epilogue) plus the tile's store, not their sum.
-// Registers: 65536 / 544 -> 120 a thread for every warp (no setmaxnreg,
-// which would need the producer to be a whole warpgroup); the MMA threads
-// hold kRows / 2 accumulators (ptxas: 64-90 registers a thread, no spills).
+// SM of 256 + 32 kEpilogueWarps_ + 32 threads. Warpgroups 0-1 are the MMA
+// warpgroups (the cooperative collective, as WgmmaConfig: 64 tokens x kRows
+// each), the next kEpilogueWarps_ warps run the epilogue only, the last warp
+// alone produces. The MMA warpgroups write an item's accumulators into the
+// dot tile and go straight on to the next item's main loop; the epilogue
+// warps fold the tile meanwhile. One dot tile (two would not fit beside a
+// useful ring at 128 rows), so the MMA warps wait for the epilogue to
+// release it before they write the next: per item the SM spends max(main
+// loop, epilogue) plus the tile's store, not their sum.
+// Registers: no setmaxnreg (it would need the producer to be a whole
+// warpgroup), so every warp gets what the busiest of the SM's four
+// schedulers leaves: 17 or 20 warps put five on one scheduler, 16384 / (5 x
+// 32) -> 96 registers a thread (ptxas: 71-96, no spills). The MMA threads
+// hold kRows / 2 accumulators. The epilogue is latency-bound (no eligible
+// warp two cycles in three, 2026-11-28 profile), so at 128 rows, where the
+// epilogue outlasts the main loop at D = 4096, 11 epilogue warps instead of
+// 8 took 6% off at 256-1024 rows (BENCHMARKS.md, "Eleven epilogue warps").
 // kK_: K elements per ring stage.
-template <class Element, int kRows_, int kStages_, int kK_ = kKTile>
+template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8>
 struct SeparateEpilogueConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
   static constexpr bool kStraightEpilogue = true;
   static constexpr Schedule kSchedule = Schedule::kSeparateEpilogue;
-  static constexpr int kEpilogueThreads = 256;
+  static constexpr int kEpilogueThreads = 32 * kEpilogueWarps_;
   static constexpr int kThreads = kConsumerThreads + kEpilogueThreads + 32;
   static constexpr int kLoadWarp = (kConsumerThreads + kEpilogueThreads) / 32;
   static_assert(kRows <= 128, "kRows / 2 accumulators a thread within 120 registers");
@@ -344,7 +350,11 @@ struct SeparateEpilogueConfig {
 // 7 stages (H100). The K order of the k16 WGMMAs is the same, so are the bits.
 template <class E> using Separate32 = SeparateEpilogueConfig<E, 32, 4, 128>;  // 4 x 40 KB + 17 KB
 template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 4, 128>;  // 4 x 48 KB + 34 KB
-template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4>;  // 4 x 32 KB + 68 KB
+// 128 rows: 11 epilogue warps (640 threads, 20 warps: five on each of the
+// SM's four schedulers, so 16384 / (5 x 32) leaves 96 registers a thread;
+// a twelfth warp would put six on one scheduler and leave 80, below the
+// epilogue's 90). A warp folds at most 12 of the 128 rows instead of 16.
+template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile, 11>;  // 4 x 32 KB + 68 KB
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -664,8 +674,6 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
                                          int64_t row0, int64_t tok0, int tile, int warp,
                                          int lane) {
   constexpr int kRows = Cfg::kRows;
-  static_assert(!Cfg::kStraightEpilogue || kRows % (4 * kWarps) == 0,
-                "four rows a pass: every warp folds whole quads");
   if (p.logits != nullptr) {
     // LaunchWgmmaLogits: the dots as they are (no scale), one warp per row,
     // lane j storing tokens j, j + 32, j + 64, j + 96 (128 contiguous bytes
@@ -688,31 +696,45 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
                         p.valid_vocab, p.num_tiles, tile, lane, p.tile_summaries);
     }
   } else if constexpr (Cfg::kStraightEpilogue) {
+    // Row r + q * kWarps of a quad is present when it lies in the block and
+    // in the batch. It may lie past kRows when kWarps does not divide
+    // kRows / 4 (11 epilogue warps at 128 rows); such a row is absent like
+    // one past the batch: folded on the neutral setup, never written.
+    // Recomputed where needed rather than kept: the fold has no register
+    // to spare (a kept mask spilled).
+    const auto present = [&](int r, int q) {
+      const int local = r + q * kWarps;
+      return (kRows % (4 * kWarps) == 0 || local < kRows) && row0 + local < p.batch;
+    };
+    // An absent row past kRows folds row r's dots (its setup is neutral).
+    const auto row_dots = [&](int r, int q) {
+      const int local = r + q * kWarps;
+      return dots + ((kRows % (4 * kWarps) == 0 || local < kRows) ? local : r) * kDotStride;
+    };
     for (int r = warp; r < kRows; r += 4 * kWarps) {
       if (row0 + r >= p.batch) break;  // uniform across the warp
       RowSampler rows[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int64_t row = row0 + r + q * kWarps;
-        rows[q] = RowSampler::Load(p.params, row, row < p.batch, p.draft_tokens, p.draft_logits,
-                                   p.token_offset);
+        rows[q] = RowSampler::Load(p.params, row0 + r + q * kWarps, present(r, q), p.draft_tokens,
+                                   p.draft_logits, p.token_offset);
       }
       SampleSummary sa, sb, sc, sd;
-      FoldPair(rows[0], rows[1], dots + r * kDotStride, dots + (r + kWarps) * kDotStride, tok0,
-               lane, p.valid_vocab, p.want_lse, sa, sb);
-      if (row0 + r + 2 * kWarps < p.batch) {  // uniform across the warp
-        FoldPair(rows[2], rows[3], dots + (r + 2 * kWarps) * kDotStride,
-                 dots + (r + 3 * kWarps) * kDotStride, tok0, lane, p.valid_vocab, p.want_lse, sc,
-                 sd);
-      } else {  // rows c and d are past the batch (a small batch in a wider block)
+      FoldPair(rows[0], rows[1], row_dots(r, 0), row_dots(r, 1), tok0, lane, p.valid_vocab,
+               p.want_lse, sa, sb);
+      if (present(r, 2)) {  // uniform across the warp
+        FoldPair(rows[2], rows[3], row_dots(r, 2), row_dots(r, 3), tok0, lane, p.valid_vocab,
+                 p.want_lse, sc, sd);
+      } else {  // rows c and d are absent (a small batch in a wider block)
         sc = EmptySampleSummary();
         sd = EmptySampleSummary();
       }
       SampleSummary mine;
       const int q = p.want_lse ? FoldRowQuad<true>(sa, sb, sc, sd, lane, mine)
                                : FoldRowQuad<false>(sa, sb, sc, sd, lane, mine);
-      const int64_t row = row0 + r + q * kWarps;
-      if ((lane & 7) == 0 && row < p.batch) p.tile_summaries[row * p.num_tiles + tile] = mine;
+      if ((lane & 7) == 0 && present(r, q)) {
+        p.tile_summaries[(row0 + r + q * kWarps) * p.num_tiles + tile] = mine;
+      }
     }
   } else {
     for (int r = warp; r < kRows; r += kWarps) {
@@ -748,8 +770,9 @@ __device__ __forceinline__ void StoreDotTile(const typename Cfg::TiledMma& tiled
 
 // The block's TMA ring pipeline: the load warp produces, `consumer` threads
 // read every stage (num_consumers of them in all), anyone else takes no
-// part. is_leader marks lane 0 of each warpgroup (for the producer: lane 0
-// of the load warp). Warp 0 initialises the barriers; the caller makes that
+// part. is_leader marks lane 0 of each warpgroup and lane 0 of the load
+// warp, which arrives on each stage with its transaction bytes (the load
+// warp need not start a warpgroup: warp 19 of the 640-thread block). Warp 0 initialises the barriers; the caller makes that
 // visible with __syncthreads() before any role uses them.
 template <class Cfg>
 __device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipeline(
@@ -762,7 +785,7 @@ __device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipe
   } else if (consumer) {
     params.role = Pipeline::ThreadCategory::Consumer;
   }
-  params.is_leader = thread % 128 == 0;
+  params.is_leader = load_warp ? thread % 32 == 0 : thread % 128 == 0;
   params.num_consumers = num_consumers;
   params.transaction_bytes = p.mainloop.tma_transaction_bytes;
   return Pipeline(storage, params, typename Cfg::ClusterShape{});

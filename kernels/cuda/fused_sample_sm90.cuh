@@ -22,23 +22,26 @@ struct MmaControls;  // fused_controls.cuh
 // H200; at 8 rows mma.sync was 2-3% faster there (2026-11-26).
 constexpr int64_t kWgmmaMinAutoBatch = 16;
 
-// Which WGMMA schedule kAuto takes (from kWgmmaMinAutoBatch rows): separate
-// epilogue warps (kWgmmaSeparateEpilogue) where a work item's main loop is
-// long enough to hide its 8-warp epilogue, i.e. up to 128 rows (one item per
-// token tile, the main loop bound by reading W) or at hidden_dim >= 8192;
-// otherwise two blocks per SM (kWgmmaOverlap), whose 16 epilogue warps per SM
-// were faster for 192-1024 rows at D = 4096. Measured on an H100, 2026-11-26
-// (BENCHMARKS.md, "Separate epilogue warps"): separate / overlap 0.98-0.84 at
-// 32-128 rows on both shapes and 0.91-0.98 at 192-1024 rows at D = 8192;
-// 1.05-1.16 at 192-1024 rows at D = 4096. All schedules give the same bits.
-// The fused controlled path takes the same rule. Its first measurement kept
-// it on two blocks per SM above 128 rows at any hidden size (0.98-1.03 at
-// D = 8192, 2026-11-26); after the candidate rounds on sorted lane heads,
-// separate / two blocks per SM at D = 8192 is 0.87-0.92 at 256-768 rows,
-// 0.97-0.99 at 192 and 1024, 0.99-1.00 at 320 and 1.03 at 160 (H100,
-// 2026-11-28, top_k 50 + top_p 0.9); at D = 4096 two blocks per SM stay
-// ahead above 128 rows (separate 1.01-1.15).
+// Which WGMMA schedule kAuto takes (from kWgmmaMinAutoBatch rows), for plain
+// sampling and the fused controlled path alike: separate epilogue warps
+// (kWgmmaSeparateEpilogue) at every batch, except two blocks per SM
+// (kWgmmaOverlap) at kSeparateEpilogueMaxAutoBatch < rows <=
+// kOverlapMaxAutoBatch when hidden_dim < kSeparateEpilogueMinAutoHidden.
+// With 11 epilogue warps at 128 rows (Separate128, 2026-11-28), H100, D =
+// 4096, separate / two blocks per SM (BENCHMARKS.md, "Eleven epilogue
+// warps"): plain 1.01-1.02 at 160 rows, 0.98 at 192, 0.93 at 224, then 0.91 /
+// 0.97 / 0.89 / 0.95 / 0.95 / 0.99 at 256 / 320 / 384 / 512 / 768 / 1024;
+// fused controlled (top_k 50 + top_p 0.9) 1.04 / 1.08 at 160 / 192, then
+// 0.87 / 1.00 / 0.89 / 0.93 / 0.98 / 1.05 (224-255 rows not measured). At
+// 129-192 rows a batch is one full 128-row chunk and a small one, whose
+// items keep a whole main loop for little epilogue; two blocks per SM share
+// the SM better there. At D >= 8192 the longer main loop hides the epilogue
+// at every batch (separate / two blocks per SM 0.87-0.92 at 256-768 rows,
+// 2026-11-28, 8 epilogue warps; 1.00-1.02 at 160-192 with 11). Up to 128
+// rows separate was 0.84-0.98 on both shapes (2026-11-26). All schedules
+// give the same bits.
 constexpr int64_t kSeparateEpilogueMaxAutoBatch = 128;
+constexpr int64_t kOverlapMaxAutoBatch = 192;
 constexpr int64_t kSeparateEpilogueMinAutoHidden = 8192;
 
 // True when the WGMMA stage 1 can serve `args` (the sizes and pointers only;
