@@ -92,17 +92,16 @@
 // Separate epilogue warps (Stage1Kernel::kWgmmaSeparateEpilogue) give the
 // epilogue warps of its own instead: one persistent block per SM walks the
 // work items; its two MMA warpgroups run the cooperative main loop of item
-// i + 1 while two other warpgroups fold item i's dot tile (8 warps, the
-// pruned fold), and the producer warp keeps the ring full throughout. Per
-// item the SM spends about max(main loop, epilogue) instead of their sum:
-// at 32-128 rows, where a 128-token tile's main loop is bound by reading W,
-// it runs within 2% of cuBLAS's GEMM (H100). Its limit is the epilogue's 8
-// warps: where the epilogue outlasts the main loop (192-1024 rows at
-// D = 4096) the two-blocks-per-SM schedule, with 16 epilogue warps per SM,
-// is faster. 3 epilogue warpgroups do not fit: 672 threads leave 80
-// registers a thread, fewer than an m64n128 WGMMA's 64 accumulators and its
-// operands need. Per item the arithmetic is kWgmma's (the same collective,
-// K order and fold), so are the bits.
+// i + 1 while epilogue warps fold item i's dot tile (8 warps, 11 at 128
+// rows; the pruned fold), and the producer warp keeps the ring full
+// throughout. Per item the SM spends about max(main loop, epilogue) instead
+// of their sum: at 32-128 rows, where a 128-token tile's main loop is bound
+// by reading W, it runs within 2% of cuBLAS's GEMM (H100). Its limit is the
+// number of epilogue warps where the epilogue outlasts the main loop (from
+// 256 rows at D = 4096). A twelfth would put six warps on one scheduler and
+// leave 80 registers a thread, fewer than the fold needs (90). Per item the
+// arithmetic is kWgmma's (the same collective, K order and fold), so are
+// the bits.
 //
 // The controlled epilogue (the fused controlled path, fused_controlled_sample.h;
 // WgmmaTileKernel<Cfg, true>): the same dot tile, and each row then runs
@@ -326,7 +325,8 @@ struct SeparateEpilogueConfig {
   static constexpr int kEpilogueThreads = 32 * kEpilogueWarps_;
   static constexpr int kThreads = kConsumerThreads + kEpilogueThreads + 32;
   static constexpr int kLoadWarp = (kConsumerThreads + kEpilogueThreads) / 32;
-  static_assert(kRows <= 128, "kRows / 2 accumulators a thread within 120 registers");
+  static_assert(kRows <= 128, "kRows / 2 accumulators a thread within 96 registers");
+  static_assert(kThreads <= 640, "at most five warps a scheduler: 96 registers a thread");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kK_>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop =
@@ -977,8 +977,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // and reads before the waiters' later accesses. The first item needs no
 // kDotsEmpty wait and the last no arrival, so no barrier is left half
 // arrived when the block exits. Each item is folded exactly as
-// WgmmaTileKernel folds it (FoldTile over the same dot tile, 8 warps), so
-// the bits are kWgmma's.
+// WgmmaTileKernel folds it (FoldTile over the same dot tile; the rows of a
+// warp differ, each row's fold does not), so the bits are kWgmma's.
 constexpr uint32_t kDotsFull = kEpilogueBarrier + 1;
 constexpr uint32_t kDotsEmpty = kEpilogueBarrier + 2;
 
