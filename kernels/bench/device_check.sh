@@ -44,10 +44,12 @@ for phase in "$@"; do
       ;;
     tests)
       : > "$out/tests.log"
-      for t in fused_sample_gpu_test fused_sample_exactness_gpu_test materialized_sample_gpu_test \
+      # Every binary of the ctest label gpu (ctest -L gpu -N lists them).
+      for t in fused_sample_gpu_test fused_sample_exactness_gpu_test fused_sample_sm90_gpu_test \
+               materialized_sample_gpu_test logits_gemm_gpu_test hidden_states_gpu_test \
                draft_sample_gpu_test cuda_engine_gpu_test controlled_sample_gpu_test \
                cuda_engine_controls_gpu_test fused_controlled_sample_gpu_test sharded_sample_gpu_test \
-               sharded_cuda_engine_gpu_test \
+               sharded_cuda_engine_gpu_test cuda_ipc_e2e_gpu_test \
                sharded_server_e2e_gpu_test; do
         if [ ! -x "$bin/$t" ]; then summary+=("test $t: not built"); continue; fi
         FLASHSAMPLER_SERVER_BIN="$bin/flashsampler-server" timeout 300 "$bin/$t" >> "$out/tests.log" 2>&1
