@@ -350,10 +350,8 @@ struct SeparateEpilogueConfig {
 // 7 stages (H100). The K order of the k16 WGMMAs is the same, so are the bits.
 template <class E> using Separate32 = SeparateEpilogueConfig<E, 32, 4, 128>;  // 4 x 40 KB + 17 KB
 template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 4, 128>;  // 4 x 48 KB + 34 KB
-// 128 rows: 11 epilogue warps (640 threads, 20 warps: five on each of the
-// SM's four schedulers, so 16384 / (5 x 32) leaves 96 registers a thread;
-// a twelfth warp would put six on one scheduler and leave 80, below the
-// epilogue's 90). A warp folds at most 12 of the 128 rows instead of 16.
+// 128 rows: 11 epilogue warps, the most within 96 registers (the register
+// note above); a warp folds at most 12 of the 128 rows instead of 16.
 template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile, 11>;  // 4 x 32 KB + 68 KB
 
 template <class Cfg>
@@ -702,14 +700,15 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
     // one past the batch: folded on the neutral setup, never written.
     // Recomputed where needed rather than kept: the fold has no register
     // to spare (a kept mask spilled).
+    constexpr bool kWholeQuads = kRows % (4 * kWarps) == 0;  // no row past kRows
     const auto present = [&](int r, int q) {
       const int local = r + q * kWarps;
-      return (kRows % (4 * kWarps) == 0 || local < kRows) && row0 + local < p.batch;
+      return (kWholeQuads || local < kRows) && row0 + local < p.batch;
     };
     // An absent row past kRows folds row r's dots (its setup is neutral).
     const auto row_dots = [&](int r, int q) {
       const int local = r + q * kWarps;
-      return dots + ((kRows % (4 * kWarps) == 0 || local < kRows) ? local : r) * kDotStride;
+      return dots + (kWholeQuads || local < kRows ? local : r) * kDotStride;
     };
     for (int r = warp; r < kRows; r += 4 * kWarps) {
       if (row0 + r >= p.batch) break;  // uniform across the warp
@@ -772,8 +771,9 @@ __device__ __forceinline__ void StoreDotTile(const typename Cfg::TiledMma& tiled
 // read every stage (num_consumers of them in all), anyone else takes no
 // part. is_leader marks lane 0 of each warpgroup and lane 0 of the load
 // warp, which arrives on each stage with its transaction bytes (the load
-// warp need not start a warpgroup: warp 19 of the 640-thread block). Warp 0 initialises the barriers; the caller makes that
-// visible with __syncthreads() before any role uses them.
+// warp need not start a warpgroup: warp 19 of the 640-thread block). Warp 0
+// initialises the barriers; the caller makes that visible with
+// __syncthreads() before any role uses them.
 template <class Cfg>
 __device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipeline(
     typename Cfg::Mainloop::PipelineStorage& storage, const WgmmaKernelParams<Cfg>& p,

@@ -37,8 +37,8 @@
 // kWgmmaPingpong (persistent, two consumer warpgroups alternating, at most
 // 128 rows a work item) and kWgmmaSeparateEpilogue (persistent, two MMA
 // warpgroups handing each item's dot tile to 8 epilogue warps, 11 at 128
-// rows), which
-// must give the same bits (all are held to mma.sync's tile summaries).
+// rows), which must give the same bits (all are held to mma.sync's tile
+// summaries).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -543,8 +543,9 @@ INSTANTIATE_TEST_SUITE_P(
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 1}));
 
 // The path the server takes (kAuto): mma.sync from 1 to 15 rows, WGMMA from
-// 16 (separate epilogue warps, but two blocks per SM at 129-192 rows at D < 8192). A row's bits must not change with its batch, across
-// that line too: 64 probes with random params (a quarter greedy), each first
+// 16 (separate epilogue warps, but two blocks per SM at 129-192 rows at
+// D < 8192). A row's bits must not change with its batch, across that line
+// too: 64 probes with random params (a quarter greedy), each first
 // launched alone, then inside batches of 2 ... 1024 with random companions
 // at random slots; on both shapes (the D = 8192 one a vocabulary shard at
 // global token 4096), and on the whole head with draft tokens too (every
