@@ -347,7 +347,8 @@ size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t
   }
   const int64_t tiles = NumTiles(valid_vocab);
   return SummaryBytes(batch, tiles) + CandidateBytes(batch, tiles) +
-         AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * sizeof(uint16_t));
+         AlignUp(static_cast<size_t>(cuda_internal::RoundedHiddenRows(batch)) *
+                 static_cast<size_t>(hidden_dim) * sizeof(uint16_t));
 }
 
 size_t FusedControlledTileSummaryBytes() { return sizeof(SampleSummary); }

@@ -484,7 +484,7 @@ size_t CudaWeightDTypeBytes(CudaWeightDType dtype) {
 
 // Workspace layout: [batch][num_tiles] SampleSummary, sized for the small
 // tiles (the most a launch can use), then (from a 256-byte boundary) the
-// tensor-core path's H rounded to 16 bits, [batch][hidden_dim].
+// tensor-core path's H rounded to 16 bits, [RoundedHiddenRows(batch)][hidden_dim].
 size_t TileSummaryBytes(int64_t batch, int64_t vocab) {
   const size_t bytes = static_cast<size_t>(batch) *
                        static_cast<size_t>(NumTiles(vocab, kCudaCoreSmallTile)) *
@@ -497,8 +497,8 @@ size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_di
       hidden_dim > kMaxInt32) {
     return 0;
   }
-  return TileSummaryBytes(batch, vocab) +
-         static_cast<size_t>(batch) * static_cast<size_t>(hidden_dim) * sizeof(uint16_t);
+  return TileSummaryBytes(batch, vocab) + static_cast<size_t>(cuda_internal::RoundedHiddenRows(batch)) *
+                                              static_cast<size_t>(hidden_dim) * sizeof(uint16_t);
 }
 
 namespace cuda_internal {

@@ -194,11 +194,14 @@ struct Fp16Mma {
 // (hidden_dim % 16 == 0).
 template <class T>
 __global__ void __launch_bounds__(256)
-    ConvertHiddenKernel(const float* __restrict__ hidden, int64_t count,
+    ConvertHiddenKernel(const float* __restrict__ hidden, int64_t count, int64_t filled,
                         unsigned short* __restrict__ hidden_rounded) {
   AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-  if (i >= count) return;
+  if (i >= count) {
+    if (i < filled) *reinterpret_cast<uint4*>(hidden_rounded + i) = make_uint4(0, 0, 0, 0);
+    return;
+  }
   const float4 a = __ldg(reinterpret_cast<const float4*>(hidden + i));
   const float4 b = __ldg(reinterpret_cast<const float4*>(hidden + i + 4));
   *reinterpret_cast<uint4*>(hidden_rounded + i) =
@@ -486,12 +489,14 @@ cudaError_t DeepPipeline(const FusedSampleArgs& a, int64_t num_tiles, const MmaC
 
 template <class T>
 cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden_rounded,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, int64_t rows_filled) {
+  if (rows_filled < a.batch) return cudaErrorInvalidValue;
   const int64_t count = a.batch * a.hidden_dim;  // a multiple of 16
-  const int64_t convert_blocks = (count / 8 + 255) / 256;
+  const int64_t filled = rows_filled * a.hidden_dim;
+  const int64_t convert_blocks = (filled / 8 + 255) / 256;
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
   ConvertHiddenKernel<T><<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
-      a.hidden, count, hidden_rounded);
+      a.hidden, count, filled, hidden_rounded);
   return cudaGetLastError();
 }
 
@@ -499,7 +504,7 @@ template <class T>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
                            int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
                            cudaStream_t stream, MmaOutputs c) {
-  cudaError_t err = LaunchConvertHidden<T>(a, hidden_rounded, stream);
+  cudaError_t err = LaunchConvertHidden<T>(a, hidden_rounded, stream, a.batch);
   if (err != cudaSuccess) return err;
   // The smallest block that holds the batch; above 128 rows, chunks of 128.
   const unsigned short* hr = hidden_rounded;
@@ -530,10 +535,10 @@ bool MmaStage1Serves(const FusedSampleArgs& args) {
 }
 
 cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, int64_t rows_filled) {
   return args.weight_dtype == CudaWeightDType::kFloat16
-             ? LaunchConvertHidden<Fp16Mma>(args, hidden_rounded, stream)
-             : LaunchConvertHidden<Bf16Mma>(args, hidden_rounded, stream);
+             ? LaunchConvertHidden<Fp16Mma>(args, hidden_rounded, stream, rows_filled)
+             : LaunchConvertHidden<Bf16Mma>(args, hidden_rounded, stream, rows_filled);
 }
 
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,

@@ -47,8 +47,19 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
 // programmatic dependent launch (DependentLaunch) to start before it ends; the
 // dependent must GridDependencyWait before reading hidden_rounded. Shared with
 // the WGMMA stage 1 (fused_sample_sm90.cu), so both GEMMs see the same bits.
+// rows_filled >= args.batch rows are written: rows past the batch are
+// zeros, which the WGMMA stage 1 loads instead of boxes that run past the
+// batch (RoundedHiddenRows).
 cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
-                              cudaStream_t stream);
+                              cudaStream_t stream, int64_t rows_filled);
+
+// Rows of the rounded-H scratch a launch of `batch` rows needs: the batch up
+// to 128 rows; above, whole 256-row blocks, so that every 128- or 256-row
+// chunk of the WGMMA stage 1 loads real rows (zeros past the batch) and no
+// TMA box runs past the tensor's end (fused_sample_sm90.cu, LaunchTiles).
+inline int64_t RoundedHiddenRows(int64_t batch) {
+  return batch <= 128 ? batch : (batch + 255) / 256 * 256;
+}
 
 // Enqueues the tensor-core stage 1 (two kernels): H rounded to the weight
 // dtype into hidden_rounded (device scratch of batch * hidden_dim 16-bit

@@ -358,7 +358,8 @@ template <class Cfg>
 struct WgmmaKernelParams {
   typename Cfg::Mainloop::Params mainloop;  // TMA descriptors (must live in param space)
   int32_t valid_vocab;                      // GEMM M
-  int32_t batch;                            // GEMM N
+  int32_t batch;                            // rows sampled
+  int32_t loaded_rows;                      // GEMM N: batch, or num_chunks * kRows (zero rows past the batch)
   int32_t hidden_dim;                       // GEMM K
   int32_t num_chunks;                       // ceil(batch / kRows)
   int64_t num_tiles;                        // ceil(valid_vocab / 128)
@@ -851,7 +852,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
   __syncthreads();  // the barriers' initialisation is visible to every role
 
   Mainloop mainloop;
-  const auto problem = make_shape(p.valid_vocab, p.batch, p.hidden_dim, 1);
+  const auto problem = make_shape(p.valid_vocab, p.loaded_rows, p.hidden_dim, 1);
   const auto load_inputs = mainloop.load_init(problem, p.mainloop);
   const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
 
@@ -927,7 +928,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();  // the barriers' initialisation is visible to every role
 
   Mainloop mainloop;
-  const auto problem = make_shape(p.valid_vocab, p.batch, p.hidden_dim, 1);
+  const auto problem = make_shape(p.valid_vocab, p.loaded_rows, p.hidden_dim, 1);
   const auto load_inputs = mainloop.load_init(problem, p.mainloop);
   const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
   const int64_t grid = gridDim.x;
@@ -1008,7 +1009,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();  // the barriers' initialisation is visible to every role
 
   Mainloop mainloop;
-  const auto problem = make_shape(p.valid_vocab, p.batch, p.hidden_dim, 1);
+  const auto problem = make_shape(p.valid_vocab, p.loaded_rows, p.hidden_dim, 1);
   const auto load_inputs = mainloop.load_init(problem, p.mainloop);
   const int k_tiles = static_cast<int>(size<3>(get<0>(load_inputs)));  // ceil(hidden_dim / 64)
 
@@ -1062,9 +1063,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // change between launches.
 template <class Element, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
-                        int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
-                        cudaStream_t stream, const MmaControls* controls, float* logits,
-                        int64_t logits_ld) {
+                        int64_t rows_filled, int64_t num_tiles, bool want_lse,
+                        SampleSummary* tile_summaries, cudaStream_t stream,
+                        const MmaControls* controls, float* logits, int64_t logits_ld) {
   using Mainloop = typename Cfg::Mainloop;
   // The controlled epilogue is built for every schedule but the ping-pong.
   if (Cfg::kSchedule == Schedule::kPingpong && controls != nullptr) return cudaErrorInvalidValue;
@@ -1080,7 +1081,12 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   }
 
   const int m = static_cast<int>(a.valid_vocab);
-  const int n = static_cast<int>(a.batch);
+  // The main loop loads whole chunks where hidden_rounded holds them (zero
+  // rows past the batch): a chunk whose H boxes ran past the tensor's end
+  // made 160-224 rows slower than 256 (NOTES-fused.md, v25). The zero rows'
+  // dot products land in absent rows, which are never written.
+  const int64_t whole_chunks = num_chunks * Cfg::kRows;
+  const int n = static_cast<int>(num_chunks > 1 && rows_filled >= whole_chunks ? whole_chunks : a.batch);
   const int k = static_cast<int>(a.hidden_dim);
   // Strides of (M, K, L) and (N, K, L): row pitches hidden_dim, unit K
   // stride, one batch (L = 1) whose stride is never used.
@@ -1095,7 +1101,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   WgmmaKernelParams<Cfg> params{};
   params.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
   params.valid_vocab = m;
-  params.batch = n;
+  params.batch = static_cast<int32_t>(a.batch);
+  params.loaded_rows = n;
   params.hidden_dim = k;
   params.num_chunks = static_cast<int32_t>(num_chunks);
   params.num_tiles = num_tiles;
@@ -1134,29 +1141,29 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
 // The smallest block that holds the batch; above the largest (256 rows, or
 // 128 at two blocks per SM and in ping-pong), chunks of it.
 template <class Element>
-cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t num_tiles,
-                           bool want_lse, SampleSummary* ts, cudaStream_t stream,
-                           Stage1Kernel variant, const MmaControls* c, float* lg = nullptr,
-                           int64_t ld = 0) {
+cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, int64_t filled,
+                           int64_t num_tiles, bool want_lse, SampleSummary* ts,
+                           cudaStream_t stream, Stage1Kernel variant, const MmaControls* c,
+                           float* lg = nullptr, int64_t ld = 0) {
   if (variant == Stage1Kernel::kWgmmaPingpong) {
-    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
   }
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
-    if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-    return LaunchTiles<Element, Separate128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+    return LaunchTiles<Element, Separate128<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
   }
   if (variant == Stage1Kernel::kWgmmaOverlap) {
-    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
   }
-  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
-  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, num_tiles, want_lse, ts, stream, c, lg, ld);
+  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
+  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, filled, num_tiles, want_lse, ts, stream, c, lg, ld);
 }
 
 }  // namespace
@@ -1183,17 +1190,18 @@ cudaError_t LaunchWgmmaLogits(const FusedSampleArgs& args, float* logits, int64_
   if (logits == nullptr || logits_ld < args.valid_vocab) return cudaErrorInvalidValue;
   cudaError_t err = CheckSm90();
   if (err != cudaSuccess) return err;
-  err = LaunchRoundHidden(args, hidden_rounded, stream);
+  err = LaunchRoundHidden(args, hidden_rounded, stream, args.batch);
   if (err != cudaSuccess) return err;
   const int64_t num_tiles = (args.valid_vocab + kTileTokens - 1) / kTileTokens;
   // One block per SM, up to 256 rows a block: the epilogue is a store, so
   // the main loop's reuse of each W tile across the most rows decides.
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
-    return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, false, nullptr, stream,
-                                           Stage1Kernel::kWgmma, nullptr, logits, logits_ld);
+    return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, args.batch, num_tiles, false,
+                                           nullptr, stream, Stage1Kernel::kWgmma, nullptr, logits,
+                                           logits_ld);
   }
-  return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, false, nullptr,
-                                             stream, Stage1Kernel::kWgmma, nullptr, logits,
+  return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, args.batch, num_tiles, false,
+                                             nullptr, stream, Stage1Kernel::kWgmma, nullptr, logits,
                                              logits_ld);
 }
 
@@ -1203,13 +1211,14 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
                               const MmaControls* controls) {
   cudaError_t err = CheckSm90();
   if (err != cudaSuccess) return err;
-  err = LaunchRoundHidden(args, hidden_rounded, stream);
+  const int64_t filled = RoundedHiddenRows(args.batch);
+  err = LaunchRoundHidden(args, hidden_rounded, stream, filled);
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
-    return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, num_tiles, want_lse,
+    return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, filled, num_tiles, want_lse,
                                            tile_summaries, stream, variant, controls);
   }
-  return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, num_tiles, want_lse,
+  return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, filled, num_tiles, want_lse,
                                              tile_summaries, stream, variant, controls);
 }
 
