@@ -69,9 +69,12 @@ for phase in "$@"; do
       rc=$?
       summary+=("memcheck sharded peer rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
       # The Hopper stage 1 with separate epilogue warps (persistent, named-barrier
-      # hand-off of the dot tile): memcheck and racecheck at 1, 33 and 100 rows.
+      # hand-off of the dot tile): memcheck and racecheck at 1, 33, 100, 300 and
+      # 160 rows (cases 72-77 of the agreement test are that schedule's bf16
+      # cases of the first shape; 300 and 160 rows load balanced chunks).
       if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
-        sep='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync/60:Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync/62:Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync/63'
+        a='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync'
+        sep="$a/72:$a/74:$a/75:$a/76:$a/77"
         for tool in memcheck racecheck; do
           timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/fused_sample_sm90_gpu_test" \
             --gtest_filter="$sep" >> "$out/tests.log" 2>&1

@@ -190,20 +190,34 @@ struct Fp16Mma {
 };
 
 // ---- Kernel 1: H -> Hr ------------------------------------------------------------
-// 8 elements per thread: two float4 loads, one 16-byte store. count % 8 == 0
-// (hidden_dim % 16 == 0).
+// 8 elements of Hr per thread: two float4 loads, one 16-byte store
+// (hidden_dim % 16 == 0, so the 8 lie in one row). Hr row `at` holds row
+// chunk * chunk_rows + within of H, where at = chunk * block_rows + within
+// (HiddenChunks), or zeros where within >= chunk_rows or that row is past the
+// batch; the identity layout skips the divisions.
 template <class T>
 __global__ void __launch_bounds__(256)
-    ConvertHiddenKernel(const float* __restrict__ hidden, int64_t count, int64_t filled,
+    ConvertHiddenKernel(const float* __restrict__ hidden, int64_t batch, int64_t hidden_dim,
+                        int64_t chunk_rows, int64_t block_rows, int64_t filled,
                         unsigned short* __restrict__ hidden_rounded) {
   AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-  if (i >= count) {
-    if (i < filled) *reinterpret_cast<uint4*>(hidden_rounded + i) = make_uint4(0, 0, 0, 0);
+  if (i >= filled) return;
+  int64_t from = i;  // the element of H, or -1 for a zero
+  if (chunk_rows != block_rows) {
+    const int64_t at = i / hidden_dim;
+    const int64_t within = at % block_rows;
+    const int64_t row = at / block_rows * chunk_rows + within;
+    from = within < chunk_rows && row < batch ? row * hidden_dim + i % hidden_dim : -1;
+  } else if (i >= batch * hidden_dim) {
+    from = -1;
+  }
+  if (from < 0) {
+    *reinterpret_cast<uint4*>(hidden_rounded + i) = make_uint4(0, 0, 0, 0);
     return;
   }
-  const float4 a = __ldg(reinterpret_cast<const float4*>(hidden + i));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(hidden + i + 4));
+  const float4 a = __ldg(reinterpret_cast<const float4*>(hidden + from));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(hidden + from + 4));
   *reinterpret_cast<uint4*>(hidden_rounded + i) =
       make_uint4(T::Pack(a.x, a.y), T::Pack(a.z, a.w), T::Pack(b.x, b.y), T::Pack(b.z, b.w));
 }
@@ -489,14 +503,17 @@ cudaError_t DeepPipeline(const FusedSampleArgs& a, int64_t num_tiles, const MmaC
 
 template <class T>
 cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden_rounded,
-                                cudaStream_t stream, int64_t rows_filled) {
-  if (rows_filled < a.batch) return cudaErrorInvalidValue;
-  const int64_t count = a.batch * a.hidden_dim;  // a multiple of 16
-  const int64_t filled = rows_filled * a.hidden_dim;
+                                cudaStream_t stream, const HiddenChunks& layout) {
+  if (layout.chunk_rows < 1 || layout.chunk_rows > layout.block_rows ||
+      layout.num_chunks * layout.chunk_rows < a.batch) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t filled = layout.rows_filled() * a.hidden_dim;  // a multiple of 16
   const int64_t convert_blocks = (filled / 8 + 255) / 256;
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
   ConvertHiddenKernel<T><<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
-      a.hidden, count, filled, hidden_rounded);
+      a.hidden, a.batch, a.hidden_dim, layout.chunk_rows, layout.block_rows, filled,
+      hidden_rounded);
   return cudaGetLastError();
 }
 
@@ -504,7 +521,7 @@ template <class T>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, unsigned short* hidden_rounded,
                            int64_t num_tiles, bool want_lse, SampleSummary* tile_summaries,
                            cudaStream_t stream, MmaOutputs c) {
-  cudaError_t err = LaunchConvertHidden<T>(a, hidden_rounded, stream, a.batch);
+  cudaError_t err = LaunchConvertHidden<T>(a, hidden_rounded, stream, HiddenChunks::Identity(a.batch));
   if (err != cudaSuccess) return err;
   // The smallest block that holds the batch; above 128 rows, chunks of 128.
   const unsigned short* hr = hidden_rounded;
@@ -535,10 +552,10 @@ bool MmaStage1Serves(const FusedSampleArgs& args) {
 }
 
 cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
-                              cudaStream_t stream, int64_t rows_filled) {
+                              cudaStream_t stream, const HiddenChunks& layout) {
   return args.weight_dtype == CudaWeightDType::kFloat16
-             ? LaunchConvertHidden<Fp16Mma>(args, hidden_rounded, stream, rows_filled)
-             : LaunchConvertHidden<Bf16Mma>(args, hidden_rounded, stream, rows_filled);
+             ? LaunchConvertHidden<Fp16Mma>(args, hidden_rounded, stream, layout)
+             : LaunchConvertHidden<Bf16Mma>(args, hidden_rounded, stream, layout);
 }
 
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,

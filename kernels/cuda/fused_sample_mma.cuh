@@ -40,26 +40,55 @@ struct Stage1Choice {
 // the same choice for its launches.
 bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice);
 
-// Enqueues kernel 1 of the tensor-core stage 1 alone: H (fp32 [batch,
-// hidden_dim]) rounded to the weight dtype (round to nearest even, as the
-// host's conversions) into hidden_rounded (batch * hidden_dim 16-bit
-// elements, 16-byte aligned; hidden_dim % 16 == 0). The kernel allows a
-// programmatic dependent launch (DependentLaunch) to start before it ends; the
-// dependent must GridDependencyWait before reading hidden_rounded. Shared with
-// the WGMMA stage 1 (fused_sample_sm90.cu), so both GEMMs see the same bits.
-// rows_filled >= args.batch rows are written: rows past the batch are
-// zeros, which the WGMMA stage 1 loads instead of boxes that run past the
-// batch (RoundedHiddenRows).
-cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
-                              cudaStream_t stream, int64_t rows_filled);
+// How LaunchRoundHidden lays the batch's rows out in hidden_rounded. The
+// WGMMA stage 1 loads H in boxes of block_rows rows, one box per chunk of
+// the batch. Above one box the batch is cut into num_chunks chunks of
+// chunk_rows rows (the last may hold fewer), chunk c's rows placed at rows
+// [c * block_rows, + chunk_rows) of hidden_rounded and zeros after them, so
+// that every box lies inside the scratch: a box running past the batch's
+// end made 160-192 rows 14-20% slower (NOTES-fused.md, v25).
+// - Padded: chunk_rows = block_rows, the last chunk short (rows past the
+//   batch are zeros); for the schedules of one block per item.
+// - Balanced: about as many rows in every chunk. For the persistent
+//   schedules, whose blocks keep one chunk of each tile: blocks that fold a
+//   small last chunk ran ahead of their tiles' other chunks and read W from
+//   DRAM again (10-20% at D = 8192, 160-320 rows); balanced, they keep pace.
+// - Identity (one chunk, block_rows = chunk_rows = batch): row r at row r,
+//   as the mma.sync stage 1 and the logits epilogue read it.
+struct HiddenChunks {
+  int64_t block_rows = 0;
+  int64_t chunk_rows = 0;
+  int64_t num_chunks = 1;
+
+  static HiddenChunks Identity(int64_t batch) { return {batch, batch, 1}; }
+  // batch > block_rows for both.
+  static HiddenChunks Padded(int64_t batch, int64_t block_rows) {
+    return {block_rows, block_rows, (batch + block_rows - 1) / block_rows};
+  }
+  static HiddenChunks Balanced(int64_t batch, int64_t block_rows) {
+    const int64_t n = (batch + block_rows - 1) / block_rows;
+    return {block_rows, (batch + n - 1) / n, n};
+  }
+  int64_t rows_filled() const { return num_chunks * block_rows; }
+};
 
 // Rows of the rounded-H scratch a launch of `batch` rows needs: the batch up
-// to 128 rows; above, whole 256-row blocks, so that every 128- or 256-row
-// chunk of the WGMMA stage 1 loads real rows (zeros past the batch) and no
-// TMA box runs past the tensor's end (fused_sample_sm90.cu, LaunchTiles).
+// to 128 rows; above, whole 256-row blocks, which hold the chunks of every
+// layout the WGMMA stage 1 takes (128- and 256-row boxes).
 inline int64_t RoundedHiddenRows(int64_t batch) {
   return batch <= 128 ? batch : (batch + 255) / 256 * 256;
 }
+
+// Enqueues kernel 1 of the tensor-core stage 1 alone: H (fp32 [batch,
+// hidden_dim]) rounded to the weight dtype (round to nearest even, as the
+// host's conversions) into hidden_rounded (layout.rows_filled() *
+// hidden_dim 16-bit elements, 16-byte aligned; hidden_dim % 16 == 0), laid
+// out as `layout` says. The kernel allows a programmatic dependent launch
+// (DependentLaunch) to start before it ends; the dependent must
+// GridDependencyWait before reading hidden_rounded. Shared with the WGMMA
+// stage 1 (fused_sample_sm90.cu), so both GEMMs see the same bits.
+cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
+                              cudaStream_t stream, const HiddenChunks& layout);
 
 // Enqueues the tensor-core stage 1 (two kernels): H rounded to the weight
 // dtype into hidden_rounded (device scratch of batch * hidden_dim 16-bit

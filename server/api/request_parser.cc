@@ -240,14 +240,11 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
       return *rows;
     };
     if (slice.has_value()) {
-      // GPU memory on the engine's device, and host memory mapped for device
-      // copies, are read where they are.
+      // GPU memory on the engine's device, and host memory mapped into its
+      // address space, are read where they are, by the widening kernel.
       const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset);
       if (device.data != nullptr && device.device == regions->in_place_device()) {
         return add_run(device.data, device.device, false, slice->region);
-      }
-      if (const void* pinned = slice->region->PinnedAddressOf(slice->offset); pinned != nullptr) {
-        return add_run(pinned, kHostMemory, true, slice->region);
       }
     }
     // Host bytes go once, at the wire's width, into the engine's staging;
@@ -439,7 +436,7 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
   // the controlled paths assemble theirs on the host, which writes them).
   if (parsed.output.has_value() && !any_controls && wire != nullptr) {
     const MemoryRegion::DeviceAddress device = parsed.output->region->DeviceAddressOf(parsed.output->offset);
-    if (device.data != nullptr && device.device == regions->in_place_device()) {
+    if (device.data != nullptr && !device.host_mapped && device.device == regions->in_place_device()) {
       // The region is the client's writable buffer; DeviceAddress is const
       // because readers share it.
       char* base = static_cast<char*>(const_cast<void*>(device.data));

@@ -75,8 +75,10 @@ using HiddenStates = std::vector<float, UninitializedAllocator<float>>;
 // the caller's dtype, and widens itself on the device
 // (kernels/cuda/hidden_states.h): host bytes (a gRPC payload or a
 // shared-memory slice, usually copied by the request thread into the
-// engine's HostStaging), which then cross the bus at their own width, or GPU
-// memory (a caller's CUDA IPC buffer), which never visits the host at all. The request parser checked
+// engine's HostStaging), which then cross the bus at their own width, or
+// memory the device reads in place (a caller's CUDA IPC buffer, which never
+// visits the host at all, or a shared-memory region mapped into the device's
+// address space, read over the bus by the widening kernel). The request parser checked
 // the shape and bounds but not the values: the engine checks them on the
 // device and fails the batch with InvalidArgument naming the first bad
 // element (row and column within the batch) when one is not finite, or, for
@@ -88,11 +90,9 @@ struct WireHiddenRows {
   int64_t rows = 0;       // >= 1
   const void* data = nullptr;  // rows * hidden_size elements of `dtype`, row-major
   WeightDType dtype = WeightDType::kBFloat16;  // the element type (one of the three dtypes)
-  int device = kHostMemory;    // or the CUDA ordinal whose memory holds `data`
-  // Pinned host memory (the engine's HostStaging, or a shared-memory region
-  // registered for device copies): copied to the device as it is, at bus
-  // speed, with no staging copy on the engine's thread; the engine's CPU code
-  // never reads it (a caller may shrink a region's object under it).
+  int device = kHostMemory;    // or the CUDA ordinal that reads `data` in place (a device address)
+  // Pinned host memory (the engine's HostStaging): copied to the device as
+  // it is, at bus speed, with no staging copy on the engine's thread.
   bool pinned = false;
   // Keeps `data` alive while any batch refers to it (a region, a buffer);
   // null where the caller guarantees it (the request message the bytes lie in).

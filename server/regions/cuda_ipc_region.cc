@@ -107,28 +107,32 @@ class CudaIpcRegion final : public MemoryRegion {
   const uint64_t byte_size_;
 };
 
-// DeviceCopyMapping (memory_regions.h): a read-only mapping registered with
-// cudaHostRegister. Read-only registration needs driver support; where it
-// is missing the mapping is writable (the fd is opened read-write), which
-// changes nothing: the server's code never writes through it.
-class RegisteredMapping final : public DeviceCopyMapping {
+// DeviceReadableMapping (memory_regions.h): a read-only mapping registered
+// with cudaHostRegister and mapped into the device's address space.
+// Read-only registration needs driver support; where it is missing the
+// mapping is writable (the fd is opened read-write), which changes nothing:
+// neither the server's code nor its kernels write through it.
+class RegisteredMapping final : public DeviceReadableMapping {
  public:
-  RegisteredMapping(void* base, size_t length, const char* data) : base_(base), length_(length), data_(data) {}
+  RegisteredMapping(void* base, size_t length, const char* device_data, int device)
+      : base_(base), length_(length), device_data_(device_data), device_(device) {}
   ~RegisteredMapping() override {
     cudaHostUnregister(base_);
     munmap(base_, length_);
   }
-  const char* data() const override { return data_; }
+  const char* device_data() const override { return device_data_; }
+  int device() const override { return device_; }
 
  private:
   void* const base_;
   const size_t length_;
-  const char* const data_;
+  const char* const device_data_;
+  const int device_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceCopyMapping> MapForDeviceCopies(int fd, uint64_t start, uint64_t size, int device) {
+std::unique_ptr<DeviceReadableMapping> MapForDeviceReads(int fd, uint64_t start, uint64_t size, int device) {
   if (size == 0 || cudaSetDevice(device) != cudaSuccess) return nullptr;
   // mmap takes page-aligned offsets: map from the page that holds `start`.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -138,9 +142,15 @@ std::unique_ptr<DeviceCopyMapping> MapForDeviceCopies(int fd, uint64_t start, ui
     void* base = mmap(nullptr, length, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                       static_cast<off_t>(aligned));
     if (base == MAP_FAILED) return nullptr;
-    const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    const unsigned flags =
+        cudaHostRegisterPortable | cudaHostRegisterMapped | (read_only ? cudaHostRegisterReadOnly : 0u);
     if (cudaHostRegister(base, length, flags) == cudaSuccess) {
-      return std::make_unique<RegisteredMapping>(base, length, static_cast<const char*>(base) + (start - aligned));
+      void* device_base = nullptr;
+      if (cudaHostGetDevicePointer(&device_base, base, 0) == cudaSuccess) {
+        return std::make_unique<RegisteredMapping>(
+            base, length, static_cast<const char*>(device_base) + (start - aligned), device);
+      }
+      cudaHostUnregister(base);
     }
     cudaGetLastError();  // not sticky: clear it for this thread's later calls
     munmap(base, length);

@@ -65,11 +65,18 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
   ~SystemSharedMemoryRegion() override { close(fd_); }  // a mapping outlives its descriptor
 
   // Once, at registration (before the region is shared).
-  void MapForDevice(int device) { mapping_ = MapForDeviceCopies(fd_, start_, byte_size_, device); }
+  void MapForDevice(int device) { mapping_ = MapForDeviceReads(fd_, start_, byte_size_, device); }
 
   uint64_t byte_size() const override { return byte_size_; }
-  const void* PinnedAddressOf(uint64_t offset) const override {
-    return mapping_ == nullptr ? nullptr : mapping_->data() + offset;
+  // The device reads the pages pinned at registration. An object shrunk
+  // since (one fstat, about a microsecond) gets no address, so the caller
+  // reads with pread and reports the truncation; one shrunk while a launch
+  // reads it leaves the device reading the old pages, never a fault.
+  DeviceAddress DeviceAddressOf(uint64_t offset) const override {
+    if (mapping_ == nullptr) return {};
+    struct stat st {};
+    if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < start_ + byte_size_) return {};
+    return {mapping_->device_data() + offset, mapping_->device(), /*host_mapped=*/true};
   }
 
   absl::Status ReadPieces(uint64_t offset, uint64_t size, uint64_t granule,
@@ -127,7 +134,7 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
   const std::string key_;
   const uint64_t start_;
   const uint64_t byte_size_;
-  std::unique_ptr<DeviceCopyMapping> mapping_;
+  std::unique_ptr<DeviceReadableMapping> mapping_;
 };
 
 absl::Status OpenError(const std::string& key, int err) {
@@ -296,7 +303,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> OpenCudaIpcRegion(const std::strin
   return absl::FailedPreconditionError("this build of the server has no CUDA support");
 }
 
-std::unique_ptr<DeviceCopyMapping> MapForDeviceCopies(int, uint64_t, uint64_t, int) { return nullptr; }
+std::unique_ptr<DeviceReadableMapping> MapForDeviceReads(int, uint64_t, uint64_t, int) { return nullptr; }
 #endif
 
 }  // namespace flashsampler

@@ -7,12 +7,11 @@
 //   read with pread and written with pwrite on that descriptor, never
 //   through a mapping the CPU reads: a caller that shrinks the object after
 //   registering it then gets a short read, which is an error, where a mapping
-//   would take SIGBUS and kill the server. Opt-in
-//   (MemoryRegionsOptions::map_shared_memory_for_device), for trusted callers,
-//   on a server whose engine reads host bytes on a GPU (in_place_device), the
-//   region is also mapped for the GPU's copy engines (DeviceCopyMapping),
-//   which the requests' hidden states are copied from without a host copy,
-//   at the price of that SIGBUS;
+//   would take SIGBUS and kill the server. On a server whose engine widens
+//   hidden states on a GPU (in_place_device), the region is also mapped and
+//   pinned for that GPU (DeviceReadableMapping), which reads the requests'
+//   hidden states in place over the bus: no host copy, and no CPU access that
+//   a shrunk object could fault;
 // - a GPU buffer shared by CUDA IPC (server/regions/cuda_ipc_region.cc), opened once
 //   with cudaIpcOpenMemHandle and copied with cudaMemcpy.
 //
@@ -60,23 +59,19 @@ class MemoryRegion {
                                   const PieceConsumer& consume) const = 0;
   // Copies `size` bytes of host memory `src` to [offset, offset + size).
   virtual absl::Status Write(uint64_t offset, const void* src, uint64_t size) const = 0;
-  // For GPU memory (CUDA IPC): the device address of `offset`, which an
-  // engine on that device may read in place; {nullptr, -1} for host memory.
+  // Memory an engine on `device` may read in place: GPU memory (CUDA IPC),
+  // or host memory mapped into that device's address space (a shared-memory
+  // region, `host_mapped`: read over the bus, and never written by the
+  // device, since the mapping is read-only). {nullptr, -1} where there is
+  // none: the bytes are then read through Read / ReadPieces.
   struct DeviceAddress {
     const void* data = nullptr;
     int device = -1;
+    bool host_mapped = false;
   };
   virtual DeviceAddress DeviceAddressOf(uint64_t offset) const {
     (void)offset;
     return {};
-  }
-  // For host memory registered for the GPU's copy engines (a shared-memory
-  // region mapped for device copies): the pinned address of `offset`, which
-  // an engine may copy to its device as it is; null otherwise. Never for the
-  // CPU to read: the caller may shrink the object under the mapping.
-  virtual const void* PinnedAddressOf(uint64_t offset) const {
-    (void)offset;
-    return nullptr;
   }
 
   // Copies [offset, offset + size) to host memory `dst` (by default through
@@ -112,12 +107,12 @@ struct MemoryRegionsOptions {
   // Registrations beyond this many are ResourceExhausted; 0 turns the
   // feature off (every Register is FailedPrecondition).
   int max_regions = 64;
-  // Map shared-memory regions for device copies (DeviceCopyMapping) when the
-  // engine reads host bytes on a GPU. Off by default: the CUDA driver reads
-  // small copies' sources with the CPU, so a caller that shrinks a
-  // registered object under the mapping kills the server with SIGBUS
-  // (measured). Only for trusted callers.
-  bool map_shared_memory_for_device = false;
+  // Map shared-memory regions for the engine's GPU to read in place
+  // (DeviceReadableMapping) when the engine widens hidden states on a GPU.
+  // The GPU reads pinned pages: a caller that shrinks the object cannot
+  // fault the server, and a request on a shrunk object is refused as with
+  // pread (DeviceAddressOf checks the object's size).
+  bool map_shared_memory_for_device = true;
 };
 
 class MemoryRegions {
@@ -180,22 +175,25 @@ class MemoryRegions {
   std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
 };
 
-// Host memory of a shared-memory object mapped for the GPU's copy engines:
-// [start, start + size) of the object mapped read-only and registered with
-// CUDA (pinned). The server's own code never reads it, but the CUDA driver
-// reads the source of a small host-to-device copy with the CPU, so a caller
-// that shrinks the object under the mapping makes that read take SIGBUS
-// (measured on an H200 with a 2 KiB copy): hence opt-in.
-class DeviceCopyMapping {
+// Host memory of a shared-memory object mapped for one GPU to read in place:
+// [start, start + size) of the object mapped read-only, registered with CUDA
+// (pinned) and mapped into the device's address space. Nothing on the CPU
+// reads it: the CUDA driver read small copies' sources with the CPU, so a
+// caller that shrank the object under a mapping the copy engines read from
+// killed the server with SIGBUS (measured on an H200, 2 KiB copy). The
+// device reads the pinned pages, which stay allocated until unregistered
+// even when the object shrinks.
+class DeviceReadableMapping {
  public:
-  virtual ~DeviceCopyMapping() = default;
-  virtual const char* data() const = 0;  // the object's byte `start`
+  virtual ~DeviceReadableMapping() = default;
+  virtual const char* device_data() const = 0;  // the object's byte `start`, a device address
+  virtual int device() const = 0;
 };
 
-// Maps `fd`'s [start, start + size) for copies to CUDA device `device`
+// Maps `fd`'s [start, start + size) for CUDA device `device` to read
 // (server/regions/cuda_ipc_region.cc in CUDA builds); null where it cannot (no
 // CUDA, or the driver refuses), and the region is then read with pread.
-std::unique_ptr<DeviceCopyMapping> MapForDeviceCopies(int fd, uint64_t start, uint64_t size, int device);
+std::unique_ptr<DeviceReadableMapping> MapForDeviceReads(int fd, uint64_t start, uint64_t size, int device);
 
 // Opens a CUDA IPC handle (server/regions/cuda_ipc_region.cc in CUDA builds; in
 // others, FailedPrecondition). Exposed for MemoryRegions and tests.

@@ -194,11 +194,15 @@ TEST_F(CudaIpcE2E, ANonFiniteValueInTheGpuBufferIsRefusedWithItsPlace) {
   EXPECT_TRUE(server_->running());
 }
 
-// Shared-memory regions on the CUDA server, read into pinned staging (the
-// default) or, with --shm_device_copies, copied from the object to the GPU
-// with no host copy: the gRPC path's results either way, and a NaN refused
-// with its place. With the default, a client that shrinks the object under a
-// registered region leaves the server up (the server only preads it).
+// Shared-memory regions on the CUDA server, read in place by the GPU (the
+// default: the object mapped into its address space) or, with
+// --shm_device_reads=false, read with pread into pinned staging: the gRPC
+// path's results either way, and a NaN refused with its place. A client that
+// shrinks the object under a registered region leaves the server up either
+// way, and its next request is refused as truncated. Grown back to its size,
+// the object passes the size check again and the request is answered: a GPU
+// that reads in place reads the pages pinned at registration, pread the new
+// pages.
 void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool truncate) {
   const std::string key = absl::StrCat("/fs-cuda-shm-", getpid());
   absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> shm = SharedMemoryBuffer::Create(key, 4 << 20);
@@ -252,6 +256,14 @@ void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool trunca
     EXPECT_THAT(std::string(truncated.message()), HasSubstr("truncated after registration"));
     EXPECT_TRUE(client->GetModelInfo().ok());
     EXPECT_TRUE(server->running());
+    // Grown back: the size check passes again and every page is readable.
+    const int again = shm_open(key.c_str(), O_RDWR, 0);
+    ASSERT_GE(again, 0);
+    ASSERT_EQ(ftruncate(again, 4 << 20), 0);
+    close(again);
+    const absl::Status regrown = client->Sample(after_truncation).status();
+    EXPECT_TRUE(regrown.ok()) << regrown;
+    EXPECT_TRUE(server->running());
   }
   EXPECT_TRUE(client->UnregisterRegion("host").ok());
 }
@@ -260,14 +272,14 @@ TEST_F(CudaIpcE2E, SharedMemoryOnTheCudaServerGivesTheGrpcPathsResults) {
   CheckSharedMemory(client_.get(), server_.get(), /*truncate=*/true);
 }
 
-TEST(CudaSharedMemoryE2E, DeviceCopiesFromSharedMemoryGiveTheGrpcPathsResults) {
+TEST(CudaSharedMemoryE2E, SharedMemoryReadWithPreadGivesTheGrpcPathsResults) {
   ServerProcess server({"--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
-                        "--max_request_rows=256", "--shm_device_copies"});
+                        "--max_request_rows=256", "--shm_device_reads=false"});
   const absl::Status started = server.Start();
   ASSERT_TRUE(started.ok()) << started;
   {
     SamplerClient client(server.address());
-    CheckSharedMemory(&client, &server, /*truncate=*/false);
+    CheckSharedMemory(&client, &server, /*truncate=*/true);
   }
   absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
   EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
@@ -286,7 +298,7 @@ TEST(CudaUploadE2E, PayloadsStartedOnArrivalGiveTheLaunchCopysResults) {
   ASSERT_GE(devices, 1) << "gpu-labelled test started without a CUDA device";
   const std::vector<std::string> common = {"--backend=cuda", "--cuda_device=0", "--demo_vocab=50000",
                                            "--demo_hidden=256", "--max_request_rows=256",
-                                           "--max_batch_rows=300", "--shm_device_copies"};
+                                           "--max_batch_rows=300"};
   std::vector<std::string> off_args = common, on_args = common;
   off_args.push_back("--cuda_upload_min_bytes=0");
   on_args.push_back("--cuda_upload_min_bytes=1");

@@ -389,10 +389,12 @@ INSTANTIATE_TEST_SUITE_P(
                                          Stage1Kernel::kWgmmaSeparateEpilogue),
                        ::testing::Values(CudaWeightDType::kBFloat16, CudaWeightDType::kFloat16),
                        ::testing::Values(0, 1),
-                       // block rows 32, 32, 64, 128, 256 x 2 chunks (kWgmma)
-                       // or 128 x 3 chunks (the other three)
+                       // block rows 32, 32, 64, 128, then 300 rows: 2 chunks of
+                       // 150 in 256-row blocks (kWgmma) or 3 of 100 in 128-row
+                       // blocks (the other three); 160 rows: one 256-row block
+                       // (kWgmma) or 2 chunks of 80 (HiddenChunks::Balanced)
                        ::testing::Values(int64_t{1}, int64_t{7}, int64_t{33}, int64_t{100},
-                                         int64_t{300})));
+                                         int64_t{300}, int64_t{160})));
 
 // Tokens only (no log Z, logprobs or drafts): the straight epilogue then
 // merges the winner fields alone (fused_sample_sm90.cu's MergeWinner), which

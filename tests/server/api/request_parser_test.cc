@@ -572,28 +572,27 @@ v1::SampleRequest RequestFromRegion(const std::string& name, uint64_t offset, in
   return r;
 }
 
-// A region that an engine may read in place: GPU memory on `device` (as a
-// CUDA IPC region reports itself), or, with device -1, host memory mapped for
-// device copies. Reading it through the host fails, so a test sees which way
-// the parser went.
+// A region that an engine on `device` may read in place: GPU memory (as a
+// CUDA IPC region reports itself), or, `host_mapped`, host memory mapped into
+// the device's address space (a shared-memory region). Reading it through the
+// host fails, so a test sees which way the parser went.
 class FakeInPlaceRegion final : public MemoryRegion {
  public:
-  FakeInPlaceRegion(const char* base, int device) : base_(base), device_(device) {}
+  FakeInPlaceRegion(const char* base, int device, bool host_mapped = false)
+      : base_(base), device_(device), host_mapped_(host_mapped) {}
   uint64_t byte_size() const override { return 1 << 20; }
   absl::Status ReadPieces(uint64_t, uint64_t, uint64_t, const PieceConsumer&) const override {
     return absl::DataLossError("read through the host");
   }
   absl::Status Write(uint64_t, const void*, uint64_t) const override { return absl::OkStatus(); }
   DeviceAddress DeviceAddressOf(uint64_t offset) const override {
-    return device_ >= 0 ? DeviceAddress{base_ + offset, device_} : DeviceAddress{};
-  }
-  const void* PinnedAddressOf(uint64_t offset) const override {
-    return device_ >= 0 ? nullptr : base_ + offset;
+    return DeviceAddress{base_ + offset, device_, host_mapped_};
   }
 
  private:
   const char* const base_;
   const int device_;
+  const bool host_mapped_;
 };
 
 // On the device whose engine reads GPU memory in place, the hidden states
@@ -640,28 +639,47 @@ TEST(RequestParserGpuRegions, HiddenStatesOnTheEnginesGpuStayInPlace) {
   EXPECT_EQ(parse().status().code(), absl::StatusCode::kDataLoss);
 }
 
-// A shared-memory region mapped for device copies hands the engine its
-// pinned address: no read through the host, no staging.
-TEST(RequestParserPinnedRegions, AMappedRegionIsCopiedToTheDeviceAsItIs) {
+// A shared-memory region mapped into the engine's device's address space:
+// its hidden states are read there in place (no read through the host, no
+// staging); its results still go through the host (the mapping is
+// read-only), where a CUDA IPC buffer's are written by the device.
+TEST(RequestParserHostMappedRegions, HiddenStatesAreReadInPlaceResultsGoThroughTheHost) {
   static const char kBase[1024] = {};  // stands for the mapping: never read here
   MemoryRegions regions{MemoryRegionsOptions{}};
-  auto region = std::make_shared<FakeInPlaceRegion>(kBase, -1);
+  auto region = std::make_shared<FakeInPlaceRegion>(kBase, 0, /*host_mapped=*/true);
   RegionDescription description;
   description.name = "host";
   description.byte_size = region->byte_size();
   ASSERT_TRUE(regions.Add(description, region).ok());
-  const v1::SampleRequest r = RequestFromRegion("host", 64, 2);
+  v1::SampleRequest r = RequestFromRegion("host", 64, 2);
+  v1::RegionSlice* out = r.mutable_output_region();
+  out->set_region("host");
+  out->set_offset(512);
+  out->set_byte_size(2 * sizeof(int32_t));
   uint64_t seed = 1;
   const WireInput wire;
+  regions.SetCudaDevices({0}, 0);
   absl::StatusOr<ParsedSampleRequest> parsed =
       ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions, &wire);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->batch.wire_hidden.size(), 1u);
   const WireHiddenRows& run = parsed->batch.wire_hidden[0];
   EXPECT_EQ(run.data, kBase + 64);
-  EXPECT_EQ(run.device, kHostMemory);
-  EXPECT_TRUE(run.pinned);
+  EXPECT_EQ(run.device, 0);
+  EXPECT_FALSE(run.pinned);
   EXPECT_EQ(run.owner, region);
+  EXPECT_TRUE(parsed->batch.device_outputs.empty());
+  ASSERT_TRUE(parsed->output.has_value());
+  // The same region as GPU memory: the device writes the results too.
+  auto gpu = std::make_shared<FakeInPlaceRegion>(kBase, 0);
+  description.name = "gpu";
+  ASSERT_TRUE(regions.Add(description, gpu).ok());
+  out->set_region("gpu");
+  r.mutable_hidden_states_region()->set_region("gpu");
+  parsed = ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions, &wire);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->batch.device_outputs.size(), 1u);
+  EXPECT_EQ(parsed->batch.device_outputs[0].token_ids, reinterpret_cast<const int32_t*>(kBase + 512));
   // An engine that widens nothing itself reads through the host.
   EXPECT_EQ(ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions).status().code(),
             absl::StatusCode::kDataLoss);
