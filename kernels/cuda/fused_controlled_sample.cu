@@ -367,8 +367,7 @@ FusedControlledTiles FusedControlledTilesIn(void* workspace, int64_t batch, int6
 // rows fused_sample_mma.cu's launcher, one block of 256 threads per
 // (128-token tile, row chunk of 8..128 rows); from 16 rows on Hopper
 // fused_sample_sm90.cu's: a persistent block of 544 or 640 threads per SM
-// with separate epilogue warps, but two blocks of 288 threads per SM at
-// 129-192 rows at hidden_dim < 8192), with the controlled epilogue.
+// with separate epilogue warps), with the controlled epilogue.
 bool FusedControlledStage1Valid(const ControlledSampleArgs& a, int64_t token_offset) {
   return a.weight != nullptr && a.hidden != nullptr && a.params != nullptr &&
          a.controls.rows != nullptr && a.controls.touched != nullptr && a.workspace != nullptr &&

@@ -26,8 +26,7 @@
 // (ControlledSampleArgs::stage1, chosen as FusedSampleArgs::stage1: below 16
 // rows fused_sample_mma.cu, blocks of 128 tokens x up to 128 rows; from 16
 // rows on Hopper fused_sample_sm90.cu's WGMMA kernel (separate epilogue
-// warps, but two blocks per SM at 129-192 rows at hidden_dim < 8192),
-// the same dots bit for bit, so the same outputs); its epilogue
+// warps), the same dots bit for bit, so the same outputs); its epilogue
 // turns each dot into l' exactly as the materialized path does (the allowed
 // bitmask and bans give -inf, TouchedLogit for the row's touched tokens, one
 // fp32 multiply by 1/T, non-finite -> -inf), then per (row, tile):

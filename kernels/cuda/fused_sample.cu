@@ -514,14 +514,10 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
       // we have (against mma.sync 2-6% at 32 rows and more above, H200,
       // 2026-11-26); its outputs are those of mma.sync bit for bit
       // (fused_sample_sm90_test), so the switch changes no row. Which of
-      // its schedules: kSeparateEpilogueMaxAutoBatch's comment.
+      // its schedules: fused_sample_sm90.cuh, above kWgmmaMinAutoBatch.
       if (args.batch >= kWgmmaMinAutoBatch && WgmmaStage1Eligible(args) && WgmmaStage1Available()) {
         choice->family = Stage1Choice::kWgmma;
-        const bool overlap = args.batch > kSeparateEpilogueMaxAutoBatch &&
-                             args.batch <= kOverlapMaxAutoBatch &&
-                             args.hidden_dim < kSeparateEpilogueMinAutoHidden;
-        choice->wgmma_schedule =
-            overlap ? Stage1Kernel::kWgmmaOverlap : Stage1Kernel::kWgmmaSeparateEpilogue;
+        choice->wgmma_schedule = Stage1Kernel::kWgmmaSeparateEpilogue;
       }
 #endif
       return true;

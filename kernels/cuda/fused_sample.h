@@ -99,9 +99,8 @@ enum class Stage1Kernel : int32_t {
   // A tensor-core kernel wherever one serves (16-bit weights, hidden_dim % 16
   // == 0, 16-byte aligned W and H), at every batch from 1 row: mma.sync up to
   // 15 rows, from 16 rows the WGMMA kernel where it is available
-  // (WgmmaStage1Available): with separate epilogue warps
-  // (kWgmmaSeparateEpilogue) up to 128 rows and at hidden_dim >= 8192, else
-  // at two blocks per SM (kWgmmaOverlap; fused_sample_sm90.cuh). They all
+  // (WgmmaStage1Available), with separate epilogue warps
+  // (kWgmmaSeparateEpilogue; fused_sample_sm90.cuh). They all
   // give the same bits, so a row's token, log Z and logprob are the same in
   // every batch it can be part of (batch invariance by construction); the
   // price, at 1 row, is at most 0.9% over the CUDA-core kernel (H100,
@@ -117,8 +116,9 @@ enum class Stage1Kernel : int32_t {
   // The same WGMMA + TMA kernel at two blocks per SM (fused_sample_sm90.cu,
   // "Two blocks per SM"): fewer ring stages and at most 128 rows per block,
   // so one block's epilogue overlaps the other's main loop. The same
-  // conditions and the same bits as kWgmma. kAuto's choice above 128 rows
-  // at hidden_dim < 8192 (H100, BENCHMARKS.md).
+  // conditions and the same bits as kWgmma. Not chosen by kAuto since the
+  // chunks above 128 rows were balanced (separate epilogue warps 1-10%
+  // faster at 136-208 rows, H200, BENCHMARKS.md).
   kWgmmaOverlap = 3,
   // The WGMMA + TMA stage 1 as a persistent ping-pong kernel
   // (fused_sample_sm90.cu, "Ping-pong"): one block per SM whose two consumer

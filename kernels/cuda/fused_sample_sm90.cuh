@@ -24,25 +24,14 @@ constexpr int64_t kWgmmaMinAutoBatch = 16;
 
 // Which WGMMA schedule kAuto takes (from kWgmmaMinAutoBatch rows), for plain
 // sampling and the fused controlled path alike: separate epilogue warps
-// (kWgmmaSeparateEpilogue) at every batch, except two blocks per SM
-// (kWgmmaOverlap) at kSeparateEpilogueMaxAutoBatch < rows <=
-// kOverlapMaxAutoBatch when hidden_dim < kSeparateEpilogueMinAutoHidden.
-// With 11 epilogue warps at 128 rows (Separate128, 2026-11-28), H100, D =
-// 4096, separate / two blocks per SM (BENCHMARKS.md, "Eleven epilogue
-// warps"): plain 1.01-1.02 at 160 rows, 0.98 at 192, 0.93 at 224, then 0.91 /
-// 0.97 / 0.89 / 0.95 / 0.95 / 0.99 at 256 / 320 / 384 / 512 / 768 / 1024;
-// fused controlled (top_k 50 + top_p 0.9) 1.04 / 1.08 at 160 / 192, then
-// 0.87 / 1.00 / 0.89 / 0.93 / 0.98 / 1.05 (224-255 rows not measured). At
-// 129-192 rows a batch is one full 128-row chunk and a small one, whose
-// items keep a whole main loop for little epilogue; two blocks per SM share
-// the SM better there. At D >= 8192 the longer main loop hides the epilogue
-// at every batch (separate / two blocks per SM 0.87-0.92 at 256-768 rows,
-// 2026-11-28, 8 epilogue warps; 1.00-1.02 at 160-192 with 11). Up to 128
-// rows separate was 0.84-0.98 on both shapes (2026-11-26). All schedules
-// give the same bits.
-constexpr int64_t kSeparateEpilogueMaxAutoBatch = 128;
-constexpr int64_t kOverlapMaxAutoBatch = 192;
-constexpr int64_t kSeparateEpilogueMinAutoHidden = 8192;
+// (kWgmmaSeparateEpilogue) at every batch. Up to 128 rows it measured
+// 0.84-0.98 of two blocks per SM on both shapes (2026-11-26); from 224 rows
+// 0.87-1.00 (2026-11-28, 11 epilogue warps, H100), except 1.05 for the
+// controlled path at 1024 rows. Two blocks per SM were ahead at 129-192 rows
+// at D = 4096 until the chunks above 128 rows were balanced (HiddenChunks,
+// 2026-11-28): now separate / two blocks per SM is 0.92-0.99 plain at
+// 136-208 rows and 0.90-0.95 for the controlled path (H200, BENCHMARKS.md,
+// "Chunks of the batch above 128 rows"). All schedules give the same bits.
 
 // True when the WGMMA stage 1 can serve `args` (the sizes and pointers only;
 // the device is WgmmaStage1Available's check): fp16 / bf16 weights,

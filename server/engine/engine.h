@@ -320,8 +320,10 @@ struct CudaEngineOptions {
   // --max_batch_rows bound), so a row's bits do not depend on its batch: the
   // fused kernel keeps one kernel family for every B (fused_sample.h,
   // Stage1Kernel::kAuto), cuBLAS does not. With the WGMMA stage 1 the fused
-  // kernel is also the faster path from 256 to 1024 rows (H100, bf16,
-  // BENCHMARKS.md); the one measured exception is 129-192 rows at D = 8192.
+  // kernel is also the faster path at every batch measured: 256 to 1024 rows
+  // on an H100, and 128 to 512 on an H200 since the chunks above 128 rows
+  // were padded (bf16, BENCHMARKS.md; before it, cuBLAS was faster at
+  // 129-192 rows at D = 8192).
   int64_t fused_max_rows = int64_t{1} << 20;
   // Batches with sampling controls of up to fused_max_rows rows take the fused
   // controlled path (kernels/cuda/fused_controlled_sample.h) when every row

@@ -545,8 +545,7 @@ INSTANTIATE_TEST_SUITE_P(
                       InvarianceCase{Stage1Kernel::kMmaSync, CudaWeightDType::kBFloat16, 1}));
 
 // The path the server takes (kAuto): mma.sync from 1 to 15 rows, WGMMA from
-// 16 (separate epilogue warps, but two blocks per SM at 129-192 rows at
-// D < 8192). A row's bits must not change with its batch, across that line
+// 16 (separate epilogue warps; above 128 rows in balanced chunks). A row's bits must not change with its batch, across that line
 // too: 64 probes with random params (a quarter greedy), each first
 // launched alone, then inside batches of 2 ... 1024 with random companions
 // at random slots; on both shapes (the D = 8192 one a vocabulary shard at
