@@ -89,8 +89,9 @@ ABSL_FLAG(int64_t, cuda_fused_max_rows, int64_t{1} << 20,
           "CUDA backend: batches of up to N rows use the fused kernel, larger ones the "
           "cuBLAS-materialized path. The default (every batch) keeps a row's token, log Z and "
           "logprob bit-identical in every batch it can be part of; a lower value trades that for "
-          "cuBLAS above N rows (slower than the fused kernel at every batch measured on H100 "
-          "and H200, BENCHMARKS.md)");
+          "cuBLAS above N rows (slower than the fused kernel at every batch measured on an H200; "
+          "on an H100 faster only at 129-192 rows with D = 8192, before the fused kernel's "
+          "chunk change, BENCHMARKS.md)");
 ABSL_FLAG(int64_t, cuda_upload_min_bytes, int64_t{128} << 10,
           "CUDA backend (one GPU): a request whose hidden states arrive as host bytes of at least "
           "this size (the gRPC payload, or a shared-memory region slice) and that is admitted "

@@ -321,9 +321,9 @@ struct CudaEngineOptions {
   // fused kernel keeps one kernel family for every B (fused_sample.h,
   // Stage1Kernel::kAuto), cuBLAS does not. With the WGMMA stage 1 the fused
   // kernel is also the faster path at every batch measured: 256 to 1024 rows
-  // on an H100, and 128 to 512 on an H200 since the chunks above 128 rows
-  // were padded (bf16, BENCHMARKS.md; before it, cuBLAS was faster at
-  // 129-192 rows at D = 8192).
+  // on an H100 (where cuBLAS was faster at 129-192 rows at D = 8192 before
+  // the chunks above 128 rows were padded; not re-measured since), 1 to
+  // 1024 rows on an H200 (bf16, BENCHMARKS.md).
   int64_t fused_max_rows = int64_t{1} << 20;
   // Batches with sampling controls of up to fused_max_rows rows take the fused
   // controlled path (kernels/cuda/fused_controlled_sample.h) when every row
