@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
   absl::Cleanup unhook_batcher = [&metrics] { metrics.SetDeviceMemorySource(nullptr); };
   flashsampler::RequestLimits limits{config->max_request_rows};  // per request; launches are split
   flashsampler::MemoryRegions regions(
-      flashsampler::MemoryRegionsOptions{config->max_regions, config->shm_device_reads});
+      flashsampler::MemoryRegionsOptions{config->max_regions, config->shm_device_reads,
+                                         config->shm_device_reads_max_bytes});
   flashsampler::SamplerService service(&batcher, limits, &metrics, &regions);
   std::unique_ptr<flashsampler::BearerTokenAuth> token_auth;
   std::unique_ptr<flashsampler::AuthenticatedSamplerService> authenticated_service;

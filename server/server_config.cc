@@ -46,6 +46,9 @@ ABSL_FLAG(bool, shm_device_reads, true,
           "space, so the widening kernel reads a request's hidden states from the object over the bus "
           "with no host copy. The GPU reads pages pinned at registration, so a client that shrinks an "
           "object cannot fault the server. Off: regions are read with pread into pinned staging.");
+ABSL_FLAG(uint64_t, shm_device_reads_max_bytes, uint64_t{4} << 30,
+          "Bytes of shared-memory regions that may be mapped (pinned) for the GPU at once: a region "
+          "that would take the total past it is read with pread (pinned pages cannot be swapped)");
 ABSL_FLAG(int64_t, max_batch_rows, 256,
           "Rows per engine launch: concurrent requests are coalesced up to this many rows; "
           "a larger request is split over several launches");
@@ -141,6 +144,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.max_local_connections = absl::GetFlag(FLAGS_max_local_connections);
   c.max_regions = absl::GetFlag(FLAGS_max_regions);
   c.shm_device_reads = absl::GetFlag(FLAGS_shm_device_reads);
+  c.shm_device_reads_max_bytes = absl::GetFlag(FLAGS_shm_device_reads_max_bytes);
   c.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   c.max_queue_rows = absl::GetFlag(FLAGS_max_queue_rows);
   c.completion_threads = absl::GetFlag(FLAGS_completion_threads);

@@ -30,6 +30,7 @@ struct ServerConfig {
   int max_local_connections = 64;   // the local channel's connections at once
   int max_regions = 64;             // registered memory regions (0: the feature is off)
   bool shm_device_reads = true;     // shared-memory regions read in place by the GPU (--shm_device_reads)
+  uint64_t shm_device_reads_max_bytes = uint64_t{4} << 30;  // pinned by those regions at once
   int completion_threads = 4;       // threads answering finished requests
   int64_t idle_spin_us = -1;        // batcher worker's idle poll; -1: by backend
   std::string metrics_address;      // HOST:PORT of /metrics; empty = off

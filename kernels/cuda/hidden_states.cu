@@ -91,7 +91,20 @@ void* PickKernel(CudaWeightDType src, CudaWeightDType weight) {
   return nullptr;
 }
 
+// One thread, byte by byte: any alignment, a few bytes.
+__global__ void CopyDeviceBytesKernel(const unsigned char* __restrict__ src, int bytes,
+                                      unsigned char* __restrict__ dst) {
+  for (int i = 0; i < bytes; ++i) dst[i] = src[i];
+}
+
 }  // namespace
+
+KernelStatus LaunchCopyDeviceBytes(const void* src, int bytes, void* dst, cudaStream_t stream) {
+  if (src == nullptr || dst == nullptr || bytes < 1 || bytes > 8) return KernelStatus::kInvalidArgument;
+  CopyDeviceBytesKernel<<<1, 1, 0, stream>>>(static_cast<const unsigned char*>(src), bytes,
+                                            static_cast<unsigned char*>(dst));
+  return cudaGetLastError() == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
+}
 
 KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
                                      CudaWeightDType weight_dtype, float* dst,

@@ -35,4 +35,14 @@ KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype,
                                      CudaWeightDType weight_dtype, float* dst,
                                      unsigned long long* first_bad, cudaStream_t stream);
 
+// Copies `bytes` (1 to 8) bytes from src to dst on the device, by a kernel
+// thread. src may be GPU memory or host memory mapped into the device's
+// address space; dst is device memory. For reading one bad element of a
+// widened source: a cudaMemcpy from registered host memory is done by the
+// CPU, which a caller's shrunk shared-memory object would fault (SIGBUS),
+// where the device reads the pages pinned at registration. kInvalidArgument
+// for a null pointer or a size outside 1..8; kDeviceError when the launch
+// fails.
+KernelStatus LaunchCopyDeviceBytes(const void* src, int bytes, void* dst, cudaStream_t stream);
+
 }  // namespace flashsampler::kernels

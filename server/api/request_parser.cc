@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -241,9 +242,13 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
     };
     if (slice.has_value()) {
       // GPU memory on the engine's device, and host memory mapped into its
-      // address space, are read where they are, by the widening kernel.
+      // address space, are read where they are, by the widening kernel,
+      // whose loads need elements at their natural alignment: a misaligned
+      // address would fault the device (and stop its context for every
+      // later request), so such a slice is read through the host instead.
       const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset);
-      if (device.data != nullptr && device.device == regions->in_place_device()) {
+      if (device.data != nullptr && device.device == regions->in_place_device() &&
+          reinterpret_cast<uintptr_t>(device.data) % static_cast<uintptr_t>(WireDTypeSize(t.dtype())) == 0) {
         return add_run(device.data, device.device, false, slice->region);
       }
     }
@@ -436,7 +441,9 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
   // the controlled paths assemble theirs on the host, which writes them).
   if (parsed.output.has_value() && !any_controls && wire != nullptr) {
     const MemoryRegion::DeviceAddress device = parsed.output->region->DeviceAddressOf(parsed.output->offset);
-    if (device.data != nullptr && !device.host_mapped && device.device == regions->in_place_device()) {
+    // The device writes int32 and fp32 words: 4-byte alignment, else the host writes them.
+    if (device.data != nullptr && !device.host_mapped && device.device == regions->in_place_device() &&
+        reinterpret_cast<uintptr_t>(device.data) % sizeof(int32_t) == 0) {
       // The region is the client's writable buffer; DeviceAddress is const
       // because readers share it.
       char* base = static_cast<char*>(const_cast<void*>(device.data));

@@ -388,6 +388,7 @@ namespace {
 void DescribeRegion(const RegionDescription& d, v1::RegionInfo* out) {
   out->set_name(d.name);
   out->set_byte_size(d.byte_size);
+  out->set_read_in_place(d.read_in_place);
   if (d.kind == RegionDescription::Kind::kSystemSharedMemory) {
     out->mutable_system()->set_key(d.key);
     out->mutable_system()->set_offset(d.offset);

@@ -2,7 +2,7 @@
 // step after admission that starts a request's large pinned hidden-state
 // runs across the bus (server/engine/engine.h, DeviceUpload): each host run
 // in pinned memory (the payload the parser staged, or a shared-memory slice
-// registered for device copies) of at least upload.min_bytes() becomes the
+// it read with pread) of at least upload.min_bytes() becomes the
 // uploaded device copy with its event (WireHiddenRows::ready), which the
 // engine's launch waits for instead of copying the rows itself. So, under
 // load, the next launch's rows cross the bus while this launch's kernel runs.

@@ -352,12 +352,20 @@ class CudaEngine final : public Engine {
       const unsigned long long bad = static_cast<const unsigned long long*>(host_first_bad_)[g];
       if (bad == kernels::kNoBadHiddenElement) continue;
       const WireGroup& group = wire_groups_[g];
-      // Read the element itself for the message (a few bytes, errors only),
-      // from the device: a pinned host source is never read by the CPU.
+      // Read the element itself for the message (a few bytes, errors only)
+      // by a device thread into this group's first-bad slot, then to the
+      // host: the source may be host memory mapped into the device's
+      // address space (a shared-memory region), which the CPU never reads
+      // (cudaMemcpy from it would: a shrunk object would fault the server).
       const int64_t elem = WeightDTypeSize(group.dtype);
       uint32_t bits = 0;
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpy(&bits, static_cast<const char*>(group.source) + bad * elem, elem,
-                                         cudaMemcpyDeviceToHost));
+      unsigned long long* slot = static_cast<unsigned long long*>(first_bad_) + g;
+      if (kernels::LaunchCopyDeviceBytes(static_cast<const char*>(group.source) + bad * elem,
+                                         static_cast<int>(elem), slot, stream_) != KernelStatus::kOk) {
+        return absl::InternalError("reading a bad hidden-state element on the GPU: launch failed");
+      }
+      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(&bits, slot, elem, cudaMemcpyDeviceToHost, stream_));
+      FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
       const float value = group.dtype == WeightDType::kFloat32    ? BitsToFloat(bits)
                           : group.dtype == WeightDType::kBFloat16 ? Bf16ToFloat(static_cast<uint16_t>(bits))
                                                                   : Fp16ToFloat(static_cast<uint16_t>(bits));

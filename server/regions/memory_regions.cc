@@ -62,20 +62,46 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
  public:
   SystemSharedMemoryRegion(int fd, std::string key, uint64_t start, uint64_t byte_size)
       : fd_(fd), key_(std::move(key)), start_(start), byte_size_(byte_size) {}
-  ~SystemSharedMemoryRegion() override { close(fd_); }  // a mapping outlives its descriptor
+  ~SystemSharedMemoryRegion() override {
+    close(fd_);  // a mapping outlives its descriptor
+    mapping_.reset();
+    if (budget_ != nullptr) budget_->fetch_sub(byte_size_);
+  }
 
-  // Once, at registration (before the region is shared).
-  void MapForDevice(int device) { mapping_ = MapForDeviceReads(fd_, start_, byte_size_, device); }
+  // Once, at registration (before the region is shared): maps the region
+  // for `device` when `budget` (the bytes all mappings hold) has room for it,
+  // and gives the bytes back when the region closes. True when mapped.
+  bool MapForDevice(int device, std::shared_ptr<std::atomic<uint64_t>> budget, uint64_t limit) {
+    if (byte_size_ > limit) return false;
+    if (budget->fetch_add(byte_size_) + byte_size_ > limit) {  // <= 2 x limit: no overflow
+      budget->fetch_sub(byte_size_);
+      return false;
+    }
+    mapping_ = MapForDeviceReads(fd_, start_, byte_size_, device);
+    if (mapping_ == nullptr) {
+      budget->fetch_sub(byte_size_);
+      return false;
+    }
+    budget_ = std::move(budget);
+    return true;
+  }
 
   uint64_t byte_size() const override { return byte_size_; }
   // The device reads the pages pinned at registration. An object shrunk
-  // since (one fstat, about a microsecond) gets no address, so the caller
-  // reads with pread and reports the truncation; one shrunk while a launch
-  // reads it leaves the device reading the old pages, never a fault.
+  // since (one fstat, about a microsecond) gets no address, now and later:
+  // the caller reads with pread, which reports the truncation, and a
+  // regrown object is read afresh, not from the old pinned pages. One
+  // shrunk while a launch reads it leaves the device reading the old
+  // pages, never a fault (on hosts whose GPU reads host memory through
+  // pinned DMA mappings, i.e. over PCIe; not checked where the GPU walks
+  // the host's page tables, as on Grace Hopper).
   DeviceAddress DeviceAddressOf(uint64_t offset) const override {
-    if (mapping_ == nullptr) return {};
+    if (mapping_ == nullptr || shrunk_.load(std::memory_order_relaxed)) return {};
     struct stat st {};
-    if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < start_ + byte_size_) return {};
+    if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < start_ + byte_size_) {
+      shrunk_.store(true, std::memory_order_relaxed);
+      return {};
+    }
     return {mapping_->device_data() + offset, mapping_->device(), /*host_mapped=*/true};
   }
 
@@ -135,6 +161,8 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
   const uint64_t start_;
   const uint64_t byte_size_;
   std::unique_ptr<DeviceReadableMapping> mapping_;
+  std::shared_ptr<std::atomic<uint64_t>> budget_;  // set when mapped
+  mutable std::atomic<bool> shrunk_{false};
 };
 
 absl::Status OpenError(const std::string& key, int err) {
@@ -219,12 +247,13 @@ absl::Status MemoryRegions::RegisterSystemSharedMemory(const std::string& name, 
         "region [", offset, ", ", offset, " + ", byte_size, ") does not fit in shared-memory object ",
         key, " of ", object_size, " bytes"));
   }
+  bool mapped = false;
   if (const int device = in_place_device(); device >= 0 && options_.map_shared_memory_for_device) {
-    region->MapForDevice(device);
+    mapped = region->MapForDevice(device, device_mapped_bytes_, options_.max_device_mapped_bytes);
   }
   return Add(RegionDescription{.name = name, .byte_size = byte_size,
                                .kind = RegionDescription::Kind::kSystemSharedMemory, .key = key,
-                               .offset = offset},
+                               .offset = offset, .read_in_place = mapped},
              std::move(region));
 }
 
@@ -250,7 +279,8 @@ absl::Status MemoryRegions::RegisterCudaIpc(const std::string& name, const std::
       OpenCudaIpcRegion(ipc_handle, device_id, offset, byte_size);
   if (!region.ok()) return region.status();
   return Add(RegionDescription{.name = name, .byte_size = byte_size, .kind = RegionDescription::Kind::kCudaIpc,
-                               .key = {}, .offset = offset, .device_id = device_id},
+                               .key = {}, .offset = offset, .device_id = device_id,
+                               .read_in_place = device_id == in_place_device()},
              std::move(*region));
 }
 

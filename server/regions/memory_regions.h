@@ -88,6 +88,10 @@ struct RegionDescription {
   std::string key;     // kSystemSharedMemory: the shm_open name
   uint64_t offset = 0;  // where the region starts in the object / allocation
   int device_id = -1;   // kCudaIpc: the CUDA ordinal
+  // At registration: requests' hidden states are read where they are by the
+  // engine's GPU (a CUDA IPC buffer on its device, or a shared-memory object
+  // mapped for it); false: read through the host.
+  bool read_in_place = false;
 };
 
 // A bounds-checked piece of a registered region, holding the region open.
@@ -111,8 +115,13 @@ struct MemoryRegionsOptions {
   // (DeviceReadableMapping) when the engine widens hidden states on a GPU.
   // The GPU reads pinned pages: a caller that shrinks the object cannot
   // fault the server, and a request on a shrunk object is refused as with
-  // pread (DeviceAddressOf checks the object's size).
+  // pread (DeviceAddressOf checks the object's size; once shrunk, a region
+  // is read with pread for good, so a regrown object is read afresh).
   bool map_shared_memory_for_device = true;
+  // Pinned host memory all mapped regions may hold at once: a region that
+  // would take the total past it is read with pread instead. Pinned pages
+  // cannot be swapped, and a caller may register a large sparse object.
+  uint64_t max_device_mapped_bytes = uint64_t{4} << 30;
 };
 
 class MemoryRegions {
@@ -172,6 +181,10 @@ class MemoryRegions {
   mutable absl::Mutex mu_;
   std::vector<int> cuda_devices_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> in_place_device_{-1};
+  // Bytes of the mappings alive now (shared with the regions, which give
+  // theirs back when closed, possibly after this object).
+  std::shared_ptr<std::atomic<uint64_t>> device_mapped_bytes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
 };
 

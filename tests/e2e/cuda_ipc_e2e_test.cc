@@ -203,18 +203,23 @@ TEST_F(CudaIpcE2E, ANonFiniteValueInTheGpuBufferIsRefusedWithItsPlace) {
 // the object passes the size check again and the request is answered: a GPU
 // that reads in place reads the pages pinned at registration, pread the new
 // pages.
-void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool truncate) {
+void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool truncate, bool in_place) {
   const std::string key = absl::StrCat("/fs-cuda-shm-", getpid());
   absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> shm = SharedMemoryBuffer::Create(key, 4 << 20);
   ASSERT_TRUE(shm.ok()) << shm.status();
   ASSERT_TRUE(client->RegisterSystemSharedMemory("host", key, 4 << 20).ok());
+  absl::StatusOr<v1::ListRegionsResponse> listed = client->ListRegions();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->regions_size(), 1);
+  EXPECT_EQ(listed->regions(0).read_in_place(), in_place);
   const uint64_t out_offset = 3 << 20;
+  uint64_t in_offset = 4096;
   const auto through_shm = [&](v1::SampleRequest request) {
     const std::string& data = request.hidden_states().data();
-    std::memcpy((*shm)->data() + 4096, data.data(), data.size());
+    std::memcpy((*shm)->data() + in_offset, data.data(), data.size());
     v1::RegionSlice* in = request.mutable_hidden_states_region();
     in->set_region("host");
-    in->set_offset(4096);
+    in->set_offset(in_offset);
     in->set_byte_size(data.size());
     request.mutable_hidden_states()->clear_data();
     v1::RegionSlice* out = request.mutable_output_region();
@@ -237,6 +242,20 @@ void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool trunca
     std::memcpy(logz.data(), (*shm)->data() + out_offset + 4 * rows, 4 * rows);
     EXPECT_THAT(tokens, ElementsAreArray(want->token_ids()));
     EXPECT_THAT(logz, ElementsAreArray(want->logz()));
+  }
+  {
+    // Rows at an odd offset: no device load may be misaligned (a fault
+    // would stop the GPU for every later request), so they are read
+    // through the host; the same results.
+    in_offset = 4097;
+    const v1::SampleRequest bytes = BytesRequest(3, 77);
+    absl::StatusOr<v1::SampleResponse> want = client->Sample(bytes);
+    absl::StatusOr<v1::SampleResponse> got = client->Sample(through_shm(bytes));
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
+    std::vector<int32_t> tokens(3);
+    std::memcpy(tokens.data(), (*shm)->data() + out_offset, 4 * 3);
+    EXPECT_THAT(tokens, ElementsAreArray(want->token_ids()));
+    in_offset = 4096;
   }
   v1::SampleRequest bad = through_shm(BytesRequest(4, 5));
   const uint16_t bf16_nan = 0x7fc0;
@@ -269,7 +288,7 @@ void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool trunca
 }
 
 TEST_F(CudaIpcE2E, SharedMemoryOnTheCudaServerGivesTheGrpcPathsResults) {
-  CheckSharedMemory(client_.get(), server_.get(), /*truncate=*/true);
+  CheckSharedMemory(client_.get(), server_.get(), /*truncate=*/true, /*in_place=*/true);
 }
 
 TEST(CudaSharedMemoryE2E, SharedMemoryReadWithPreadGivesTheGrpcPathsResults) {
@@ -279,7 +298,60 @@ TEST(CudaSharedMemoryE2E, SharedMemoryReadWithPreadGivesTheGrpcPathsResults) {
   ASSERT_TRUE(started.ok()) << started;
   {
     SamplerClient client(server.address());
-    CheckSharedMemory(&client, &server, /*truncate=*/true);
+    CheckSharedMemory(&client, &server, /*truncate=*/true, /*in_place=*/false);
+  }
+  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
+  EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
+}
+
+// --shm_device_reads_max_bytes bounds the host memory regions pin for the
+// GPU: a region past it is read with pread (ListRegions says which), and a
+// closed region gives its bytes back.
+TEST(CudaSharedMemoryE2E, PinnedBytesAreBounded) {
+  ServerProcess server({"--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
+                        "--max_request_rows=256", "--shm_device_reads_max_bytes=6291456"});
+  const absl::Status started = server.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  {
+    SamplerClient client(server.address());
+    const std::string key_a = absl::StrCat("/fs-cuda-cap-a-", getpid());
+    const std::string key_b = absl::StrCat("/fs-cuda-cap-b-", getpid());
+    absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> a = SharedMemoryBuffer::Create(key_a, 4 << 20);
+    absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> b = SharedMemoryBuffer::Create(key_b, 4 << 20);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const auto in_place = [&](const std::string& name) {
+      absl::StatusOr<v1::ListRegionsResponse> listed = client.ListRegions();
+      EXPECT_TRUE(listed.ok()) << listed.status();
+      for (const v1::RegionInfo& r : listed->regions()) {
+        if (r.name() == name) return r.read_in_place();
+      }
+      ADD_FAILURE() << "no region " << name;
+      return false;
+    };
+    ASSERT_TRUE(client.RegisterSystemSharedMemory("a", key_a, 4 << 20).ok());
+    ASSERT_TRUE(client.RegisterSystemSharedMemory("b", key_b, 4 << 20).ok());
+    EXPECT_TRUE(in_place("a"));
+    EXPECT_FALSE(in_place("b"));  // 8 MiB would pass the 6 MiB bound
+    // b's rows, read with pread, give the gRPC path's tokens.
+    v1::SampleRequest request = BytesRequest(16, 91);
+    absl::StatusOr<v1::SampleResponse> want = client.Sample(request);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const std::string& data = request.hidden_states().data();
+    std::memcpy((*b)->data(), data.data(), data.size());
+    v1::RegionSlice* in = request.mutable_hidden_states_region();
+    in->set_region("b");
+    in->set_offset(0);
+    in->set_byte_size(data.size());
+    request.mutable_hidden_states()->clear_data();
+    absl::StatusOr<v1::SampleResponse> got = client.Sample(request);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(got->token_ids(), ElementsAreArray(want->token_ids()));
+    // a closes and gives its 4 MiB back: a new region fits again.
+    ASSERT_TRUE(client.UnregisterRegion("a").ok());
+    ASSERT_TRUE(client.RegisterSystemSharedMemory("c", key_a, 4 << 20).ok());
+    EXPECT_TRUE(in_place("c"));
+    EXPECT_TRUE(client.UnregisterRegion("b").ok());
+    EXPECT_TRUE(client.UnregisterRegion("c").ok());
   }
   absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
   EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
@@ -350,7 +422,7 @@ TEST(CudaUploadE2E, PayloadsStartedOnArrivalGiveTheLaunchCopysResults) {
     EXPECT_EQ(bad_status.code(), absl::StatusCode::kInvalidArgument) << bad_status;
     EXPECT_THAT(std::string(bad_status.message()), HasSubstr("hidden_states[37][5] is NaN"));
     // Shared memory registered for device copies is pinned: uploaded too.
-    CheckSharedMemory(&on_client, &on, /*truncate=*/false);
+    CheckSharedMemory(&on_client, &on, /*truncate=*/false, /*in_place=*/true);
   }
   for (ServerProcess* server : {&off, &on}) {
     absl::StatusOr<int> exit_code = server->Stop(SIGTERM, absl::Seconds(30));

@@ -144,5 +144,37 @@ TEST(WidenHiddenStates, BadArgumentsAreRefused) {
             KernelStatus::kInvalidArgument);
 }
 
+// A few bytes, at any alignment, from device memory and from host memory
+// mapped into the device's address space (registered, read by the device).
+TEST(CopyDeviceBytes, CopiesFromDeviceAndMappedHostMemory) {
+  unsigned char host[16];
+  for (int i = 0; i < 16; ++i) host[i] = static_cast<unsigned char>(0xa0 + i);
+  ASSERT_EQ(cudaHostRegister(host, sizeof(host), cudaHostRegisterMapped), cudaSuccess);
+  void* mapped = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(&mapped, host, 0), cudaSuccess);
+  void* device_memory = nullptr;
+  ASSERT_EQ(cudaMalloc(&device_memory, 32), cudaSuccess);
+  unsigned char* device = static_cast<unsigned char*>(device_memory);
+  ASSERT_EQ(cudaMemcpy(device, host, sizeof(host), cudaMemcpyHostToDevice), cudaSuccess);
+  for (const void* source : {static_cast<const void*>(device), static_cast<const void*>(mapped)}) {
+    for (const int bytes : {1, 2, 4, 8}) {
+      ASSERT_EQ(cudaMemset(device + 16, 0, 16), cudaSuccess);
+      // Offset 3: a 2-, 4- or 8-byte element there would be misaligned.
+      ASSERT_EQ(LaunchCopyDeviceBytes(static_cast<const unsigned char*>(source) + 3, bytes, device + 16, nullptr),
+                KernelStatus::kOk);
+      unsigned char got[16] = {};
+      ASSERT_EQ(cudaMemcpy(got, device + 16, sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int i = 0; i < 16; ++i) {
+        EXPECT_EQ(got[i], i < bytes ? host[3 + i] : 0) << "byte " << i << " of " << bytes;
+      }
+    }
+  }
+  EXPECT_EQ(LaunchCopyDeviceBytes(device, 0, device + 16, nullptr), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(LaunchCopyDeviceBytes(device, 9, device + 16, nullptr), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(LaunchCopyDeviceBytes(nullptr, 1, device + 16, nullptr), KernelStatus::kInvalidArgument);
+  cudaFree(device);
+  cudaHostUnregister(host);
+}
+
 }  // namespace
 }  // namespace flashsampler::kernels

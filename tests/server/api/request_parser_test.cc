@@ -683,6 +683,21 @@ TEST(RequestParserHostMappedRegions, HiddenStatesAreReadInPlaceResultsGoThroughT
   // An engine that widens nothing itself reads through the host.
   EXPECT_EQ(ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions).status().code(),
             absl::StatusCode::kDataLoss);
+  // A misaligned device address (fp32 rows 2 bytes off; results 2 bytes
+  // off) would fault the device's loads and stores: through the host.
+  auto odd = std::make_shared<FakeInPlaceRegion>(kBase + 2, 0);
+  description.name = "odd";
+  ASSERT_TRUE(regions.Add(description, odd).ok());
+  r.mutable_hidden_states_region()->set_region("odd");
+  EXPECT_EQ(ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions, &wire)
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+  r.mutable_hidden_states_region()->set_region("gpu");
+  out->set_region("odd");
+  parsed = ParseSampleRequest(r, Shape(), RequestLimits{8}, [&] { return seed++; }, &regions, &wire);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->batch.device_outputs.empty());
 }
 
 // Host staging that hands out ordinary memory and counts what it gave;
