@@ -347,7 +347,7 @@ size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t
   }
   const int64_t tiles = NumTiles(valid_vocab);
   return SummaryBytes(batch, tiles) + CandidateBytes(batch, tiles) +
-         AlignUp(static_cast<size_t>(cuda_internal::RoundedHiddenRows(batch)) *
+         AlignUp(static_cast<size_t>(RoundedHiddenRows(batch)) *
                  static_cast<size_t>(hidden_dim) * sizeof(uint16_t));
 }
 

@@ -497,7 +497,7 @@ size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_di
       hidden_dim > kMaxInt32) {
     return 0;
   }
-  return TileSummaryBytes(batch, vocab) + static_cast<size_t>(cuda_internal::RoundedHiddenRows(batch)) *
+  return TileSummaryBytes(batch, vocab) + static_cast<size_t>(RoundedHiddenRows(batch)) *
                                               static_cast<size_t>(hidden_dim) * sizeof(uint16_t);
 }
 

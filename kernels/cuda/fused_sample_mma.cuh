@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/stage1_shape.h"
 #include "kernels/cuda/fused_sample.h"
 
 namespace flashsampler::kernels::cuda_internal {
@@ -40,44 +41,7 @@ struct Stage1Choice {
 // the same choice for its launches.
 bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Choice* choice);
 
-// How LaunchRoundHidden lays the batch's rows out in hidden_rounded. The
-// WGMMA stage 1 loads H in boxes of block_rows rows, one box per chunk of
-// the batch. Above one box the batch is cut into num_chunks chunks of
-// chunk_rows rows (the last may hold fewer), chunk c's rows placed at rows
-// [c * block_rows, + chunk_rows) of hidden_rounded and zeros after them, so
-// that every box lies inside the scratch: a box running past the batch's
-// end made 160-192 rows 14-20% slower (NOTES-fused.md, v25).
-// - Padded: chunk_rows = block_rows, the last chunk short (rows past the
-//   batch are zeros); for the schedules of one block per item.
-// - Balanced: about as many rows in every chunk. For the persistent
-//   schedules, whose blocks keep one chunk of each tile: blocks that fold a
-//   small last chunk ran ahead of their tiles' other chunks and read W from
-//   DRAM again (10-20% at D = 8192, 160-320 rows); balanced, they keep pace.
-// - Identity (one chunk, block_rows = chunk_rows = batch): row r at row r,
-//   as the mma.sync stage 1 and the logits epilogue read it.
-struct HiddenChunks {
-  int64_t block_rows = 0;
-  int64_t chunk_rows = 0;
-  int64_t num_chunks = 1;
-
-  static HiddenChunks Identity(int64_t batch) { return {batch, batch, 1}; }
-  // batch > block_rows for both.
-  static HiddenChunks Padded(int64_t batch, int64_t block_rows) {
-    return {block_rows, block_rows, (batch + block_rows - 1) / block_rows};
-  }
-  static HiddenChunks Balanced(int64_t batch, int64_t block_rows) {
-    const int64_t n = (batch + block_rows - 1) / block_rows;
-    return {block_rows, (batch + n - 1) / n, n};
-  }
-  int64_t rows_filled() const { return num_chunks * block_rows; }
-};
-
-// Rows of the rounded-H scratch a launch of `batch` rows needs: the batch up
-// to 128 rows; above, whole 256-row blocks, which hold the chunks of every
-// layout the WGMMA stage 1 takes (128- and 256-row boxes).
-inline int64_t RoundedHiddenRows(int64_t batch) {
-  return batch <= 128 ? batch : (batch + 255) / 256 * 256;
-}
+// HiddenChunks and RoundedHiddenRows: kernels/cuda/stage1_shape.h.
 
 // Enqueues kernel 1 of the tensor-core stage 1 alone: H (fp32 [batch,
 // hidden_dim]) rounded to the weight dtype (round to nearest even, as the

@@ -1238,9 +1238,9 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   const int64_t box = variant == Stage1Kernel::kWgmma ? 256 : 128;
   const bool persistent = variant == Stage1Kernel::kWgmmaSeparateEpilogue ||
                           variant == Stage1Kernel::kWgmmaPingpong;
-  const HiddenChunks layout = args.batch <= box ? HiddenChunks::Identity(args.batch)
-                              : persistent      ? HiddenChunks::Balanced(args.batch, box)
-                                                : HiddenChunks::Padded(args.batch, box);
+  const HiddenChunks layout = WgmmaHiddenChunks(args.batch, box, persistent);
+  // The workspace holds RoundedHiddenRows(batch) rows (FusedSampleWorkspaceBytes).
+  if (layout.rows_filled() > RoundedHiddenRows(args.batch)) return cudaErrorInvalidValue;
   err = LaunchRoundHidden(args, hidden_rounded, stream, layout);
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {

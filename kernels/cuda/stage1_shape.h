@@ -1,7 +1,7 @@
-// Stage-1 shapes: the two launch-shape choices the fused sampler's stage 1
-// makes per head (fused_sample.cu, fused_sample_mma.cu). Pure host
-// arithmetic, so both rules are testable on the CPU. Neither changes any
-// token's arithmetic, so neither changes a token.
+// Stage-1 shapes: the launch-shape choices the fused sampler's stage 1
+// makes (fused_sample.cu, fused_sample_mma.cu, fused_sample_sm90.cu). Pure
+// host arithmetic, so every rule is testable on the CPU. None changes any
+// token's arithmetic, so none changes a token.
 //
 // Both exist for one reason. A stage-1 block is latency-bound: one wave of
 // resident blocks just saturates DRAM, so the last, partial wave of a grid
@@ -80,6 +80,55 @@ inline bool MmaDeepPipeline(int64_t tiles, int64_t hidden_dim, int64_t sms) {
   const int64_t wave = 3 * sms;
   const int64_t last_wave = tiles % wave;
   return last_wave != 0 && 3 * last_wave <= wave;
+}
+
+// 3. How the tensor-core stage 1's rounding kernel (LaunchRoundHidden,
+// fused_sample_mma.cuh) lays the batch's rows out in its scratch. The
+// WGMMA stage 1 loads H in boxes of block_rows rows, one box per chunk of
+// the batch. Above one box the batch is cut into num_chunks chunks of
+// chunk_rows rows (the last may hold fewer), chunk c's rows placed at rows
+// [c * block_rows, + chunk_rows) of hidden_rounded and zeros after them, so
+// that every box lies inside the scratch: a box running past the batch's
+// end made 160-192 rows 14-20% slower (NOTES-fused.md, v25).
+// - Padded: chunk_rows = block_rows, the last chunk short (rows past the
+//   batch are zeros); for the schedules of one block per item.
+// - Balanced: about as many rows in every chunk. For the persistent
+//   schedules, whose blocks keep one chunk of each tile: blocks that fold a
+//   small last chunk ran ahead of their tiles' other chunks and read W from
+//   DRAM again (10-20% at D = 8192, 160-320 rows); balanced, they keep pace.
+// - Identity (one chunk, block_rows = chunk_rows = batch): row r at row r,
+//   as the mma.sync stage 1 and the logits epilogue read it.
+struct HiddenChunks {
+  int64_t block_rows = 0;
+  int64_t chunk_rows = 0;
+  int64_t num_chunks = 1;
+
+  static HiddenChunks Identity(int64_t batch) { return {batch, batch, 1}; }
+  // batch > block_rows for both.
+  static HiddenChunks Padded(int64_t batch, int64_t block_rows) {
+    return {block_rows, block_rows, (batch + block_rows - 1) / block_rows};
+  }
+  static HiddenChunks Balanced(int64_t batch, int64_t block_rows) {
+    const int64_t n = (batch + block_rows - 1) / block_rows;
+    return {block_rows, (batch + n - 1) / n, n};
+  }
+  int64_t rows_filled() const { return num_chunks * block_rows; }
+};
+
+// Rows of the rounded-H scratch a launch of `batch` rows needs: the batch up
+// to 128 rows; above, whole 256-row blocks, which hold the chunks of every
+// layout the WGMMA stage 1 takes (128- and 256-row boxes).
+inline int64_t RoundedHiddenRows(int64_t batch) {
+  return batch <= 128 ? batch : (batch + 255) / 256 * 256;
+}
+
+// The layout the WGMMA stage 1 takes for `batch` rows in boxes of `box`
+// rows (128, or 256 for the one-block-per-SM schedule above 128 rows):
+// identity within one box, else balanced chunks for the persistent
+// schedules and padded ones for one block per item.
+inline HiddenChunks WgmmaHiddenChunks(int64_t batch, int64_t box, bool persistent) {
+  if (batch <= box) return HiddenChunks::Identity(batch);
+  return persistent ? HiddenChunks::Balanced(batch, box) : HiddenChunks::Padded(batch, box);
 }
 
 }  // namespace flashsampler::kernels

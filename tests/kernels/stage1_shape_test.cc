@@ -1,12 +1,15 @@
 // Tests of kernels/cuda/stage1_shape.h: the CUDA-core stage 1's choice of
-// 64- or 128-token tiles and the tensor-core stage 1's pipeline depth at
-// B <= 16 (pure host arithmetic, so they run in CI). The shapes and waves
+// 64- or 128-token tiles, the tensor-core stage 1's pipeline depth at
+// B <= 16 and the WGMMA stage 1's chunk layouts (pure host arithmetic, so
+// they run in CI). The shapes and waves
 // (132 SMs: 264 one-row CUDA-core blocks, 396 tensor-core blocks) are those
 // measured in docs/benchmark-log.md ("64-token tiles for the CUDA-core stage 1",
 // "a deeper tensor-core pipeline"): the rules pick what was measured faster.
 #include "kernels/cuda/stage1_shape.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 namespace flashsampler::kernels {
 namespace {
@@ -69,6 +72,59 @@ TEST(MmaDeepPipeline, ShallowElsewhere) {
   EXPECT_FALSE(MmaDeepPipeline(501, 6144, kSms));   // short rows: 5120, 6144 never gained deep
   EXPECT_FALSE(MmaDeepPipeline(501, 8192, 0));      // unknown device
   EXPECT_FALSE(MmaDeepPipeline(0, 8192, kSms));
+}
+
+// The WGMMA stage 1's chunk layouts, for every batch a launch can have up
+// to 4096 rows and both box sizes: the chunks hold every row once, in
+// order, each within its box; balanced chunks differ by at most one row
+// (the last may be the short one); and the scratch the workspace sizes
+// (RoundedHiddenRows) holds every box. The kernels rely on all of it
+// (fused_sample_sm90.cu: RowsOfChunk, LaunchTiles).
+TEST(HiddenChunks, EveryRowOnceInsideItsBoxAndTheScratch) {
+  for (const int64_t box : {int64_t{128}, int64_t{256}}) {
+    for (const bool persistent : {false, true}) {
+      for (int64_t batch = 1; batch <= 4096; ++batch) {
+        SCOPED_TRACE(::testing::Message() << "box " << box << (persistent ? " balanced" : " padded")
+                                          << ", batch " << batch);
+        const HiddenChunks c = WgmmaHiddenChunks(batch, box, persistent);
+        ASSERT_GE(c.chunk_rows, 1);
+        ASSERT_LE(c.chunk_rows, c.block_rows);
+        ASSERT_LE(c.rows_filled(), RoundedHiddenRows(batch));
+        if (batch <= box) {
+          EXPECT_EQ(c.num_chunks, 1);
+          EXPECT_EQ(c.block_rows, batch);
+          EXPECT_EQ(c.chunk_rows, batch);
+          continue;
+        }
+        EXPECT_EQ(c.block_rows, box);
+        EXPECT_EQ(c.num_chunks, (batch + box - 1) / box);
+        // Chunk k holds rows [k * chunk_rows, min(+ chunk_rows, batch)),
+        // placed from row k * box of the scratch.
+        int64_t covered = 0;
+        for (int64_t k = 0; k < c.num_chunks; ++k) {
+          const int64_t first = k * c.chunk_rows;
+          const int64_t end = std::min(first + c.chunk_rows, batch);
+          ASSERT_LT(first, end) << "chunk " << k << " is empty";
+          ASSERT_EQ(first, covered);
+          ASSERT_LE(k * box + (end - first), c.rows_filled());
+          covered = end;
+        }
+        EXPECT_EQ(covered, batch);
+        if (persistent) {
+          // Every chunk but the last holds chunk_rows; the last at most
+          // num_chunks - 1 fewer.
+          EXPECT_LE(c.chunk_rows * c.num_chunks - batch, c.num_chunks - 1);
+        } else {
+          EXPECT_EQ(c.chunk_rows, box);
+        }
+      }
+    }
+  }
+  // Two examples from the measurements: 160 rows as 2 x 80, 300 as 3 x 100.
+  EXPECT_EQ(WgmmaHiddenChunks(160, 128, true).chunk_rows, 80);
+  EXPECT_EQ(WgmmaHiddenChunks(300, 128, true).chunk_rows, 100);
+  EXPECT_EQ(WgmmaHiddenChunks(160, 128, false).chunk_rows, 128);
+  EXPECT_EQ(WgmmaHiddenChunks(300, 256, true).chunk_rows, 150);
 }
 
 }  // namespace
