@@ -3,7 +3,7 @@
 // host arithmetic, so every rule is testable on the CPU. None changes any
 // token's arithmetic, so none changes a token.
 //
-// Both exist for one reason. A stage-1 block is latency-bound: one wave of
+// The first two exist for one reason. A stage-1 block is latency-bound: one wave of
 // resident blocks just saturates DRAM, so the last, partial wave of a grid
 // reads at the fraction of peak its blocks fill. A vocabulary shard of about
 // 76k tokens at hidden_dim 4096 is 594 blocks of 128 tokens: 2.25 waves of

@@ -440,9 +440,10 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
   // them there device to device (a plain batch's outputs are on the device;
   // the controlled paths assemble theirs on the host, which writes them).
   if (parsed.output.has_value() && !any_controls && wire != nullptr) {
-    const MemoryRegion::DeviceAddress device = parsed.output->region->DeviceAddressOf(parsed.output->offset);
+    const MemoryRegion::DeviceAddress device =
+        parsed.output->region->DeviceWritableAddressOf(parsed.output->offset);
     // The device writes int32 and fp32 words: 4-byte alignment, else the host writes them.
-    if (device.data != nullptr && !device.host_mapped && device.device == regions->in_place_device() &&
+    if (device.data != nullptr && device.device == regions->in_place_device() &&
         reinterpret_cast<uintptr_t>(device.data) % sizeof(int32_t) == 0) {
       // The region is the client's writable buffer; DeviceAddress is const
       // because readers share it.

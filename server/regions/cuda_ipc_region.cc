@@ -88,6 +88,7 @@ class CudaIpcRegion final : public MemoryRegion {
   DeviceAddress DeviceAddressOf(uint64_t offset) const override {
     return {base_ + start_ + offset, device_};
   }
+  DeviceAddress DeviceWritableAddressOf(uint64_t offset) const override { return DeviceAddressOf(offset); }
 
  private:
   absl::Status Copy(void* dst, const void* src, uint64_t size, cudaMemcpyKind kind,

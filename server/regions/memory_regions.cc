@@ -102,7 +102,7 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
       shrunk_.store(true, std::memory_order_relaxed);
       return {};
     }
-    return {mapping_->device_data() + offset, mapping_->device(), /*host_mapped=*/true};
+    return {mapping_->device_data() + offset, mapping_->device()};
   }
 
   absl::Status ReadPieces(uint64_t offset, uint64_t size, uint64_t granule,

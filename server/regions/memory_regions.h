@@ -59,17 +59,22 @@ class MemoryRegion {
                                   const PieceConsumer& consume) const = 0;
   // Copies `size` bytes of host memory `src` to [offset, offset + size).
   virtual absl::Status Write(uint64_t offset, const void* src, uint64_t size) const = 0;
-  // Memory an engine on `device` may read in place: GPU memory (CUDA IPC),
-  // or host memory mapped into that device's address space (a shared-memory
-  // region, `host_mapped`: read over the bus, and never written by the
-  // device, since the mapping is read-only). {nullptr, -1} where there is
+  // The device address of `offset` for an engine on `device`: GPU memory
+  // (CUDA IPC), or host memory mapped into that device's address space (a
+  // shared-memory region, read over the bus). {nullptr, -1} where there is
   // none: the bytes are then read through Read / ReadPieces.
   struct DeviceAddress {
     const void* data = nullptr;
     int device = -1;
-    bool host_mapped = false;
   };
   virtual DeviceAddress DeviceAddressOf(uint64_t offset) const {
+    (void)offset;
+    return {};
+  }
+  // The same where the device may also write there (GPU memory; a
+  // shared-memory mapping is read-only): the engine writes results there
+  // itself. {nullptr, -1} otherwise: results are written through Write.
+  virtual DeviceAddress DeviceWritableAddressOf(uint64_t offset) const {
     (void)offset;
     return {};
   }

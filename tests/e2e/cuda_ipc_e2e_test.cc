@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -291,29 +292,32 @@ TEST_F(CudaIpcE2E, SharedMemoryOnTheCudaServerGivesTheGrpcPathsResults) {
   CheckSharedMemory(client_.get(), server_.get(), /*truncate=*/true, /*in_place=*/true);
 }
 
-TEST(CudaSharedMemoryE2E, SharedMemoryReadWithPreadGivesTheGrpcPathsResults) {
+// Runs `body` against a CUDA server of the test head started with `flag`
+// as well, then stops the server, which must exit cleanly.
+void WithCudaServer(const std::string& flag, const std::function<void(SamplerClient&, ServerProcess&)>& body) {
   ServerProcess server({"--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
-                        "--max_request_rows=256", "--shm_device_reads=false"});
+                        "--max_request_rows=256", flag});
   const absl::Status started = server.Start();
   ASSERT_TRUE(started.ok()) << started;
   {
     SamplerClient client(server.address());
-    CheckSharedMemory(&client, &server, /*truncate=*/true, /*in_place=*/false);
+    body(client, server);
   }
   absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
   EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
+}
+
+TEST(CudaSharedMemoryE2E, SharedMemoryReadWithPreadGivesTheGrpcPathsResults) {
+  WithCudaServer("--shm_device_reads=false", [](SamplerClient& client, ServerProcess& server) {
+    CheckSharedMemory(&client, &server, /*truncate=*/true, /*in_place=*/false);
+  });
 }
 
 // --shm_device_reads_max_bytes bounds the host memory regions pin for the
 // GPU: a region past it is read with pread (ListRegions says which), and a
 // closed region gives its bytes back.
 TEST(CudaSharedMemoryE2E, PinnedBytesAreBounded) {
-  ServerProcess server({"--backend=cuda", "--cuda_device=0", "--demo_vocab=50000", "--demo_hidden=256",
-                        "--max_request_rows=256", "--shm_device_reads_max_bytes=6291456"});
-  const absl::Status started = server.Start();
-  ASSERT_TRUE(started.ok()) << started;
-  {
-    SamplerClient client(server.address());
+  WithCudaServer("--shm_device_reads_max_bytes=6291456", [](SamplerClient& client, ServerProcess&) {
     const std::string key_a = absl::StrCat("/fs-cuda-cap-a-", getpid());
     const std::string key_b = absl::StrCat("/fs-cuda-cap-b-", getpid());
     absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> a = SharedMemoryBuffer::Create(key_a, 4 << 20);
@@ -352,9 +356,7 @@ TEST(CudaSharedMemoryE2E, PinnedBytesAreBounded) {
     EXPECT_TRUE(in_place("c"));
     EXPECT_TRUE(client.UnregisterRegion("b").ok());
     EXPECT_TRUE(client.UnregisterRegion("c").ok());
-  }
-  absl::StatusOr<int> exit_code = server.Stop(SIGTERM, absl::Seconds(30));
-  EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
+  });
 }
 
 // Payloads the request thread starts for the GPU once admitted

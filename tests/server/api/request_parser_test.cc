@@ -573,9 +573,10 @@ v1::SampleRequest RequestFromRegion(const std::string& name, uint64_t offset, in
 }
 
 // A region that an engine on `device` may read in place: GPU memory (as a
-// CUDA IPC region reports itself), or, `host_mapped`, host memory mapped into
-// the device's address space (a shared-memory region). Reading it through the
-// host fails, so a test sees which way the parser went.
+// CUDA IPC region reports itself: the device may write it too), or,
+// `host_mapped`, host memory mapped into the device's address space (a
+// shared-memory region: read only). Reading it through the host fails, so a
+// test sees which way the parser went.
 class FakeInPlaceRegion final : public MemoryRegion {
  public:
   FakeInPlaceRegion(const char* base, int device, bool host_mapped = false)
@@ -585,8 +586,9 @@ class FakeInPlaceRegion final : public MemoryRegion {
     return absl::DataLossError("read through the host");
   }
   absl::Status Write(uint64_t, const void*, uint64_t) const override { return absl::OkStatus(); }
-  DeviceAddress DeviceAddressOf(uint64_t offset) const override {
-    return DeviceAddress{base_ + offset, device_, host_mapped_};
+  DeviceAddress DeviceAddressOf(uint64_t offset) const override { return DeviceAddress{base_ + offset, device_}; }
+  DeviceAddress DeviceWritableAddressOf(uint64_t offset) const override {
+    return host_mapped_ ? DeviceAddress{} : DeviceAddressOf(offset);
   }
 
  private:
