@@ -195,6 +195,18 @@ class CudaEngine final : public Engine {
 
  private:
   absl::StatusOr<SampleResult> Run(const SampleBatch& batch) {
+    absl::StatusOr<SampleResult> result = RunOnStream(batch);
+    // An error can return with copies and kernels still enqueued: they read
+    // the pinned staging, the batch's own buffers (kept alive only until
+    // Sample returns) and write the outputs the next launch reuses. Wait for
+    // them, so nothing on the stream outlives the batch that enqueued it.
+    // Its own error is the one already being returned, or a sticky one the
+    // next launch reports.
+    if (!result.ok() && stream_ != nullptr) cudaStreamSynchronize(stream_);
+    return result;
+  }
+
+  absl::StatusOr<SampleResult> RunOnStream(const SampleBatch& batch) {
     FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
     if (absl::Status s = StageHidden(batch); !s.ok()) return s;
     absl::StatusOr<SampleResult> result = RunSampler(batch);
