@@ -16,6 +16,13 @@
 //
 // Cost: memory-bound, one read of the payload and one fp32 write (2 MiB in,
 // 4 MiB out at 256 rows of D = 4096 bf16: a few microseconds on an H100).
+// When the source may be host memory mapped into the device (a shared-memory
+// region read in place), every load crosses the bus as a read request of its
+// warp's span: 2-byte loads ask for 64 bytes a warp instruction, 16-byte
+// loads for 512. So a 16-byte-aligned source is read 16 bytes a thread
+// (WidenVectorsKernel), four loads in flight before any is used; other
+// alignments take the element kernel. Both compute each element with the same
+// WidenElement, so the bits do not depend on the path.
 #include "kernels/cuda/hidden_states.h"
 
 #include "kernels/common/half_precision.h"
@@ -44,6 +51,30 @@ __device__ __forceinline__ float LoadWidened(const void* src, int64_t i, bool* b
   }
 }
 
+// One element after widening: rounded to the weights' dtype, and whether it
+// is refused (*bad, already set for a non-finite source value).
+template <CudaWeightDType kWeight>
+__device__ __forceinline__ float RoundWidened(float v, bool* bad) {
+  if constexpr (kWeight == CudaWeightDType::kBFloat16) {
+    return Bf16ToFloat(FloatToBf16(v));
+  } else if constexpr (kWeight == CudaWeightDType::kFloat16) {
+    v = Fp16ToFloat(FloatToFp16(v));
+    *bad = *bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf
+    return v;
+  } else {
+    return v;
+  }
+}
+
+template <CudaWeightDType kSrc, CudaWeightDType kWeight>
+__device__ __forceinline__ void WidenElement(const void* src, int64_t i, float* dst,
+                                             unsigned long long* first_bad) {
+  bool bad = false;
+  const float v = RoundWidened<kWeight>(LoadWidened<kSrc>(src, i, &bad), &bad);
+  dst[i] = v;
+  if (bad) atomicMin(first_bad, static_cast<unsigned long long>(i));
+}
+
 template <CudaWeightDType kSrc, CudaWeightDType kWeight>
 __global__ void __launch_bounds__(kWidenThreads)
     WidenHiddenStatesKernel(const void* __restrict__ src, int64_t count, float* __restrict__ dst,
@@ -55,38 +86,80 @@ __global__ void __launch_bounds__(kWidenThreads)
     for (int u = 0; u < kWidenUnroll; ++u) {
       const int64_t i = base + u * stride;
       if (i >= count) break;
-      bool bad = false;
-      float v = LoadWidened<kSrc>(src, i, &bad);
-      if constexpr (kWeight == CudaWeightDType::kBFloat16) {
-        v = Bf16ToFloat(FloatToBf16(v));
-      } else if constexpr (kWeight == CudaWeightDType::kFloat16) {
-        v = Fp16ToFloat(FloatToFp16(v));
-        bad = bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf
-      }
-      dst[i] = v;
-      if (bad) atomicMin(first_bad, static_cast<unsigned long long>(i));
+      WidenElement<kSrc, kWeight>(src, i, dst, first_bad);
     }
   }
 }
 
+// Elements of a 16-byte vector of the source dtype.
 template <CudaWeightDType kSrc>
-void* PickKernel(CudaWeightDType weight) {
+inline constexpr int kVectorElements = kSrc == CudaWeightDType::kFloat32 ? 4 : 8;
+
+// src and dst 16-byte aligned: vector v holds elements [v * kN, v * kN + kN),
+// read with one 16-byte load and written with kN / 4 float4 stores; the
+// count % kN elements past the last whole vector go one a thread. Within a
+// vector the smallest bad index is the one offered to atomicMin, so
+// *first_bad ends the same as the element kernel's.
+template <CudaWeightDType kSrc, CudaWeightDType kWeight>
+__global__ void __launch_bounds__(kWidenThreads)
+    WidenVectorsKernel(const uint4* __restrict__ src, int64_t count, float* __restrict__ dst,
+                       unsigned long long* __restrict__ first_bad) {
+  constexpr int kN = kVectorElements<kSrc>;
+  const int64_t vectors = count / kN;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t base = first; base < vectors; base += stride * kWidenUnroll) {
+    uint4 raw[kWidenUnroll];
+#pragma unroll
+    for (int u = 0; u < kWidenUnroll; ++u) {
+      const int64_t v = base + u * stride;
+      raw[u] = v < vectors ? src[v] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kWidenUnroll; ++u) {
+      const int64_t v = base + u * stride;
+      if (v >= vectors) break;
+      float out[kN];
+      int bad_at = kN;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        bool bad = false;
+        out[j] = RoundWidened<kWeight>(LoadWidened<kSrc>(&raw[u], j, &bad), &bad);
+        bad_at = bad && bad_at == kN ? j : bad_at;
+      }
+      float4* to = reinterpret_cast<float4*>(dst + v * kN);
+#pragma unroll
+      for (int q = 0; q < kN / 4; ++q) {
+        to[q] = make_float4(out[4 * q], out[4 * q + 1], out[4 * q + 2], out[4 * q + 3]);
+      }
+      if (bad_at < kN) atomicMin(first_bad, static_cast<unsigned long long>(v * kN + bad_at));
+    }
+  }
+  const int64_t tail = vectors * kN + first;
+  if (tail < count) WidenElement<kSrc, kWeight>(src, tail, dst, first_bad);
+}
+
+template <CudaWeightDType kSrc, CudaWeightDType kWeight>
+void* PickKernel(bool vectors) {
+  return vectors ? reinterpret_cast<void*>(&WidenVectorsKernel<kSrc, kWeight>)
+                 : reinterpret_cast<void*>(&WidenHiddenStatesKernel<kSrc, kWeight>);
+}
+
+template <CudaWeightDType kSrc>
+void* PickKernel(CudaWeightDType weight, bool vectors) {
   switch (weight) {
-    case CudaWeightDType::kFloat32:
-      return reinterpret_cast<void*>(&WidenHiddenStatesKernel<kSrc, CudaWeightDType::kFloat32>);
-    case CudaWeightDType::kFloat16:
-      return reinterpret_cast<void*>(&WidenHiddenStatesKernel<kSrc, CudaWeightDType::kFloat16>);
-    case CudaWeightDType::kBFloat16:
-      return reinterpret_cast<void*>(&WidenHiddenStatesKernel<kSrc, CudaWeightDType::kBFloat16>);
+    case CudaWeightDType::kFloat32: return PickKernel<kSrc, CudaWeightDType::kFloat32>(vectors);
+    case CudaWeightDType::kFloat16: return PickKernel<kSrc, CudaWeightDType::kFloat16>(vectors);
+    case CudaWeightDType::kBFloat16: return PickKernel<kSrc, CudaWeightDType::kBFloat16>(vectors);
   }
   return nullptr;
 }
 
-void* PickKernel(CudaWeightDType src, CudaWeightDType weight) {
+void* PickKernel(CudaWeightDType src, CudaWeightDType weight, bool vectors) {
   switch (src) {
-    case CudaWeightDType::kFloat32: return PickKernel<CudaWeightDType::kFloat32>(weight);
-    case CudaWeightDType::kFloat16: return PickKernel<CudaWeightDType::kFloat16>(weight);
-    case CudaWeightDType::kBFloat16: return PickKernel<CudaWeightDType::kBFloat16>(weight);
+    case CudaWeightDType::kFloat32: return PickKernel<CudaWeightDType::kFloat32>(weight, vectors);
+    case CudaWeightDType::kFloat16: return PickKernel<CudaWeightDType::kFloat16>(weight, vectors);
+    case CudaWeightDType::kBFloat16: return PickKernel<CudaWeightDType::kBFloat16>(weight, vectors);
   }
   return nullptr;
 }
@@ -108,22 +181,34 @@ KernelStatus LaunchCopyDeviceBytes(const void* src, int bytes, void* dst, cudaSt
 
 KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
                                      CudaWeightDType weight_dtype, float* dst,
-                                     unsigned long long* first_bad, cudaStream_t stream) {
+                                     unsigned long long* first_bad, cudaStream_t stream,
+                                     FirstBadReset reset) {
   if (src == nullptr || dst == nullptr || first_bad == nullptr || count < 1) {
     return KernelStatus::kInvalidArgument;
   }
-  void* kernel = PickKernel(src_dtype, weight_dtype);
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const int64_t vector_elements =
+      src_dtype == CudaWeightDType::kFloat32 ? kVectorElements<CudaWeightDType::kFloat32>
+                                             : kVectorElements<CudaWeightDType::kBFloat16>;
+  // Vectors when aligned and at least one whole vector's worth.
+  const bool vectors = aligned && count >= vector_elements;
+  void* kernel = PickKernel(src_dtype, weight_dtype, vectors);
   if (kernel == nullptr) return KernelStatus::kInvalidArgument;
   // 0xff bytes: kNoBadHiddenElement.
-  if (cudaMemsetAsync(first_bad, 0xff, sizeof(*first_bad), stream) != cudaSuccess) {
+  if (reset == FirstBadReset::kByLauncher &&
+      cudaMemsetAsync(first_bad, 0xff, sizeof(*first_bad), stream) != cudaSuccess) {
     return KernelStatus::kDeviceError;
   }
-  // Grid: one element per thread per unrolled step, capped so a large payload
-  // strides (a few waves of 256-thread blocks saturate HBM; more blocks only
-  // cost scheduling). 1024 blocks x 256 threads x 4 = 1 M elements per pass:
-  // 256 rows of D = 4096 in one pass.
+  // Grid: one element (or 16-byte vector) per thread per unrolled step,
+  // capped so a large payload strides (a few waves of 256-thread blocks
+  // saturate HBM, or the bus; more blocks only cost scheduling). 1024 blocks
+  // x 256 threads x 4 = 1 M elements, or vectors, per pass: 256 rows of
+  // D = 4096 in one pass either way. The vector kernel's tail (fewer than one
+  // vector's elements) takes its grid's first threads, so its grid covers at
+  // least that many threads (one block does).
+  const int64_t units = vectors ? count / vector_elements : count;
   const int64_t per_block = static_cast<int64_t>(kWidenThreads) * kWidenUnroll;
-  const int64_t blocks = (count + per_block - 1) / per_block;
+  const int64_t blocks = (units + per_block - 1) / per_block;
   const dim3 grid(static_cast<unsigned>(blocks < 1024 ? blocks : 1024));
   const dim3 block(kWidenThreads);
   void* args[] = {const_cast<void**>(&src), &count, &dst, &first_bad};

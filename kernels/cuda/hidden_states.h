@@ -26,14 +26,21 @@ namespace flashsampler::kernels {
 // No bad element: the value *first_bad keeps.
 inline constexpr unsigned long long kNoBadHiddenElement = ~0ull;
 
+// Who sets *first_bad to kNoBadHiddenElement before the kernel runs: the
+// launcher (one memset on the stream), or the caller, who enqueued that value
+// ahead of the launch on the same stream (a serving engine folds it into the
+// upload it makes anyway, one operation less per step).
+enum class FirstBadReset { kByLauncher, kByCaller };
+
 // dst[i] = the fp32 value of src[i] (`src_dtype`), rounded to `weight_dtype`
 // (nearest even) for i < count. *first_bad (device memory) becomes the
 // smallest i whose element is NaN or infinite, or, for fp16 weights, rounds
-// to infinity (|x| >= 65520); it stays kNoBadHiddenElement when there is none.
-// The launcher resets it first. dst must not overlap src.
+// to infinity (|x| >= 65520); it stays kNoBadHiddenElement when there is none
+// (see FirstBadReset for who resets it). dst must not overlap src.
 KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
                                      CudaWeightDType weight_dtype, float* dst,
-                                     unsigned long long* first_bad, cudaStream_t stream);
+                                     unsigned long long* first_bad, cudaStream_t stream,
+                                     FirstBadReset reset = FirstBadReset::kByLauncher);
 
 // Copies `bytes` (1 to 8) bytes from src to dst on the device, by a kernel
 // thread. src may be GPU memory or host memory mapped into the device's

@@ -86,7 +86,7 @@ class CudaEngine final : public Engine {
       cudaFree(p);
     }
     for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_,
-                    host_drafts_, host_draft_logprobs_, host_first_bad_}) {
+                    host_drafts_, host_draft_logprobs_, host_first_bad_, host_no_bad_}) {
       cudaFreeHost(p);
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -128,6 +128,8 @@ class CudaEngine final : public Engine {
     // One first-bad index per group of wire rows; a batch has at most one per row.
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&first_bad_, rows * sizeof(unsigned long long)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_first_bad_, rows * sizeof(unsigned long long)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_no_bad_, rows * sizeof(unsigned long long)));
+    std::memset(host_no_bad_, 0xff, rows * sizeof(unsigned long long));  // kNoBadHiddenElement
     if (options_.upload_min_bytes > 0) {
       absl::StatusOr<std::shared_ptr<DeviceUpload>> upload =
           MakeCudaDeviceUpload(options_.device, static_cast<size_t>(options_.upload_min_bytes));
@@ -311,13 +313,18 @@ class CudaEngine final : public Engine {
       std::memcpy(host_drafts_, batch.draft_tokens.data(), batch.rows * sizeof(int32_t));
       AddCopy(drafts_, host_drafts_, batch.rows * sizeof(int32_t));
     }
+    // The groups' first-bad indices start at kNoBadHiddenElement: set by the
+    // same upload rather than a memset per group.
+    if (!wire_groups_.empty()) {
+      AddCopy(first_bad_, host_no_bad_, wire_groups_.size() * sizeof(unsigned long long));
+    }
     if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
       const WireGroup& group = wire_groups_[g];
       const KernelStatus status = kernels::LaunchWidenHiddenStates(
           group.source, ToCudaDType(group.dtype), group.rows * d, ToCudaDType(shape_.weight_dtype),
           static_cast<float*>(hidden_) + group.first_row * d, static_cast<unsigned long long*>(first_bad_) + g,
-          stream_);
+          stream_, kernels::FirstBadReset::kByCaller);
       if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "widening hidden states on the GPU");
     }
     first_bad_pending_ = !wire_groups_.empty();
@@ -513,6 +520,7 @@ class CudaEngine final : public Engine {
   void* host_drafts_ = nullptr;
   void* host_draft_logprobs_ = nullptr;
   void* host_first_bad_ = nullptr;
+  void* host_no_bad_ = nullptr;  // max_rows_ x kNoBadHiddenElement, never written after Init
   // Consecutive wire rows widened by one launch from `source` (device
   // memory: wire_ for host rows, `host`; else a CUDA IPC buffer in place),
   // with first_bad_[index in wire_groups_].

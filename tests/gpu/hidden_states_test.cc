@@ -5,6 +5,7 @@
 // GPU: FAILS (does not skip) without one.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -58,14 +59,19 @@ struct DeviceBuffers {
 };
 
 // Widens `src` (count elements of `dtype`) on the GPU; returns dst and *first_bad.
+// The source starts `src_offset` bytes into its allocation: 0 is 16-byte
+// aligned (the launcher's vector kernel), one element's size is not (its
+// element kernel).
 std::vector<float> DeviceWiden(const std::vector<uint8_t>& src, CudaWeightDType dtype, int64_t count,
-                               CudaWeightDType weight, unsigned long long* first_bad) {
+                               CudaWeightDType weight, unsigned long long* first_bad,
+                               size_t src_offset = 0) {
   DeviceBuffers b;
-  EXPECT_EQ(cudaMalloc(&b.src, src.size()), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&b.src, src.size() + src_offset), cudaSuccess);
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.dst), count * sizeof(float)), cudaSuccess);
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.first_bad), sizeof(unsigned long long)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(b.src, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(LaunchWidenHiddenStates(b.src, dtype, count, weight, b.dst, b.first_bad, nullptr),
+  void* at = static_cast<char*>(b.src) + src_offset;
+  EXPECT_EQ(cudaMemcpy(at, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(LaunchWidenHiddenStates(at, dtype, count, weight, b.dst, b.first_bad, nullptr),
             KernelStatus::kOk);
   std::vector<float> out(static_cast<size_t>(count));
   EXPECT_EQ(cudaMemcpy(out.data(), b.dst, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -80,32 +86,47 @@ TEST(WidenHiddenStates, EqualsTheHostConversionBitForBitAndFindsTheFirstBadEleme
   int devices = 0;
   ASSERT_TRUE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
       << "this GPU test needs a CUDA device (exclude label gpu)";
-  // More elements than one pass of the grid (1024 blocks x 1024), odd-sized.
-  const int64_t count = 1'300'001;
+  // More elements than one pass of the grid (1024 blocks x 1024), odd-sized
+  // (the vector kernel's tail); and a few elements, fewer than a vector.
+  // Each from an aligned source and from one an element off (the element
+  // kernel).
   std::mt19937_64 gen(11);
-  for (CudaWeightDType dtype : kDTypes) {
-    std::vector<uint8_t> src(count * Bytes(dtype));
-    for (uint8_t& byte : src) byte = static_cast<uint8_t>(gen());
-    for (CudaWeightDType weight : kDTypes) {
-      SCOPED_TRACE(::testing::Message() << "src dtype " << static_cast<int>(dtype) << ", weight dtype "
-                                        << static_cast<int>(weight));
-      unsigned long long first_bad = 0;
-      const std::vector<float> got = DeviceWiden(src, dtype, count, weight, &first_bad);
-      int64_t want_first_bad = -1, compared = 0, differ = 0;
-      for (int64_t i = 0; i < count; ++i) {
-        bool bad = false;
-        const float want = HostRound(HostWiden(src, dtype, i, &bad), weight, &bad);
-        if (bad) {
-          if (want_first_bad < 0) want_first_bad = i;
-          continue;  // refused: the value written is never used
+  struct Case {
+    int64_t count;
+    bool misaligned;
+  };
+  const Case cases[] = {{1'300'001, false}, {1'300'001, true}, {5, false}, {5, true}};
+  for (const auto [count, misaligned] : cases) {
+    for (CudaWeightDType dtype : kDTypes) {
+      std::vector<uint8_t> src(count * Bytes(dtype));
+      for (uint8_t& byte : src) byte = static_cast<uint8_t>(gen());
+      // A few elements of random bits may all be finite: make the fourth NaN.
+      if (count < 8) std::memset(src.data() + 3 * Bytes(dtype), 0xff, Bytes(dtype));
+      for (CudaWeightDType weight : kDTypes) {
+        SCOPED_TRACE(::testing::Message() << count << " elements, " << (misaligned ? "misaligned" : "aligned")
+                                          << ", src dtype " << static_cast<int>(dtype) << ", weight dtype "
+                                          << static_cast<int>(weight));
+        unsigned long long first_bad = 0;
+        const std::vector<float> got =
+            DeviceWiden(src, dtype, count, weight, &first_bad, misaligned ? Bytes(dtype) : 0);
+        int64_t want_first_bad = -1, compared = 0, differ = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          bool bad = false;
+          const float want = HostRound(HostWiden(src, dtype, i, &bad), weight, &bad);
+          if (bad) {
+            if (want_first_bad < 0) want_first_bad = i;
+            continue;  // refused: the value written is never used
+          }
+          ++compared;
+          differ += std::memcmp(&want, &got[i], sizeof(float)) != 0;
         }
-        ++compared;
-        differ += std::memcmp(&want, &got[i], sizeof(float)) != 0;
+        ASSERT_GE(want_first_bad, 0) << "random bits always hold a non-finite element";
+        EXPECT_EQ(first_bad, static_cast<unsigned long long>(want_first_bad));
+        if (count > 8) {
+          EXPECT_GT(compared, count / 2);
+        }
+        EXPECT_EQ(differ, 0) << " of " << compared << " finite elements";
       }
-      ASSERT_GE(want_first_bad, 0) << "random bits always hold a non-finite element";
-      EXPECT_EQ(first_bad, static_cast<unsigned long long>(want_first_bad));
-      EXPECT_GT(compared, count / 2);
-      EXPECT_EQ(differ, 0) << " of " << compared << " finite elements";
     }
   }
 }
@@ -127,6 +148,64 @@ TEST(WidenHiddenStates, AFiniteFp32ValueOutOfFp16RangeIsBadOnlyForFp16Weights) {
   std::memcpy(src.data(), values.data(), src.size());
   DeviceWiden(src, CudaWeightDType::kFloat32, 5000, CudaWeightDType::kFloat16, &first_bad);
   EXPECT_EQ(first_bad, kNoBadHiddenElement);
+}
+
+// One bad bf16 element among finite ones, inside a vector (not its first
+// element), in the tail past the last whole vector, and both: the smallest is
+// reported, from an aligned source and a misaligned one.
+TEST(WidenHiddenStates, TheFirstBadElementIsFoundInsideAVectorAndInTheTail) {
+  const int64_t count = 100'003;  // 12 500 vectors of 8, and 3 elements
+  const uint16_t one = 0x3f80, nan = 0x7fc1;
+  struct Case {
+    std::vector<int64_t> bad;
+    unsigned long long want;
+  };
+  const Case cases[] = {{{77'777}, 77'777}, {{100'001}, 100'001}, {{100'002, 77'781}, 77'781}};
+  for (const Case& c : cases) {
+    std::vector<uint8_t> src(count * 2);
+    for (int64_t i = 0; i < count; ++i) std::memcpy(src.data() + 2 * i, &one, 2);
+    for (int64_t i : c.bad) std::memcpy(src.data() + 2 * i, &nan, 2);
+    for (size_t offset : {size_t{0}, size_t{2}}) {
+      unsigned long long first_bad = 0;
+      const std::vector<float> got = DeviceWiden(src, CudaWeightDType::kBFloat16, count,
+                                                 CudaWeightDType::kBFloat16, &first_bad, offset);
+      EXPECT_EQ(first_bad, c.want) << "offset " << offset;
+      int64_t differ = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const bool bad = std::find(c.bad.begin(), c.bad.end(), i) != c.bad.end();
+        differ += !bad && got[i] != 1.0f;
+      }
+      EXPECT_EQ(differ, 0) << "offset " << offset;
+    }
+  }
+}
+
+// FirstBadReset::kByCaller: the launcher leaves *first_bad as the caller
+// set it, and the kernel only lowers it. So a caller's kNoBadHiddenElement
+// ends as the first bad index, and any other value it left is not cleared.
+TEST(WidenHiddenStates, ACallersResetIsTheOnlyReset) {
+  const int64_t count = 4099;
+  std::vector<uint16_t> src(count, 0x3f80);
+  src[2050] = 0x7f80;  // +inf
+  DeviceBuffers b;
+  ASSERT_EQ(cudaMalloc(&b.src, count * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.dst), count * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.first_bad), sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b.src, src.data(), count * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  const auto widen_after = [&](unsigned long long preset) {
+    EXPECT_EQ(cudaMemcpy(b.first_bad, &preset, sizeof(preset), cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(LaunchWidenHiddenStates(b.src, CudaWeightDType::kBFloat16, count, CudaWeightDType::kBFloat16,
+                                      b.dst, b.first_bad, nullptr, FirstBadReset::kByCaller),
+              KernelStatus::kOk);
+    unsigned long long got = 0;
+    EXPECT_EQ(cudaMemcpy(&got, b.first_bad, sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
+    return got;
+  };
+  EXPECT_EQ(widen_after(kNoBadHiddenElement), 2050u);
+  EXPECT_EQ(widen_after(7), 7u);
+  src[2050] = 0x3f80;
+  ASSERT_EQ(cudaMemcpy(b.src, src.data(), count * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(widen_after(kNoBadHiddenElement), kNoBadHiddenElement);
 }
 
 TEST(WidenHiddenStates, BadArgumentsAreRefused) {
