@@ -71,10 +71,12 @@ for phase in "$@"; do
       # The Hopper stage 1 with separate epilogue warps (persistent, named-barrier
       # hand-off of the dot tile): memcheck and racecheck at 1, 33, 100, 300 and
       # 160 rows (cases 72-77 of the agreement test are that schedule's bf16
-      # cases of the first shape; 300 and 160 rows load balanced chunks).
+      # cases of the first shape; 300 and 160 rows load balanced chunks), and
+      # at 100, 300 and 160 rows of the D = 8192 shape (81-83: the five-stage
+      # ring of plain sampling at D >= 8192).
       if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
         a='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync'
-        sep="$a/72:$a/74:$a/75:$a/76:$a/77"
+        sep="$a/72:$a/74:$a/75:$a/76:$a/77:$a/81:$a/82:$a/83"
         for tool in memcheck racecheck; do
           timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/fused_sample_sm90_gpu_test" \
             --gtest_filter="$sep" >> "$out/tests.log" 2>&1

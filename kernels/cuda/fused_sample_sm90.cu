@@ -315,8 +315,10 @@ template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB 
 // warp two cycles in three, 2026-11-28 profile), so at 128 rows, where the
 // epilogue outlasts the main loop at D = 4096, 11 epilogue warps instead of
 // 8 took 6% off at 256-1024 rows (BENCHMARKS.md, "Eleven epilogue warps").
-// kK_: K elements per ring stage.
-template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8>
+// kK_: K elements per ring stage. kPlainOnly_: only the plain epilogue is built
+// (the controlled launch refuses the configuration).
+template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8,
+          bool kPlainOnly_ = false>
 struct SeparateEpilogueConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
@@ -342,6 +344,7 @@ struct SeparateEpilogueConfig {
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
+  static constexpr bool kPlainOnly = kPlainOnly_;  // only the plain epilogue is built
 };
 
 // 32 and 64 rows: 128-element K steps (each stage reads 256 contiguous
@@ -353,6 +356,18 @@ template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 4, 128>;  //
 // 128 rows: 11 epilogue warps, the most within 96 registers (the register
 // note above); a warp folds at most 12 of the 128 rows instead of 16.
 template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile, 11>;  // 4 x 32 KB + 68 KB
+// Plain sampling at D >= kDeepRingMinHidden, 65-256 rows: a fifth stage (5 x
+// 32 KB + 66 KB = 227 KB, all of an SM's shared memory a block may have).
+// There the main loop outlasts the epilogue and the W stream waits on data in
+// flight (at 128 rows, 2026-11-28 profile: the MMA warps wait for TMA data,
+// the producer for a free slot). H200, two calls: 4-6% faster at 128 and 160
+// rows, 2% at 256, 0-2.5% at 192 (D = 8192); 384-1024 rows 0-1% slower, D =
+// 4096 1-3% slower and the controlled epilogue up to 7% slower at 256 rows,
+// so none of those takes it. Only the plain kernel is built for it
+// (kPlainOnly). Same instructions in the same K order: same bits.
+template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11, true>;
+constexpr int64_t kDeepRingMinHidden = 8192;
+constexpr int64_t kDeepRingMaxBatch = 256;
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -1082,8 +1097,12 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                         SampleSummary* tile_summaries, cudaStream_t stream,
                         const MmaControls* controls, float* logits, int64_t logits_ld) {
   using Mainloop = typename Cfg::Mainloop;
-  // The controlled epilogue is built for every schedule but the ping-pong.
+  // The controlled epilogue is built for every schedule but the ping-pong
+  // and the plain-only configurations.
   if (Cfg::kSchedule == Schedule::kPingpong && controls != nullptr) return cudaErrorInvalidValue;
+  if constexpr (Cfg::kSchedule == Schedule::kSeparateEpilogue) {
+    if (Cfg::kPlainOnly && controls != nullptr) return cudaErrorInvalidValue;
+  }
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
@@ -1137,8 +1156,12 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
 
   auto* kernel = [controls] {
     if constexpr (Cfg::kSchedule == Schedule::kSeparateEpilogue) {
-      return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true>
-                                 : &WgmmaSeparateEpilogueKernel<Cfg, false>;
+      if constexpr (Cfg::kPlainOnly) {
+        return &WgmmaSeparateEpilogueKernel<Cfg, false>;  // controls refused below
+      } else {
+        return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true>
+                                   : &WgmmaSeparateEpilogueKernel<Cfg, false>;
+      }
     } else if constexpr (Cfg::kSchedule == Schedule::kPingpong) {
       return &WgmmaPingpongKernel<Cfg>;
     } else {
@@ -1172,6 +1195,9 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, c
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
     if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (c == nullptr && lg == nullptr && a.hidden_dim >= kDeepRingMinHidden && a.batch <= kDeepRingMaxBatch) {
+      return LaunchTiles<Element, Separate128Deep<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    }
     return LaunchTiles<Element, Separate128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
   }
   if (variant == Stage1Kernel::kWgmmaOverlap) {
