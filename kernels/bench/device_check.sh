@@ -72,8 +72,9 @@ for phase in "$@"; do
       # hand-off of the dot tile): memcheck and racecheck at 1, 33, 100, 300 and
       # 160 rows (cases 72-77 of the agreement test are that schedule's bf16
       # cases of the first shape; 300 and 160 rows load balanced chunks), and
-      # at 100, 300 and 160 rows of the D = 8192 shape (81-83: the five-stage
-      # ring of plain sampling at D >= 8192).
+      # at 100, 300 and 160 rows of the D = 8192 shape (81-83; 100 and 160 rows
+      # take the five-stage ring of plain sampling at D >= 8192 and 65-256
+      # rows, 300 rows the four-stage one).
       if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
         a='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync'
         sep="$a/72:$a/74:$a/75:$a/76:$a/77:$a/81:$a/82:$a/83"

@@ -12,8 +12,10 @@
 //   flashsampler-widen-bench [--rows=16,64,256] [--hidden=4096] [--iterations=200]
 //
 // Prints one line per (rows, case): microseconds per call (CUDA events over
-// the iterations, after a warm-up) and the source bytes per second. A program,
-// not a test: nothing here is asserted.
+// the iterations, after a warm-up) and the source bytes per second. A widening
+// call includes the launcher's reset of the first-bad index (an 8-byte memset,
+// FirstBadReset::kByLauncher), which the CUDA engine folds into its upload. A
+// program, not a test: nothing here is asserted.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

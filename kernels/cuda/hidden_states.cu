@@ -22,7 +22,7 @@
 // loads for 512. So a 16-byte-aligned source is read 16 bytes a thread
 // (WidenVectorsKernel), four loads in flight before any is used; other
 // alignments take the element kernel. Both compute each element with the same
-// WidenElement, so the bits do not depend on the path.
+// LoadWidened and RoundWidened, so the bits do not depend on the path.
 #include "kernels/cuda/hidden_states.h"
 
 #include "kernels/common/half_precision.h"
