@@ -1157,7 +1157,7 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   auto* kernel = [controls] {
     if constexpr (Cfg::kSchedule == Schedule::kSeparateEpilogue) {
       if constexpr (Cfg::kPlainOnly) {
-        return &WgmmaSeparateEpilogueKernel<Cfg, false>;  // controls refused below
+        return &WgmmaSeparateEpilogueKernel<Cfg, false>;  // controls refused above
       } else {
         return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true>
                                    : &WgmmaSeparateEpilogueKernel<Cfg, false>;

@@ -92,8 +92,7 @@ __global__ void __launch_bounds__(kWidenThreads)
 }
 
 // Elements of a 16-byte vector of the source dtype.
-template <CudaWeightDType kSrc>
-inline constexpr int kVectorElements = kSrc == CudaWeightDType::kFloat32 ? 4 : 8;
+__host__ __device__ constexpr int VectorElements(CudaWeightDType src) { return src == CudaWeightDType::kFloat32 ? 4 : 8; }
 
 // src and dst 16-byte aligned: vector v holds elements [v * kN, v * kN + kN),
 // read with one 16-byte load and written with kN / 4 float4 stores; the
@@ -104,7 +103,7 @@ template <CudaWeightDType kSrc, CudaWeightDType kWeight>
 __global__ void __launch_bounds__(kWidenThreads)
     WidenVectorsKernel(const uint4* __restrict__ src, int64_t count, float* __restrict__ dst,
                        unsigned long long* __restrict__ first_bad) {
-  constexpr int kN = kVectorElements<kSrc>;
+  constexpr int kN = VectorElements(kSrc);
   const int64_t vectors = count / kN;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -187,9 +186,7 @@ KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype,
     return KernelStatus::kInvalidArgument;
   }
   const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  const int64_t vector_elements =
-      src_dtype == CudaWeightDType::kFloat32 ? kVectorElements<CudaWeightDType::kFloat32>
-                                             : kVectorElements<CudaWeightDType::kBFloat16>;
+  const int64_t vector_elements = VectorElements(src_dtype);
   // Vectors when aligned and at least one whole vector's worth.
   const bool vectors = aligned && count >= vector_elements;
   void* kernel = PickKernel(src_dtype, weight_dtype, vectors);

@@ -218,11 +218,10 @@ class CudaEngine final : public Engine {
     // The controlled path and failed launches leave the first-bad indices
     // to fetch here (the plain path fetches them with its outputs).
     if (first_bad_pending_) {
-      first_bad_pending_ = false;
       FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_first_bad_, first_bad_,
                                               wire_groups_.size() * sizeof(unsigned long long),
                                               cudaMemcpyDeviceToHost, stream_));
-      first_bad_fetched_ = true;
+      first_bad_pending_ = false;
     }
     // A bad value in wire rows fails the batch whatever the sampler made of
     // it (its outputs are garbage then, never a crash).
@@ -247,7 +246,7 @@ class CudaEngine final : public Engine {
   absl::Status StageHidden(const SampleBatch& batch) {
     const int64_t d = shape_.hidden_size;
     wire_groups_.clear();
-    first_bad_fetched_ = false;
+    first_bad_pending_ = false;
     // Copies a failed launch left behind (an argument error returns before
     // they are enqueued) must not reach this one.
     copy_dst_.clear();
@@ -369,9 +368,9 @@ class CudaEngine final : public Engine {
   // InvalidArgument naming the first bad element of the batch's wire rows
   // (row and column within the batch), after the stream has finished.
   absl::Status CheckWireRows() {
-    // Unfetched (a copy failed to enqueue): host_first_bad_ holds an earlier
-    // batch's indices, which must not be read as this one's.
-    if (wire_groups_.empty() || !first_bad_fetched_) return absl::OkStatus();
+    // Still pending (its download never enqueued): host_first_bad_ holds an
+    // earlier batch's indices, which must not be read as this one's.
+    if (wire_groups_.empty() || first_bad_pending_) return absl::OkStatus();
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     const int64_t d = shape_.hidden_size;
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
@@ -485,13 +484,11 @@ class CudaEngine final : public Engine {
     if (batch.want_logz) AddCopy(host_logz_, logz_, rows * sizeof(float));
     if (batch.want_logprobs) AddCopy(host_logprobs_, logprobs_, rows * sizeof(float));
     if (drafts) AddCopy(host_draft_logprobs_, draft_logprobs_, rows * sizeof(float));
-    const bool fetch_first_bad = first_bad_pending_;
-    if (fetch_first_bad) {
-      first_bad_pending_ = false;
+    if (first_bad_pending_) {
       AddCopy(host_first_bad_, first_bad_, wire_groups_.size() * sizeof(unsigned long long));
     }
     if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
-    first_bad_fetched_ = fetch_first_bad;
+    first_bad_pending_ = false;  // downloaded with the outputs
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     // Controls that are all neutral reach here (details: one sample per row).
     SampleResult result = SampleResultFromHostOutputs(
@@ -545,7 +542,6 @@ class CudaEngine final : public Engine {
   // be downloaded.
   std::vector<WireGroup> wire_groups_;
   bool first_bad_pending_ = false;
-  bool first_bad_fetched_ = false;  // host_first_bad_ is this launch's (its download enqueued)
   std::vector<void*> copy_dst_;
   std::vector<const void*> copy_src_;
   std::vector<size_t> copy_bytes_;
