@@ -102,6 +102,12 @@ for phase in "$@"; do
         >> "$out/tests.log" 2>&1
       rc=$?
       summary+=("racecheck controlled rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/tests.log" | tail -1)")
+      # The fused controlled stage 1 with the tile-head bound (global atomics
+      # on the slots, 2048 tiles, mma.sync and both WGMMA choices).
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/fused_controlled_sample_gpu_test" \
+        --gtest_filter='FusedControlledSampleTest.TilesStopAtTheTileHeadBound' >> "$out/tests.log" 2>&1
+      rc=$?
+      summary+=("memcheck fused controlled rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
       ;;
     bench)
       # BENCH_TAG names the output files (bench${BENCH_TAG}.log / .json).

@@ -321,7 +321,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- Workspace: [batch, tiles] summaries | [batch, tiles, m] candidates | Hr
+// ---- Workspace: [batch, tiles] summaries | [batch, tiles, m] candidates |
+// [batch, kHeadSlots] tile-head slots | Hr
 size_t AlignUp(size_t n) { return (n + 255) & ~size_t{255}; }
 int64_t NumTiles(int64_t valid_vocab) { return (valid_vocab + kMmaTileVocab - 1) / kMmaTileVocab; }
 size_t SummaryBytes(int64_t batch, int64_t tiles) {
@@ -330,6 +331,9 @@ size_t SummaryBytes(int64_t batch, int64_t tiles) {
 size_t CandidateBytes(int64_t batch, int64_t tiles) {
   return AlignUp(static_cast<size_t>(batch) * static_cast<size_t>(tiles) * kFusedTileCandidates *
                  sizeof(FusedCandidate));
+}
+size_t HeadSlotBytes(int64_t batch) {
+  return AlignUp(static_cast<size_t>(batch) * cuda_internal::kHeadSlots * sizeof(uint32_t));
 }
 
 }  // namespace
@@ -346,7 +350,7 @@ size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t
     return 0;
   }
   const int64_t tiles = NumTiles(valid_vocab);
-  return SummaryBytes(batch, tiles) + CandidateBytes(batch, tiles) +
+  return SummaryBytes(batch, tiles) + CandidateBytes(batch, tiles) + HeadSlotBytes(batch) +
          AlignUp(static_cast<size_t>(RoundedHiddenRows(batch)) *
                  static_cast<size_t>(hidden_dim) * sizeof(uint16_t));
 }
@@ -387,9 +391,9 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
                                          cudaStream_t stream) {
   if (!FusedControlledStage1Valid(a, token_offset)) return KernelStatus::kInvalidArgument;
   const FusedControlledTiles t = FusedControlledTilesIn(a.workspace, a.batch, a.valid_vocab);
-  auto* hidden_rounded = reinterpret_cast<unsigned short*>(
-      static_cast<unsigned char*>(a.workspace) + SummaryBytes(a.batch, t.tiles) +
-      CandidateBytes(a.batch, t.tiles));
+  unsigned char* const slots_at = static_cast<unsigned char*>(a.workspace) +
+                                  SummaryBytes(a.batch, t.tiles) + CandidateBytes(a.batch, t.tiles);
+  auto* hidden_rounded = reinterpret_cast<unsigned short*>(slots_at + HeadSlotBytes(a.batch));
 
   FusedSampleArgs plain;
   plain.weight = a.weight;
@@ -411,6 +415,12 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
   cuda_internal::MmaControls ctl;
   ctl.controls = a.controls;
   ctl.candidates = static_cast<FusedCandidate*>(t.candidates);
+  // The tile-head slots start empty (fused_controls.cuh, kHeadSlots): 256
+  // bytes a row, cleared ahead of stage 1 (and of the H rounding before it).
+  ctl.head_slots = reinterpret_cast<uint32_t*>(slots_at);
+  const cudaError_t cleared = cudaMemsetAsync(
+      slots_at, 0, static_cast<size_t>(a.batch) * cuda_internal::kHeadSlots * sizeof(uint32_t), stream);
+  if (cleared != cudaSuccess) return cuda_internal::StatusFromCuda(cleared);
   auto* summaries = static_cast<SampleSummary*>(t.summaries);
 #if FLASHSAMPLER_HAVE_CUTLASS
   if (choice.family == cuda_internal::Stage1Choice::kWgmma) {

@@ -33,7 +33,9 @@
 //   - summary rows fold (l', l' + Gumbel noise) into a SampleSummary, as the
 //     plain sampler does: the Gumbel-max over the processed logits;
 //   - candidate rows write the tile's best m = min(top_k, kFusedTileCandidates)
-//     tokens in the canonical order (l' desc, id asc) and draw no noise.
+//     tokens in the canonical order (l' desc, id asc) and draw no noise,
+//     stopping early at tokens that 64 others of the row already beat (the
+//     tile-head bound: fused_controls.cuh, kHeadSlots).
 // Stage 2, one block per row: a summary row merges its tiles (token, log Z and
 // log-prob under the processed distribution). A candidate row sorts the tile
 // heads (each tile's best token), takes the top_k tiles, sorts their
@@ -53,6 +55,13 @@
 // would rank before x, x before y, and y no later than the k-th found
 // (TileMayHoldMoreOfTopK, kernels/common/candidate_order_key.h, tested on the
 // host). With m = top_k (top_k <= kFusedTileCandidates) this never happens.
+// The tile-head bound changes none of it: it leaves out only tokens that rank
+// after the 64th, never one of the top-k, so every tile that holds one still
+// writes it, and a tile left short by the bound is not full and its next
+// token ranks after the k-th. Stage 2 may select fewer tiles (a tile whose
+// head fell below the bound wrote none and holds none of the top-k), but the
+// top-k found and the completeness verdict are those of the unpruned
+// candidates (row_status 2 in the same cases), and so is everything after.
 // Everything after the top-k is the
 // CPU's SampleFromCandidates step for step (same order of float64 sums), so
 // both backends agree token for token whenever their logits agree.
@@ -116,7 +125,8 @@ FS_HOST_DEVICE FS_FORCE_INLINE int32_t FusedRowKindOf(const ControlledRowDesc& d
 bool FusedControlledShapeSupported(CudaWeightDType dtype, int64_t valid_vocab, int64_t hidden_dim);
 
 // Workspace for batches of up to `batch` rows (tile summaries, tile
-// candidates, H rounded to 16 bits). 0 when out of range.
+// candidates, 256 bytes a row of tile-head slots, H rounded to 16 bits). 0
+// when out of range.
 size_t FusedControlledWorkspaceBytes(int64_t batch, int64_t valid_vocab, int64_t hidden_dim);
 
 // Arguments as for the materialized path (ControlledSampleArgs; W fp16 or

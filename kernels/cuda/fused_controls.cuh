@@ -26,11 +26,28 @@ struct FusedCandidate {
   int32_t id;
 };
 
+// Tile-head slots of a candidate row: kHeadSlots words per row, zero before
+// stage 1. Slot s holds the largest head key (OrderedFloatBits of the tile's
+// best l') among the row's tiles t with t % kHeadSlots == s that have run so
+// far. Distinct slots hold distinct tiles' heads, so distinct tokens: once
+// every slot is non-zero, at least kHeadSlots tokens of the row have a key >=
+// min over the slots, and so does the row's k-th best for every k <=
+// kHeadSlots (kFusedMaxTopK). A token whose key is below that minimum ranks
+// 65th or later: no tile needs to write it (ControlledTileRow's rounds stop
+// there). Slots only grow, and a stale read is a smaller minimum, still a
+// bound; so the candidates a tile writes depend on timing, but never a token
+// of the top-k, and stage 2's result does not (fused_controlled_sample.h).
+inline constexpr int kHeadSlots = 64;
+static_assert(kHeadSlots == 2 * 32, "each lane reads two slots");
+static_assert(kFusedMaxTopK <= kHeadSlots, "the minimum bounds the k-th best for every top_k served");
+
 // What the controlled epilogue reads and writes, besides the plain kernel's
-// arguments. candidates: [batch, num_tiles, kFusedTileCandidates].
+// arguments. candidates: [batch, num_tiles, kFusedTileCandidates]; head_slots:
+// [batch, kHeadSlots], or null (no pruning).
 struct MmaControls {
   ControlledDeviceControls controls;
   FusedCandidate* candidates = nullptr;
+  uint32_t* head_slots = nullptr;
 };
 
 // The first index in touched[0, count) (sorted by id) whose id >= token: a
@@ -71,6 +88,13 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
   const ControlledRowDesc d = ctl.controls.rows[row];
   const int32_t kind = FusedRowKindOf(d);
   if (kind == kFusedUnservedRow) return;
+  // A candidate row's two tile-head slots of this lane, read from L2 (other
+  // blocks raise them), early: the rounds below wait on them.
+  uint2 slots = make_uint2(0u, 0u);
+  uint32_t* const row_slots = ctl.head_slots != nullptr ? ctl.head_slots + row * kHeadSlots : nullptr;
+  if (kind == kFusedCandidateRow && row_slots != nullptr) {
+    slots = __ldcg(reinterpret_cast<const uint2*>(row_slots) + lane);
+  }
   const RowParams p = params[row];
   const float scale = DeviceLogitScale(p.temperature);
   const uint32_t* mask = d.bitmask_begin >= 0 ? ctl.controls.bitmask + d.bitmask_begin : nullptr;
@@ -157,7 +181,10 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
   // its head. Key 0 (below every finite l') marks -inf tokens and the empty
   // slots popping leaves. The same candidates in the same order as arg-max
   // rounds over the unsorted four (a total order picks them), in fewer
-  // instructions a round.
+  // instructions a round. The rounds stop at the first key below the row's
+  // tile-head bound (kHeadSlots): such tokens rank after the 64th, and the
+  // slots after the last round are empty, as for a tile with fewer finite
+  // tokens. Keys equal to the bound stay (a tie may rank either side).
   const int m = d.top_k < kFusedTileCandidates ? d.top_k : kFusedTileCandidates;
   FusedCandidate* out = ctl.candidates + (row * num_tiles + tile) * kFusedTileCandidates;
   uint32_t key[4];
@@ -186,10 +213,14 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
     lv[j] = swap ? li : lv[j];
     id[j] = swap ? ii : id[j];
   }
+  // 1 while any slot is empty: only the -inf key 0 stops the rounds then.
+  const uint32_t bound = max(__reduce_min_sync(kFullWarpMask, min(slots.x, slots.y)), 1u);
+  uint32_t head = 0u;  // the tile's best key (0: no finite l')
   int c = 0;
   for (; c < m; ++c) {
     const uint32_t top = __reduce_max_sync(kFullWarpMask, key[0]);
-    if (top == 0u) break;  // warp-uniform: no finite l' left in the tile
+    if (c == 0) head = top;
+    if (top < bound) break;  // warp-uniform: no token of the top-k left in the tile
     const uint32_t owners = __ballot_sync(kFullWarpMask, key[0] == top);
     if (lane == __ffs(owners) - 1) {
       out[c] = FusedCandidate{lv[0], id[0]};
@@ -203,6 +234,11 @@ __device__ __forceinline__ void ControlledTileRow(const MmaControls& ctl, const 
     }
   }
   if (lane >= c && lane < m) out[lane] = FusedCandidate{-INFINITY, -1};
+  // Raise the tile's slot. A head below the bound is below every slot already.
+  const int s = static_cast<int>(tile % kHeadSlots);
+  if (row_slots != nullptr && head >= bound && lane == s / 2 && head > ((s & 1) != 0 ? slots.y : slots.x)) {
+    atomicMax(row_slots + s, head);
+  }
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

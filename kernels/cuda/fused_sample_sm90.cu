@@ -365,9 +365,10 @@ template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile,
 // 4096 1-3% slower and the controlled epilogue up to 7% slower at 256 rows,
 // so none of those takes it. Only the plain kernel is built for it
 // (kPlainOnly). Same instructions in the same K order: same bits.
-template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11, true>;
+template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11>;
 constexpr int64_t kDeepRingMinHidden = 8192;
 constexpr int64_t kDeepRingMaxBatch = 256;
+constexpr int64_t kDeepRingMaxControlledBatch = 128;
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -1195,7 +1196,8 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, c
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
     if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (c == nullptr && lg == nullptr && a.hidden_dim >= kDeepRingMinHidden && a.batch <= kDeepRingMaxBatch) {
+    if (lg == nullptr && a.hidden_dim >= kDeepRingMinHidden &&
+        a.batch <= (c == nullptr ? kDeepRingMaxBatch : kDeepRingMaxControlledBatch)) {
       return LaunchTiles<Element, Separate128Deep<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     }
     return LaunchTiles<Element, Separate128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);

@@ -5,7 +5,9 @@
 // random rows it serves (ties included), and the edge cases: top_k = 1 is
 // greedy, top-k boundary ties go to the lower id, a tile holding more of the
 // top-k than it keeps reports row_status 2 (the caller's fallback), rows it
-// does not serve report 2, a fully masked row reports 1, bad arguments.
+// does not serve report 2, a fully masked row reports 1, bad arguments; and
+// stage 1's tile-head bound: tiles stop writing candidates only below the
+// row's 64th best, and do stop.
 //
 // Heads are [vocab, 16] bf16 with the logit's factor in column 0 and zeros
 // elsewhere, H [rows, 16] the same: every dot is one exact bf16 x bf16
@@ -16,12 +18,17 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/common/candidate_order_key.h"
 #include "kernels/cuda/controlled_sample.h"
 #include "tests/common/controls_fit_cases.h"
 #include "tests/common/controls_reference.h"
@@ -46,6 +53,57 @@ constexpr int64_t kDim = 16;
 
 enum class Path { kFused, kMaterialized };
 
+// A problem on the device: the head and the rows as kDim-wide columns (w and
+// h must be bf16 values, RoundToBf16), the flattened controls, the outputs
+// and a workspace for `path`; args points at all of them.
+struct DeviceProblem {
+  DeviceProblem(const std::vector<float>& w, const std::vector<float>& h,
+                const std::vector<RowParams>& params, const std::vector<RowControls>& controls, Path path) {
+    const int64_t vocab = static_cast<int64_t>(w.size());
+    const int64_t rows = static_cast<int64_t>(h.size());
+    EXPECT_EQ(FlattenControls(controls.data(), rows, vocab, vocab, &flat), KernelStatus::kOk);
+    std::vector<uint8_t> packed(flat.PackedBytes());
+    flat.PackTo(packed.data());
+    std::vector<uint16_t> w16(vocab * kDim, 0);
+    for (int64_t v = 0; v < vocab; ++v) w16[v * kDim] = Bf16Bits(w[v]);
+    std::vector<float> h16(rows * kDim, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) h16[r * kDim] = h[r];
+    dw.Allocate(w16.size());
+    dh.Allocate(h16.size());
+    dp.Allocate(params.size());
+    dc.Allocate(packed.size());
+    dw.Upload(w16);
+    dh.Upload(h16);
+    dp.Upload(params);
+    dc.Upload(packed);
+    outputs = std::make_unique<controls_test::DeviceOutputs>(rows, flat.total_samples);
+    const size_t ws = path == Path::kFused
+                          ? FusedControlledWorkspaceBytes(rows, vocab, kDim)
+                          : ControlledSampleWorkspaceBytes(rows, vocab, kDim, CudaWeightDType::kBFloat16);
+    EXPECT_GT(ws, 0u);
+    workspace.Allocate(ws);
+    args.weight = dw.data();
+    args.weight_dtype = CudaWeightDType::kBFloat16;
+    args.hidden = dh.data();
+    args.params = dp.data();
+    args.batch = rows;
+    args.vocab = args.valid_vocab = vocab;
+    args.hidden_dim = kDim;
+    args.controls = flat.DeviceView(dc.data());
+    args.outputs = outputs->View();
+    args.workspace = workspace.data();
+    args.workspace_bytes = ws;
+  }
+  FlatControls flat;
+  DeviceBuffer<uint16_t> dw;
+  DeviceBuffer<float> dh;
+  DeviceBuffer<RowParams> dp;
+  DeviceBuffer<uint8_t> dc;
+  std::unique_ptr<controls_test::DeviceOutputs> outputs;
+  DeviceBuffer<uint8_t> workspace;
+  ControlledSampleArgs args;
+};
+
 class FusedControlledSampleTest : public GpuTest {
  protected:
   void SetUp() override {
@@ -57,53 +115,19 @@ class FusedControlledSampleTest : public GpuTest {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
   }
 
-  // w and h must be bf16 values (RoundToBf16).
   Outputs Run(const std::vector<float>& w, const std::vector<float>& h,
               const std::vector<RowParams>& params, const std::vector<RowControls>& controls,
               Path path = Path::kFused, Stage1Kernel stage1 = Stage1Kernel::kAuto) {
     Outputs out;
-    const int64_t vocab = static_cast<int64_t>(w.size());
-    const int64_t rows = static_cast<int64_t>(h.size());
-    FlatControls flat;
-    EXPECT_EQ(FlattenControls(controls.data(), rows, vocab, vocab, &flat), KernelStatus::kOk);
-    std::vector<uint8_t> packed(flat.PackedBytes());
-    flat.PackTo(packed.data());
-    std::vector<uint16_t> w16(vocab * kDim, 0);
-    for (int64_t v = 0; v < vocab; ++v) w16[v * kDim] = Bf16Bits(w[v]);
-    std::vector<float> h16(rows * kDim, 0.0f);
-    for (int64_t r = 0; r < rows; ++r) h16[r * kDim] = h[r];
-    DeviceBuffer<uint16_t> dw(w16.size());
-    DeviceBuffer<float> dh(h16.size());
-    DeviceBuffer<RowParams> dp(params.size());
-    DeviceBuffer<uint8_t> dc(packed.size());
-    dw.Upload(w16);
-    dh.Upload(h16);
-    dp.Upload(params);
-    dc.Upload(packed);
-    controls_test::DeviceOutputs outputs(rows, flat.total_samples);
-    const bool fused = path == Path::kFused;
-    const size_t ws = fused ? FusedControlledWorkspaceBytes(rows, vocab, kDim)
-                            : ControlledSampleWorkspaceBytes(rows, vocab, kDim, CudaWeightDType::kBFloat16);
-    EXPECT_GT(ws, 0u);
-    DeviceBuffer<uint8_t> workspace(ws);
-    ControlledSampleArgs a;
-    a.weight = dw.data();
-    a.weight_dtype = CudaWeightDType::kBFloat16;
-    a.hidden = dh.data();
-    a.params = dp.data();
-    a.batch = rows;
-    a.vocab = a.valid_vocab = vocab;
-    a.hidden_dim = kDim;
-    a.controls = flat.DeviceView(dc.data());
-    a.outputs = outputs.View();
-    a.workspace = workspace.data();
-    a.workspace_bytes = ws;
+    DeviceProblem problem(w, h, params, controls, path);
+    ControlledSampleArgs& a = problem.args;
     a.stage1 = stage1;
-    out.launch = fused ? LaunchFusedControlledSample(a, nullptr) : LaunchControlledSample(a, cublas_, nullptr);
+    out.launch = path == Path::kFused ? LaunchFusedControlledSample(a, nullptr)
+                                      : LaunchControlledSample(a, cublas_, nullptr);
     const cudaError_t sync = cudaDeviceSynchronize();
     EXPECT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
     if (out.launch != KernelStatus::kOk || sync != cudaSuccess) return out;
-    outputs.Download(flat, rows, &out);
+    problem.outputs->Download(problem.flat, a.batch, &out);
     return out;
   }
 
@@ -124,6 +148,7 @@ std::vector<float> Bf16Logits() {
 struct FusedFitCase {
   testing::ControlsFitCase base;
   bool spread = false;
+  bool background = false;  // spread over finite background tokens, not a bitmask
 };
 void PrintTo(const FusedFitCase& c, std::ostream* os) { *os << c.base.name; }
 
@@ -137,6 +162,11 @@ std::vector<FusedFitCase> FusedFitCases() {
   // top_p = 0.93 keeps 8 of the 20; its cut is 0.3% of the mass away from the
   // nearest token boundary (the reference's margin), well clear of rounding.
   cases.push_back({{"SpreadTopK20TopP", 1.0f, testing::FilterControls(20, 0.93f, 0.0f)}, true});
+  // The same 24 logits over a background of finite tokens in every one of
+  // 200 tiles (-30 to -30.875): more tiles than kHeadSlots, so the tile-head
+  // bound rises above most of the background and the tiles' rounds stop
+  // early (fused_controls.cuh); the distribution must not move.
+  cases.push_back({{"SpreadTopK20OverBackground", 1.0f, testing::FilterControls(20, 0.93f, 0.0f)}, true, true});
   return cases;
 }
 
@@ -152,7 +182,11 @@ TEST_P(FusedControlledSampleFit, MatchesTheFloat64Reference) {
   const std::vector<float> base = Bf16Logits();
   std::vector<float> logits = base;
   RowControls c = fc.base.controls;
-  if (fc.spread) {
+  if (fc.spread && fc.background) {
+    logits.assign(200 * 128, 0.0f);
+    for (size_t v = 0; v < logits.size(); ++v) logits[v] = -30.0f - 0.125f * static_cast<float>(v % 8);
+    for (int i = 0; i < 24; ++i) logits[128 * i + 5] = base[i];
+  } else if (fc.spread) {
     logits.assign(24 * 128, 0.0f);
     c.allowed_bitmask.assign(24 * 128 / 32, 0u);
     for (int i = 0; i < 24; ++i) {
@@ -455,6 +489,92 @@ TEST_F(FusedControlledSampleTest, RowWithEveryTokenMaskedReportsItsStatus) {
   EXPECT_EQ(out.row_status, (std::vector<int32_t>{0, 1, 1, 0}));
   EXPECT_TRUE(out.tokens[0] == 0 || out.tokens[0] == 13 || out.tokens[0] == 23);
   EXPECT_TRUE(out.tokens[3] >= 0 && out.tokens[3] < 24);
+}
+
+// ---- The tile-head bound (fused_controls.cuh, kHeadSlots) ---------------------------
+// Stage 1 alone over 2048 tiles (the largest head the path takes) of
+// N(0, 2^2) logits, 24 rows with top_k 50,
+// 64, 16 and 1, on every stage 1: each tile writes a prefix of its tokens in
+// canonical order (bit for bit against the host), and where it stops short
+// of m = min(top_k, 16) its next token ranks after the row's 64th best (so
+// the top-k is whole). And the bound does stop rounds: the tiles write fewer
+// candidates than their unpruned m best (every tile has 128 finite tokens,
+// so without the bound each writes m; tiles that run after 64 slots hold
+// heads stop early, and 2048 tiles are several waves of blocks on any GPU).
+struct HostCandidate {
+  float logit;
+  int32_t id;
+};
+static_assert(sizeof(HostCandidate) == 8, "FusedCandidate's layout");
+
+TEST_F(FusedControlledSampleTest, TilesStopAtTheTileHeadBound) {
+  ASSERT_EQ(FusedControlledTileCandidateBytes(), kFusedTileCandidates * sizeof(HostCandidate));
+  constexpr int64_t kVocab = kFusedMaxVocab;
+  constexpr int64_t kRows = 24;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> w(kVocab);
+  for (float& x : w) x = RoundToBf16(normal(rng));
+  std::vector<float> h(kRows);
+  std::vector<RowControls> controls(kRows);
+  const int32_t top_ks[4] = {50, 64, 16, 1};
+  for (int64_t r = 0; r < kRows; ++r) {
+    h[r] = RoundToBf16(0.5f + 0.0625f * static_cast<float>(r));  // exact products in fp32
+    controls[r] = testing::FilterControls(top_ks[r % 4], 1.0f, 0.0f);
+  }
+  const std::vector<RowParams> params(kRows, RowParams{1.0f, 9, 0, 0});
+  DeviceProblem problem(w, h, params, controls, Path::kFused);
+  ControlledSampleArgs& a = problem.args;
+  const FusedControlledTiles t = FusedControlledTilesIn(a.workspace, kRows, kVocab);
+  ASSERT_EQ(t.tiles, 2048);
+
+  // The host's canonical order: key (ordered bits of l') desc, then id asc.
+  auto key_of = [&](int64_t r, int64_t v) { return OrderedFloatBits(w[v] * h[r]); };
+  auto before = [&](int64_t r, int64_t x, int64_t y) {
+    const uint32_t kx = key_of(r, x), ky = key_of(r, y);
+    return kx != ky ? kx > ky : x < y;
+  };
+  const bool hopper = WgmmaStage1Available();
+  for (const Stage1Kernel k : {Stage1Kernel::kAuto, Stage1Kernel::kMmaSync, Stage1Kernel::kWgmmaSeparateEpilogue}) {
+    if (k == Stage1Kernel::kWgmmaSeparateEpilogue && !hopper) continue;
+    SCOPED_TRACE(::testing::Message() << "stage1 " << static_cast<int>(k));
+    a.stage1 = k;
+    ASSERT_EQ(LaunchFusedControlledStage1(a, 0, nullptr), KernelStatus::kOk);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<HostCandidate> cands(static_cast<size_t>(kRows * t.tiles * kFusedTileCandidates));
+    ASSERT_EQ(cudaMemcpy(cands.data(), t.candidates, cands.size() * sizeof(HostCandidate), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    int64_t written = 0, unpruned = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int m = std::min<int>(controls[r].top_k, kFusedTileCandidates);
+      std::vector<int64_t> order(kVocab);
+      for (int64_t v = 0; v < kVocab; ++v) order[v] = v;
+      std::nth_element(order.begin(), order.begin() + 63, order.end(),
+                       [&](int64_t x, int64_t y) { return before(r, x, y); });
+      const uint32_t key64 = key_of(r, order[63]);  // the row's 64th best
+      for (int64_t tile = 0; tile < t.tiles; ++tile) {
+        std::vector<int64_t> tokens(128);
+        for (int i = 0; i < 128; ++i) tokens[i] = tile * 128 + i;
+        std::sort(tokens.begin(), tokens.end(), [&](int64_t x, int64_t y) { return before(r, x, y); });
+        const HostCandidate* got = cands.data() + (r * t.tiles + tile) * kFusedTileCandidates;
+        int n = 0;
+        while (n < m && got[n].id >= 0) ++n;
+        for (int i = 0; i < n; ++i) {
+          ASSERT_EQ(got[i].id, tokens[i]) << "row " << r << " tile " << tile << " slot " << i;
+          ASSERT_EQ(OrderedFloatBits(got[i].logit), key_of(r, tokens[i])) << "row " << r << " tile " << tile;
+        }
+        for (int i = n; i < m; ++i) ASSERT_EQ(got[i].id, -1) << "row " << r << " tile " << tile << " slot " << i;
+        if (n < m) {
+          EXPECT_LT(key_of(r, tokens[n]), key64) << "row " << r << " tile " << tile << " stopped at " << n;
+        }
+        written += n;
+        unpruned += m;
+      }
+    }
+    EXPECT_LT(written, unpruned) << "no tile stopped at the bound";
+    std::printf("stage1 %d: %lld of %lld candidates written\n", static_cast<int>(k),
+                static_cast<long long>(written), static_cast<long long>(unpruned));
+  }
 }
 
 TEST_F(FusedControlledSampleTest, RejectsBadArguments) {
