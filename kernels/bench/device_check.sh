@@ -71,10 +71,10 @@ for phase in "$@"; do
       # The Hopper stage 1 with separate epilogue warps (persistent, named-barrier
       # hand-off of the dot tile): memcheck and racecheck at 1, 33, 100, 300 and
       # 160 rows (cases 72-77 of the agreement test are that schedule's bf16
-      # cases of the first shape; 300 and 160 rows load balanced chunks), and
-      # at 100, 300 and 160 rows of the D = 8192 shape (81-83; 100 and 160 rows
-      # take the five-stage ring of plain sampling at D >= 8192 and 65-256
-      # rows, 300 rows the four-stage one).
+      # cases of the first shape; 300 and 160 rows load balanced chunks, 160
+      # in 96-row boxes), and at 100, 300 and 160 rows of the D = 8192 shape
+      # (81-83; 100 rows take the five-stage ring of plain sampling at D >=
+      # 8192, 300 rows the four-stage one, 160 rows the 96-row boxes).
       if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
         a='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync'
         sep="$a/72:$a/74:$a/75:$a/76:$a/77:$a/81:$a/82:$a/83"

@@ -37,7 +37,7 @@
 // switches from mma.sync to WGMMA above 64 rows on that guarantee.
 //
 // Batch invariance (a row's token, log Z and logprob bit-identical in every
-// batch). What depends on the batch: the block's N (kRows: 32, 64, 128 or 256,
+// batch). What depends on the batch: the block's N (kRows: 32, 64, 96, 128 or 256,
 // the smallest that holds the batch; 256-row chunks above), and so the WGMMA
 // instruction's N (m64nNk16) and the stage count of the ring. What does not:
 // (1) the K order: every accumulator element is D = sum over k16 steps in
@@ -366,6 +366,13 @@ template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile,
 // so none of those takes it. Only the plain kernel is built for it
 // (kPlainOnly). Same instructions in the same K order: same bits.
 template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11>;
+// 129-192 rows: two balanced chunks in 96-row boxes instead of 128-row ones
+// (5 x 28 KB + 50 KB). A 128-row box holds 64-96 rows there, so a quarter to
+// a third of its MMA work and H traffic went to zero rows. Same K order per
+// dot: same bits.
+template <class E> using Separate96 = SeparateEpilogueConfig<E, 96, 5, kKTile, 11>;
+constexpr int64_t kBox96MinBatch = 129;
+constexpr int64_t kBox96MaxBatch = 192;
 constexpr int64_t kDeepRingMinHidden = 8192;
 constexpr int64_t kDeepRingMaxBatch = 256;
 constexpr int64_t kDeepRingMaxControlledBatch = 128;
@@ -1181,6 +1188,13 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
+// The H box of the separate-epilogue schedule above 64 rows: 96 rows for
+// 129-192 (two chunks), else 128. LaunchWgmmaStage1 lays H out for it and
+// LaunchForBatch takes the configuration of that many rows.
+int64_t SeparateBox(int64_t batch) {
+  return batch >= kBox96MinBatch && batch <= kBox96MaxBatch ? 96 : 128;
+}
+
 // The smallest block that holds the batch; above the largest (256 rows, or
 // 128 at two blocks per SM and in ping-pong), chunks of it.
 template <class Element>
@@ -1196,6 +1210,9 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, c
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
     if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (SeparateBox(a.batch) == 96) {
+      return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    }
     if (lg == nullptr && a.hidden_dim >= kDeepRingMinHidden &&
         a.batch <= (c == nullptr ? kDeepRingMaxBatch : kDeepRingMaxControlledBatch)) {
       return LaunchTiles<Element, Separate128Deep<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
@@ -1260,10 +1277,13 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   cudaError_t err = CheckSm90();
   if (err != cudaSuccess) return err;
   // The box LaunchForBatch's block takes: 256 rows for kWgmma above 128
-  // rows, else 128. A batch above it goes in chunks (HiddenChunks): balanced
+  // rows, 96 for separate epilogue warps at 129-192 rows, else 128. A batch
+  // above it goes in chunks (HiddenChunks): balanced
   // for the persistent schedules, padded for one block per item (balanced
   // chunks measured 1% slower plain, 8% controlled, at 160-192 rows there).
-  const int64_t box = variant == Stage1Kernel::kWgmma ? 256 : 128;
+  const int64_t box = variant == Stage1Kernel::kWgmma                  ? 256
+                      : variant == Stage1Kernel::kWgmmaSeparateEpilogue ? SeparateBox(args.batch)
+                                                                        : 128;
   const bool persistent = variant == Stage1Kernel::kWgmmaSeparateEpilogue ||
                           variant == Stage1Kernel::kWgmmaPingpong;
   const HiddenChunks layout = WgmmaHiddenChunks(args.batch, box, persistent);
