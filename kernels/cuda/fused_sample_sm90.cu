@@ -366,13 +366,14 @@ template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile,
 // so none of those takes it. Only the plain kernel is built for it
 // (kPlainOnly). Same instructions in the same K order: same bits.
 template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11>;
-// 129-192 rows: two balanced chunks in 96-row boxes instead of 128-row ones
-// (5 x 28 KB + 50 KB). A 128-row box holds 64-96 rows there, so a quarter to
-// a third of its MMA work and H traffic went to zero rows. Same K order per
+// 96-row boxes (SeparateBox) where the batch's chunks hold 65-96 rows: at
+// 65-96 rows (one chunk) and 129-192 (two), 5 x 28 KB + 50 KB. In 128-row
+// boxes such chunks spent a quarter to a half of the block's MMA work and H
+// traffic on zero rows (H200: -10 to -20% at 72-96 rows, -9 to -12% at
+// 144-192; NOTES-fused v28). A 112-row box for 97-112 and 193-224 rows was
+// 30-60% slower than 128 (not found why) and is not built. Same K order per
 // dot: same bits.
 template <class E> using Separate96 = SeparateEpilogueConfig<E, 96, 5, kKTile, 11>;
-constexpr int64_t kBox96MinBatch = 129;
-constexpr int64_t kBox96MaxBatch = 192;
 constexpr int64_t kDeepRingMinHidden = 8192;
 constexpr int64_t kDeepRingMaxBatch = 256;
 constexpr int64_t kDeepRingMaxControlledBatch = 128;
@@ -1188,11 +1189,13 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
-// The H box of the separate-epilogue schedule above 64 rows: 96 rows for
-// 129-192 (two chunks), else 128. LaunchWgmmaStage1 lays H out for it and
+// The H box of the separate-epilogue schedule above 64 rows: 96 rows when
+// the batch's chunk holds at most 96 (65-96 rows in one chunk, 129-192 in
+// two balanced ones), else 128. LaunchWgmmaStage1 lays H out for it and
 // LaunchForBatch takes the configuration of that many rows.
 int64_t SeparateBox(int64_t batch) {
-  return batch >= kBox96MinBatch && batch <= kBox96MaxBatch ? 96 : 128;
+  const int64_t chunk = batch <= 128 ? batch : batch <= 256 ? (batch + 1) / 2 : 128;
+  return chunk <= 96 ? 96 : 128;
 }
 
 // The smallest block that holds the batch; above the largest (256 rows, or
@@ -1210,9 +1213,8 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, c
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
     if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (SeparateBox(a.batch) == 96) {
-      return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    }
+    const int64_t box = SeparateBox(a.batch);
+    if (box == 96) return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     if (lg == nullptr && a.hidden_dim >= kDeepRingMinHidden &&
         a.batch <= (c == nullptr ? kDeepRingMaxBatch : kDeepRingMaxControlledBatch)) {
       return LaunchTiles<Element, Separate128Deep<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
@@ -1277,7 +1279,7 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   cudaError_t err = CheckSm90();
   if (err != cudaSuccess) return err;
   // The box LaunchForBatch's block takes: 256 rows for kWgmma above 128
-  // rows, 96 for separate epilogue warps at 129-192 rows, else 128. A batch
+  // rows, SeparateBox's for separate epilogue warps, else 128. A batch
   // above it goes in chunks (HiddenChunks): balanced
   // for the persistent schedules, padded for one block per item (balanced
   // chunks measured 1% slower plain, 8% controlled, at 160-192 rows there).

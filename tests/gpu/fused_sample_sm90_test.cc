@@ -23,8 +23,8 @@
 //    fp32 log-sum-exp over V terms adds at most 2^-24 relative per add and
 //    rescale, and expf's 2 ulps, which the latter covers).
 // 2. Batch invariance, bitwise: 64 random rows (random params, drafts or a
-//    token_offset), each alone and inside batches of 2, 3, 17, 64, 128, 160,
-//    192, 255, 256, 512 and 1024 with random companions at random positions: every
+//    token_offset), each alone and inside batches of 2, 3, 17, 64, 80, 128,
+//    160, 192, 208, 255, 256, 512 and 1024 with random companions at random positions: every
 //    token, log Z, logprob and draft logprob is bit-identical to the row
 //    alone. Run on the WGMMA path (the claim of fused_sample_sm90.cu's header,
 //    including the one hardware assumption it names) and, for comparison, on
@@ -488,7 +488,7 @@ TEST_P(FusedSampleSm90Invariance, EveryRowBitIdenticalInEveryBatch) {
   auto same_bits = [](float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; };
   int64_t differences = 0, checked = 0;
   uint32_t companion_seed = 1000;
-  constexpr int64_t kBatches[] = {2, 3, 17, 64, 128, 160, 192, 255, 256, 512, 1024};
+  constexpr int64_t kBatches[] = {2, 3, 17, 64, 80, 128, 160, 192, 208, 255, 256, 512, 1024};
   for (const int64_t batch : kBatches) {
     // Probes per launch: one with 1-2 companions below 17 rows, else half the
     // batch (at most all 64); the rest are random companions.
@@ -601,7 +601,7 @@ TEST_F(FusedSampleSm90Test, AutoPathRowsAreBitIdenticalInEveryBatch) {
     std::vector<Outputs> reference(kProbes);
     for (int64_t i = 0; i < kProbes; ++i) run(1, i, 1, &reference);
     int64_t differences = 0;
-    for (const int64_t batch : {2, 3, 17, 31, 32, 33, 64, 128, 160, 192, 255, 256, 512, 1024}) {
+    for (const int64_t batch : {2, 3, 17, 31, 32, 33, 64, 80, 128, 160, 192, 208, 255, 256, 512, 1024}) {
       std::vector<Outputs> got(kProbes);
       const int64_t per_launch = std::min<int64_t>(kProbes, batch / 2 > 0 ? batch / 2 : 1);
       for (int64_t first = 0; first < kProbes; first += per_launch) {
