@@ -356,23 +356,24 @@ template <class E> using Separate64 = SeparateEpilogueConfig<E, 64, 4, 128>;  //
 // 128 rows: 11 epilogue warps, the most within 96 registers (the register
 // note above); a warp folds at most 12 of the 128 rows instead of 16.
 template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile, 11>;  // 4 x 32 KB + 68 KB
-// Plain sampling at D >= kDeepRingMinHidden, 65-256 rows: a fifth stage (5 x
-// 32 KB + 66 KB = 227 KB, all of an SM's shared memory a block may have).
-// There the main loop outlasts the epilogue and the W stream waits on data in
-// flight (at 128 rows, 2026-11-28 profile: the MMA warps wait for TMA data,
-// the producer for a free slot). H200, two calls: 4-6% faster at 128 and 160
-// rows, 2% at 256, 0-2.5% at 192 (D = 8192); 384-1024 rows 0-1% slower, D =
-// 4096 1-3% slower and the controlled epilogue up to 7% slower at 256 rows,
-// so none of those takes it. Only the plain kernel is built for it
-// (kPlainOnly). Same instructions in the same K order: same bits.
+// At D >= kDeepRingMinHidden, where a 128-row box holds the chunk (97-128
+// and 193-256 rows; controlled rows 97-128 only): a fifth stage (5 x 32 KB +
+// 66 KB = 227 KB, all of an SM's shared memory a block may have). There the
+// main loop outlasts the epilogue and the W stream waits on data in flight
+// (at 128 rows, 2026-11-28 profile: the MMA warps wait for TMA data, the
+// producer for a free slot). H200: plain 4-6% faster at 128 rows, 2% at 256
+// (D = 8192); controlled 3-4% at 128 rows once the tile-head bound had
+// lightened its epilogue (v27; before it, 7% slower at 256 rows). 384-1024
+// rows 0-1% slower and D = 4096 1-3% slower, so those keep four stages.
+// Same instructions in the same K order: same bits.
 template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11>;
-// 96-row boxes (SeparateBox) where the batch's chunks hold 65-96 rows: at
-// 65-96 rows (one chunk) and 129-192 (two), 5 x 28 KB + 50 KB. In 128-row
-// boxes such chunks spent a quarter to a half of the block's MMA work and H
-// traffic on zero rows (H200: -10 to -20% at 72-96 rows, -9 to -12% at
-// 144-192; NOTES-fused v28). A 112-row box for 97-112 and 193-224 rows was
-// 30-60% slower than 128 (not found why) and is not built. Same K order per
-// dot: same bits.
+// 96-row boxes (WgmmaSeparateBox, stage1_shape.h) where the batch's chunks
+// hold 65-96 rows: at 65-96 rows (one chunk) and 129-192 (two), 5 x 28 KB +
+// 50 KB. In 128-row boxes such chunks spent a quarter to a half of the
+// block's MMA work and H traffic on zero rows (H200: -10 to -25% at 65-96
+// rows, -9 to -12% at 144-192; NOTES-fused v28). A 112-row box for 97-112
+// and 193-224 rows was 30-60% slower than 128 (not found why) and is not
+// built. Same K order per dot: same bits.
 template <class E> using Separate96 = SeparateEpilogueConfig<E, 96, 5, kKTile, 11>;
 constexpr int64_t kDeepRingMinHidden = 8192;
 constexpr int64_t kDeepRingMaxBatch = 256;
@@ -1189,15 +1190,6 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
-// The H box of the separate-epilogue schedule above 64 rows: 96 rows when
-// the batch's chunk holds at most 96 (65-96 rows in one chunk, 129-192 in
-// two balanced ones), else 128. LaunchWgmmaStage1 lays H out for it and
-// LaunchForBatch takes the configuration of that many rows.
-int64_t SeparateBox(int64_t batch) {
-  const int64_t chunk = batch <= 128 ? batch : batch <= 256 ? (batch + 1) / 2 : 128;
-  return chunk <= 96 ? 96 : 128;
-}
-
 // The smallest block that holds the batch; above the largest (256 rows, or
 // 128 at two blocks per SM and in ping-pong), chunks of it.
 template <class Element>
@@ -1213,7 +1205,7 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, c
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
     if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    const int64_t box = SeparateBox(a.batch);
+    const int64_t box = WgmmaSeparateBox(a.batch);
     if (box == 96) return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
     if (lg == nullptr && a.hidden_dim >= kDeepRingMinHidden &&
         a.batch <= (c == nullptr ? kDeepRingMaxBatch : kDeepRingMaxControlledBatch)) {
@@ -1279,12 +1271,12 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   cudaError_t err = CheckSm90();
   if (err != cudaSuccess) return err;
   // The box LaunchForBatch's block takes: 256 rows for kWgmma above 128
-  // rows, SeparateBox's for separate epilogue warps, else 128. A batch
+  // rows, WgmmaSeparateBox's for separate epilogue warps, else 128. A batch
   // above it goes in chunks (HiddenChunks): balanced
   // for the persistent schedules, padded for one block per item (balanced
   // chunks measured 1% slower plain, 8% controlled, at 160-192 rows there).
   const int64_t box = variant == Stage1Kernel::kWgmma                  ? 256
-                      : variant == Stage1Kernel::kWgmmaSeparateEpilogue ? SeparateBox(args.batch)
+                      : variant == Stage1Kernel::kWgmmaSeparateEpilogue ? WgmmaSeparateBox(args.batch)
                                                                         : 128;
   const bool persistent = variant == Stage1Kernel::kWgmmaSeparateEpilogue ||
                           variant == Stage1Kernel::kWgmmaPingpong;

@@ -131,4 +131,17 @@ inline HiddenChunks WgmmaHiddenChunks(int64_t batch, int64_t box, bool persisten
   return persistent ? HiddenChunks::Balanced(batch, box) : HiddenChunks::Padded(batch, box);
 }
 
+// 4. The H box of the WGMMA stage 1 with separate epilogue warps
+// (fused_sample_sm90.cu: LaunchWgmmaStage1 lays H out for it, LaunchForBatch
+// takes the configuration of that many rows above 64 rows): 96 rows where a
+// chunk of the batch holds at most 96 (65-96 rows in one chunk, 129-192 in
+// two balanced ones), else 128 (up to 64 rows the 32- and 64-row
+// configurations take the batch in one identity chunk, whichever box). 96-row
+// boxes took 10-25% off those batches on an H200 (NOTES-fused.md, v28).
+inline int64_t WgmmaSeparateBox(int64_t batch) {
+  if (batch <= 64 || batch > 256) return 128;
+  const int64_t chunk = batch <= 128 ? batch : (batch + 1) / 2;
+  return chunk <= 96 ? 96 : 128;
+}
+
 }  // namespace flashsampler::kernels

@@ -120,11 +120,30 @@ TEST(HiddenChunks, EveryRowOnceInsideItsBoxAndTheScratch) {
       }
     }
   }
+  // The separate-epilogue schedule's own box (WgmmaSeparateBox): the same
+  // checks, and the box is the one the measurements chose.
+  for (int64_t batch = 1; batch <= 4096; ++batch) {
+    SCOPED_TRACE(::testing::Message() << "separate-epilogue box, batch " << batch);
+    const int64_t box = WgmmaSeparateBox(batch);
+    const bool box96 = (batch >= 65 && batch <= 96) || (batch >= 129 && batch <= 192);
+    ASSERT_EQ(box, box96 ? 96 : 128);
+    const HiddenChunks c = WgmmaHiddenChunks(batch, box, /*persistent=*/true);
+    ASSERT_LE(c.chunk_rows, c.block_rows);
+    ASSERT_LE(c.chunk_rows, box);
+    ASSERT_LE(c.rows_filled(), RoundedHiddenRows(batch));
+    ASSERT_EQ(c.num_chunks, batch <= box ? 1 : (batch + box - 1) / box);
+    if (c.num_chunks > 1) {
+      ASSERT_LT((c.num_chunks - 1) * c.chunk_rows, batch);  // the last chunk holds a row
+      ASSERT_GE(c.num_chunks * c.chunk_rows, batch);        // every row is in a chunk
+    }
+  }
   // Two examples from the measurements: 160 rows as 2 x 80, 300 as 3 x 100.
   EXPECT_EQ(WgmmaHiddenChunks(160, 128, true).chunk_rows, 80);
   EXPECT_EQ(WgmmaHiddenChunks(300, 128, true).chunk_rows, 100);
   EXPECT_EQ(WgmmaHiddenChunks(160, 128, false).chunk_rows, 128);
   EXPECT_EQ(WgmmaHiddenChunks(300, 256, true).chunk_rows, 150);
+  EXPECT_EQ(WgmmaHiddenChunks(160, WgmmaSeparateBox(160), true).chunk_rows, 80);
+  EXPECT_EQ(WgmmaHiddenChunks(160, WgmmaSeparateBox(160), true).rows_filled(), 192);
 }
 
 }  // namespace
