@@ -69,15 +69,16 @@ for phase in "$@"; do
       rc=$?
       summary+=("memcheck sharded peer rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
       # The Hopper stage 1 with separate epilogue warps (persistent, named-barrier
-      # hand-off of the dot tile): memcheck and racecheck at 1, 33, 100, 300 and
-      # 160 rows (cases 72-77 of the agreement test are that schedule's bf16
-      # cases of the first shape; 300 and 160 rows load balanced chunks, 160
-      # in 96-row boxes), and at 100, 300 and 160 rows of the D = 8192 shape
-      # (81-83; 100 rows take the five-stage ring of plain sampling at D >=
-      # 8192, 300 rows the four-stage one, 160 rows the 96-row boxes).
+      # hand-off of the dot tile): memcheck and racecheck at 1, 33, 100, 300,
+      # 160 and 80 rows (cases 84-90 of the agreement test are that schedule's
+      # bf16 cases of the first shape, index ((schedule 3 x 2 + dtype) x 2 +
+      # shape) x 7 + batch; 300 and 160 rows load balanced chunks, 160 and 80
+      # in 96-row boxes), and at 100, 300, 160 and 80 rows of the D = 8192
+      # shape (94-97; 100 rows take the five-stage ring of plain sampling at
+      # D >= 8192, 300 rows the four-stage one, 160 and 80 the 96-row boxes).
       if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
         a='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync'
-        sep="$a/72:$a/74:$a/75:$a/76:$a/77:$a/81:$a/82:$a/83"
+        sep="$a/84:$a/86:$a/87:$a/88:$a/89:$a/90:$a/94:$a/95:$a/96:$a/97"
         for tool in memcheck racecheck; do
           timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/fused_sample_sm90_gpu_test" \
             --gtest_filter="$sep" >> "$out/tests.log" 2>&1

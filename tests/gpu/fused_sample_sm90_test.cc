@@ -394,9 +394,10 @@ INSTANTIATE_TEST_SUITE_P(
                        // 150 in 256-row blocks (kWgmma) or 3 of 100 in 128-row
                        // blocks (the other three); 160 rows: one 256-row block
                        // (kWgmma) or 2 chunks of 80 (HiddenChunks::Balanced; in
-                       // 96-row boxes under separate epilogue warps)
+                       // 96-row boxes under separate epilogue warps); 80 rows:
+                       // one chunk (a 96-row box under separate epilogue warps)
                        ::testing::Values(int64_t{1}, int64_t{7}, int64_t{33}, int64_t{100},
-                                         int64_t{300}, int64_t{160})));
+                                         int64_t{300}, int64_t{160}, int64_t{80})));
 
 // Tokens only (no log Z, logprobs or drafts): the straight epilogue then
 // merges the winner fields alone (fused_sample_sm90.cu's MergeWinner), which
