@@ -315,10 +315,8 @@ template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB 
 // warp two cycles in three, 2026-11-28 profile), so at 128 rows, where the
 // epilogue outlasts the main loop at D = 4096, 11 epilogue warps instead of
 // 8 took 6% off at 256-1024 rows (BENCHMARKS.md, "Eleven epilogue warps").
-// kK_: K elements per ring stage. kPlainOnly_: only the plain epilogue is built
-// (the controlled launch refuses the configuration).
-template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8,
-          bool kPlainOnly_ = false>
+// kK_: K elements per ring stage.
+template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8>
 struct SeparateEpilogueConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
@@ -344,7 +342,6 @@ struct SeparateEpilogueConfig {
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an H100 SM's shared memory");
-  static constexpr bool kPlainOnly = kPlainOnly_;  // only the plain epilogue is built
 };
 
 // 32 and 64 rows: 128-element K steps (each stage reads 256 contiguous
@@ -1107,12 +1104,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
                         SampleSummary* tile_summaries, cudaStream_t stream,
                         const MmaControls* controls, float* logits, int64_t logits_ld) {
   using Mainloop = typename Cfg::Mainloop;
-  // The controlled epilogue is built for every schedule but the ping-pong
-  // and the plain-only configurations.
+  // The controlled epilogue is built for every schedule but the ping-pong.
   if (Cfg::kSchedule == Schedule::kPingpong && controls != nullptr) return cudaErrorInvalidValue;
-  if constexpr (Cfg::kSchedule == Schedule::kSeparateEpilogue) {
-    if (Cfg::kPlainOnly && controls != nullptr) return cudaErrorInvalidValue;
-  }
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
@@ -1166,12 +1159,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
 
   auto* kernel = [controls] {
     if constexpr (Cfg::kSchedule == Schedule::kSeparateEpilogue) {
-      if constexpr (Cfg::kPlainOnly) {
-        return &WgmmaSeparateEpilogueKernel<Cfg, false>;  // controls refused above
-      } else {
-        return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true>
-                                   : &WgmmaSeparateEpilogueKernel<Cfg, false>;
-      }
+      return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true>
+                                 : &WgmmaSeparateEpilogueKernel<Cfg, false>;
     } else if constexpr (Cfg::kSchedule == Schedule::kPingpong) {
       return &WgmmaPingpongKernel<Cfg>;
     } else {
