@@ -86,6 +86,16 @@ for phase in "$@"; do
           summary+=("$tool sm90 separate epilogue rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/tests.log" | tail -1)")
         done
       fi
+      # The cross-tile bound (global atomics on the rows' keys) on a 151936-token
+      # head at 160 rows with log Z and drafts: two-blocks-per-SM (case 3) and
+      # separate epilogue warps (case 15; index (schedule x 3 + batch) x 2 + lse).
+      if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
+        b='Schedules/FusedSampleSm90CrossTileBound.RowsExactAndLaterTilesPruned'
+        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/fused_sample_sm90_gpu_test" \
+          --gtest_filter="$b/3:$b/15" >> "$out/tests.log" 2>&1
+        rc=$?
+        summary+=("memcheck sm90 cross-tile bound rc=$rc $(grep -E 'ERROR SUMMARY' "$out/tests.log" | tail -1)")
+      fi
       # Draft rows (speculative verification) on every launch path, small shapes.
       timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/draft_sample_gpu_test" \
         --gtest_filter='Paths/DraftRowsTest.*:DraftArgsTest.*' >> "$out/tests.log" 2>&1

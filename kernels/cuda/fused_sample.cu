@@ -483,8 +483,9 @@ size_t CudaWeightDTypeBytes(CudaWeightDType dtype) {
 }
 
 // Workspace layout: [batch][num_tiles] SampleSummary, sized for the small
-// tiles (the most a launch can use), then (from a 256-byte boundary) the
-// tensor-core path's H rounded to 16 bits, [RoundedHiddenRows(batch)][hidden_dim].
+// tiles (the most a launch can use), then (each from a 256-byte boundary)
+// the WGMMA sampler's RowBestKeys, [batch] uint32, and the tensor-core
+// path's H rounded to 16 bits, [RoundedHiddenRows(batch)][hidden_dim].
 size_t TileSummaryBytes(int64_t batch, int64_t vocab) {
   const size_t bytes = static_cast<size_t>(batch) *
                        static_cast<size_t>(NumTiles(vocab, kCudaCoreSmallTile)) *
@@ -492,13 +493,18 @@ size_t TileSummaryBytes(int64_t batch, int64_t vocab) {
   return (bytes + 255) / 256 * 256;
 }
 
+size_t RowBestKeyBytes(int64_t batch) {
+  return (static_cast<size_t>(batch) * sizeof(uint32_t) + 255) / 256 * 256;
+}
+
 size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_dim) {
   if (batch < 1 || batch > kMaxInt32 || vocab < 1 || vocab > kMaxInt32 || hidden_dim < 1 ||
       hidden_dim > kMaxInt32) {
     return 0;
   }
-  return TileSummaryBytes(batch, vocab) + static_cast<size_t>(RoundedHiddenRows(batch)) *
-                                              static_cast<size_t>(hidden_dim) * sizeof(uint16_t);
+  return TileSummaryBytes(batch, vocab) + RowBestKeyBytes(batch) +
+         static_cast<size_t>(RoundedHiddenRows(batch)) * static_cast<size_t>(hidden_dim) *
+             sizeof(uint16_t);
 }
 
 namespace cuda_internal {
@@ -574,13 +580,17 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   // read once per 128 or 256 rows instead of once per 8 rows. Both write
   // 128-token tile summaries, merged by the same stage 2.
   if (mma_sync || wgmma) {
-    auto* hidden_rounded = reinterpret_cast<unsigned short*>(
-        static_cast<unsigned char*>(args.workspace) + TileSummaryBytes(args.batch, args.valid_vocab));
+    unsigned char* const after_summaries =
+        static_cast<unsigned char*>(args.workspace) + TileSummaryBytes(args.batch, args.valid_vocab);
+    [[maybe_unused]] auto* row_best_keys = reinterpret_cast<uint32_t*>(after_summaries);
+    auto* hidden_rounded =
+        reinterpret_cast<unsigned short*>(after_summaries + RowBestKeyBytes(args.batch));
     const int64_t mma_tiles = NumTiles(args.valid_vocab, cuda_internal::kMmaTileVocab);
 #if FLASHSAMPLER_HAVE_CUTLASS
     if (wgmma) {
       err = cuda_internal::LaunchWgmmaStage1(args, mma_tiles, want_lse, tile_summaries,
-                                             hidden_rounded, stream, choice.wgmma_schedule);
+                                             hidden_rounded, stream, choice.wgmma_schedule,
+                                             nullptr, row_best_keys);
     } else
 #endif
     {

@@ -27,7 +27,9 @@
 //
 // How (details next to the launch in fused_sample.cu). Two stage-1 kernels
 // by default, a third on request (FusedSampleArgs::stage1 = kWgmma: the
-// Hopper WGMMA + TMA kernel of fused_sample_sm90.cu, the same tile summaries):
+// Hopper WGMMA + TMA kernel of fused_sample_sm90.cu, the same outputs; its
+// tile summaries' winner fields may differ where no token of the tile can
+// win the row: its cross-tile bound, fused_sample_sm90.cu):
 // - tensor cores (fused_sample_mma.cu), for fp16 / bf16 weights,
 //   hidden_dim % 16 == 0 and 16-byte aligned W and H, at any batch: H is
 //   rounded to the weight dtype once (round to nearest even) into the

@@ -199,9 +199,13 @@ template <class T>
 __global__ void __launch_bounds__(256)
     ConvertHiddenKernel(const float* __restrict__ hidden, int64_t batch, int64_t hidden_dim,
                         int64_t chunk_rows, int64_t block_rows, int64_t filled,
-                        unsigned short* __restrict__ hidden_rounded) {
+                        unsigned short* __restrict__ hidden_rounded,
+                        uint32_t* __restrict__ zero_words) {
   AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
-  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // batch words; the grid has filled / 8 >= batch * hidden_dim / 8 threads.
+  if (zero_words != nullptr && thread < batch) zero_words[thread] = 0u;
+  const int64_t i = thread * 8;
   if (i >= filled) return;
   int64_t from = i;  // the element of H, or -1 for a zero
   if (chunk_rows != block_rows) {
@@ -503,7 +507,8 @@ cudaError_t DeepPipeline(const FusedSampleArgs& a, int64_t num_tiles, const MmaC
 
 template <class T>
 cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden_rounded,
-                                cudaStream_t stream, const HiddenChunks& layout) {
+                                cudaStream_t stream, const HiddenChunks& layout,
+                                uint32_t* zero_words = nullptr) {
   if (layout.chunk_rows < 1 || layout.chunk_rows > layout.block_rows ||
       layout.num_chunks * layout.chunk_rows < a.batch) {
     return cudaErrorInvalidValue;
@@ -513,7 +518,7 @@ cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
   ConvertHiddenKernel<T><<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
       a.hidden, a.batch, a.hidden_dim, layout.chunk_rows, layout.block_rows, filled,
-      hidden_rounded);
+      hidden_rounded, zero_words);
   return cudaGetLastError();
 }
 
@@ -552,10 +557,11 @@ bool MmaStage1Serves(const FusedSampleArgs& args) {
 }
 
 cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
-                              cudaStream_t stream, const HiddenChunks& layout) {
+                              cudaStream_t stream, const HiddenChunks& layout,
+                              uint32_t* zero_words) {
   return args.weight_dtype == CudaWeightDType::kFloat16
-             ? LaunchConvertHidden<Fp16Mma>(args, hidden_rounded, stream, layout)
-             : LaunchConvertHidden<Bf16Mma>(args, hidden_rounded, stream, layout);
+             ? LaunchConvertHidden<Fp16Mma>(args, hidden_rounded, stream, layout, zero_words)
+             : LaunchConvertHidden<Bf16Mma>(args, hidden_rounded, stream, layout, zero_words);
 }
 
 cudaError_t LaunchMmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,

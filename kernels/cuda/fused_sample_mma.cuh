@@ -51,8 +51,11 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
 // (DependentLaunch) to start before it ends; the dependent must
 // GridDependencyWait before reading hidden_rounded. Shared with the WGMMA
 // stage 1 (fused_sample_sm90.cu), so both GEMMs see the same bits.
+// zero_words: null, or args.batch words the kernel sets to 0 (the WGMMA
+// sampler's RowBestKeys), under the same wait.
 cudaError_t LaunchRoundHidden(const FusedSampleArgs& args, unsigned short* hidden_rounded,
-                              cudaStream_t stream, const HiddenChunks& layout);
+                              cudaStream_t stream, const HiddenChunks& layout,
+                              uint32_t* zero_words = nullptr);
 
 // Enqueues the tensor-core stage 1 (two kernels): H rounded to the weight
 // dtype into hidden_rounded (device scratch of batch * hidden_dim 16-bit

@@ -129,6 +129,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "kernels/common/candidate_order_key.h"
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
 #include "kernels/cuda/fused_controls.cuh"
@@ -375,6 +376,13 @@ template <class E> using Separate96 = SeparateEpilogueConfig<E, 96, 5, kKTile, 1
 constexpr int64_t kDeepRingMinHidden = 8192;
 constexpr int64_t kDeepRingMaxBatch = 256;
 constexpr int64_t kDeepRingMaxControlledBatch = 128;
+// The cross-tile bound ("The cross-tile bound", above) where the epilogue
+// outlasts the main loop: more than one 128-row chunk, and D below 8192.
+// H200, 2026-11-29 (NOTES-fused v29): -3 to -7% at 160-1024 rows, D = 4096;
+// at D = 8192 (a main loop twice as long) 0 to +1%, and at 64-96 rows
+// +1.5 to +2.3% (the per-item L2 read of the keys, more spills).
+constexpr int64_t kCrossTileBoundMinBatch = 129;
+constexpr int64_t kCrossTileBoundMaxHidden = 8191;
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -392,6 +400,10 @@ struct WgmmaKernelParams {
   float* draft_logits;
   int64_t token_offset;
   SampleSummary* tile_summaries;
+  // RowBestKeys: [batch] OrderedFloatBits of a score some tile summary of
+  // the row holds (0: none yet); null: no cross-tile bound, every tile
+  // summary as AddFour's (the controlled path, the logits).
+  uint32_t* row_best_keys;
   MmaControls ctl;  // the fused controlled path's (kControlled kernels only)
   // LaunchWgmmaLogits: the dot tile is written here (row stride logits_ld)
   // instead of folded; null for the samplers.
@@ -435,6 +447,62 @@ __device__ __forceinline__ ItemRows RowsOfChunk(const WgmmaKernelParams<Cfg>& p,
 // (no noise) fold their four tokens directly. Typical cost: one noise per
 // lane and row, plus a loop pass for the few tokens within ~ln 2 of the
 // tile's best; a row whose every l' is -inf has L = -inf and prunes nothing.
+//
+// The cross-tile bound (RowBestKeys; the sampler's launches, not the
+// controlled path's). A sampled row also has a known score K: the largest
+// winner score that tile summaries of the row already written hold, read
+// from a per-row word that each tile raises with atomicMax after its fold.
+// The row's winner scores at least K, because the summary that raised K is
+// merged in stage 2. So a token with ub < K cannot win or tie the row
+// (ScoreBeats: a tie needs an equal score): a lane whose largest ub is below
+// K skips its probe, a warp with no probing lane skips the probe's
+// butterfly, and step 3 uses max(L, K). Once a few tiles of a row are
+// done, K is near the row's final best, and a token's bound exceeds it
+// with odds of about e^-(K - l'): most warps skip the probe (on a
+// 151936-token head, 55-78% of the tile summaries of fused_sample_sm90_test's
+// rows came out pruned). The noise's Philox words and every bound are
+// still formed (the bounds need them), so the saving is the probe's three
+// logs and five shuffles, 14% of the epilogue's warp instructions: 3-7% of
+// the launch at 160-1024 rows, D = 4096 (NOTES-fused.md v29;
+// kCrossTileBoundMinBatch says where it is used). Each epilogue warp reads
+// its rows' K once an item, before it waits for the item's dot tile
+// (LaneKnownScores): read at each fold, the L2 latency stalled the epilogue
+// and ate most of the saving.
+// What changes is the summaries, not the row: a tile whose tokens all lie
+// below K may keep an empty winner, or a token that is not its own best
+// (one with ub >= K scored, its best skipped); either way every token that
+// can win the row is scored in its tile, and the merged winner is the same
+// token with the same score and l', bit for bit, in every timing. The
+// log-sum-exp fields never change. K only grows, so a stale read is a
+// smaller, still valid bound.
+
+// K of batch row `row` (-1: an absent row): -inf when no summary has raised
+// it (key 0), or when the launch keeps no keys. Read from L2: other blocks
+// raise it.
+__device__ __forceinline__ float KnownRowScore(const uint32_t* row_best_keys, int32_t row) {
+  if (row_best_keys == nullptr || row < 0) return -INFINITY;
+  const uint32_t key = __ldcg(row_best_keys + row);
+  return key == 0u ? -INFINITY : FloatOfOrderedBits(key);
+}
+
+// The K of every row a warp of the straight epilogue folds in one item, a
+// row a lane: FoldTile's warp takes rows r + q kWarps (q = 0..3) in passes
+// r = warp, warp + 4 kWarps, ...; lane 4 pass + q holds that row's K
+// (kRows <= 8 x 4 kWarps in every schedule: at most 32 rows). Loaded once
+// an item, before the epilogue waits for its dot tile, so the L2 latency
+// hides behind the wait. LaunchRoundHidden's kernel zeroes the keys, and
+// only the producer's thread has waited for it: so does each caller here.
+template <class Cfg, int kWarps>
+__device__ __forceinline__ float LaneKnownScores(const uint32_t* row_best_keys, int64_t row0,
+                                                 int64_t row_end, int warp, int lane) {
+  static_assert(Cfg::kRows <= 8 * 4 * kWarps, "a warp's rows fit its lanes");
+  if (row_best_keys == nullptr) return -INFINITY;
+  GridDependencyWait();
+  const int local = warp + (lane / 4) * 4 * kWarps + (lane % 4) * kWarps;
+  return local < Cfg::kRows && row0 + local < row_end
+             ? KnownRowScore(row_best_keys, static_cast<int32_t>(row0 + local))
+             : -INFINITY;
+}
 
 // GumbelFromBits (kernels/common/gumbel_noise.h) without its branch: both
 // halves' -log u are evaluated (logf of the exact u, log1pf of the exact
@@ -511,34 +579,62 @@ __device__ __forceinline__ void FoldLogSumExp(SampleSummary& s, const LaneTokens
 
 // Steps 2 and 3's selection for one row: folds the probe (sampled rows) or
 // all four tokens (greedy rows) into s, and returns the mask of the lane's
-// tokens that still need their exact score. kSampled: the caller knows the
-// row is sampled, so the greedy row's selects are not emitted (they cost
-// about a tenth of a sampled row's fold when evaluated and discarded).
-template <bool kSampled>
-__device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneTokens& t,
-                                              SampleSummary& s) {
-  const bool sampled = kSampled || row.sampled;
+// tokens that still need their exact score. known: a score that a token of
+// the row has in some tile's summary (RowBestKeys), or -inf. A token whose
+// bound is below it cannot win the row, so a lane whose best bound is
+// below it skips its probe; when no lane of the warp probes, the butterfly
+// is skipped too (warp-uniform). kSampled: the caller knows the row is
+// sampled, so the greedy row's selects are not emitted (they cost about a
+// tenth of a sampled row's fold when evaluated and discarded).
+struct ProbeChoice {
+  int j;          // the lane's token of largest bound
+  bool probe;     // it is scored now
+};
+
+__device__ __forceinline__ ProbeChoice ChooseProbe(bool sampled, const LaneTokens& t, float known) {
   int j = 0;
 #pragma unroll
   for (int i = 1; i < 4; ++i) j = t.bound[i] > PickOfFour(t.bound, j) ? i : j;
-  const float logit_j = PickOfFour(t.logit, j);
-  const bool probe_may_win = PickOfFour(t.compete, j);
-  const float score_j = __fadd_rn(logit_j, GumbelFromBitsStraight(PickOfFour(t.bits, j)));
-  FoldScore(s, sampled && probe_may_win, score_j, t.token0 + j, logit_j);
+  // !(bound < known): a NaN bound is probed, as it was before the bound
+  // (its NaN score never wins).
+  return {j, sampled && PickOfFour(t.compete, j) && !(PickOfFour(t.bound, j) < known)};
+}
+
+// The probe's exact score folded into s (lanes with c.probe), and the
+// warp's best probe score, or -inf.
+__device__ __forceinline__ float FoldProbeScore(const LaneTokens& t, ProbeChoice c,
+                                                SampleSummary& s) {
+  const float logit_j = PickOfFour(t.logit, c.j);
+  const float score_j = __fadd_rn(logit_j, GumbelFromBitsStraight(PickOfFour(t.bits, c.j)));
+  FoldScore(s, c.probe, score_j, t.token0 + c.j, logit_j);
+  float best = c.probe ? score_j : -INFINITY;
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) best = fmaxf(best, __shfl_xor_sync(kFullWarpMask, best, m));
+  return best;
+}
+
+// The greedy row's fold (its four l' compete directly), when not kSampled.
+template <bool kSampled>
+__device__ __forceinline__ void FoldGreedy(bool sampled, const LaneTokens& t, SampleSummary& s) {
   if constexpr (!kSampled) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       FoldScore(s, !sampled && t.compete[i], t.logit[i], t.token0 + i, t.logit[i]);
     }
   }
-  float best = sampled && probe_may_win ? score_j : -INFINITY;
-#pragma unroll
-  for (int m = 16; m >= 1; m /= 2) best = fmaxf(best, __shfl_xor_sync(kFullWarpMask, best, m));
+}
+
+// The tokens left after the probe: those that may still win or tie, i.e.
+// whose bound is not below best = max(the warp's probe scores, known). A
+// probed token is already folded. A -inf bound (l' = -inf) is kept while
+// best is -inf: it may still win.
+__device__ __forceinline__ uint32_t NeedMask(bool sampled, const LaneTokens& t, ProbeChoice c,
+                                             float best) {
   uint32_t need = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // A -inf bound (l' = -inf) is kept while best is -inf: it may still win.
-    if (sampled && t.compete[i] && i != j && !(t.bound[i] < best)) need |= 1u << i;
+    const bool probed = c.probe && i == c.j;
+    if (sampled && t.compete[i] && !probed && !(t.bound[i] < best)) need |= 1u << i;
   }
   return need;
 }
@@ -548,21 +644,40 @@ __device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneT
 // as above (the mma.sync epilogue's lane-to-token map). The two rows' chains
 // are independent, so they interleave. All 32 lanes call it; the butterfly
 // is FoldRowQuad's. kBothSampled: both rows are known to be sampled
-// (FoldProbe's kSampled); the same bits either way.
+// (FoldGreedy's kSampled); the same bits either way. lane_known: the
+// warp's K values, one row a lane (LaneKnownScores); ka / kb: the lanes
+// holding rows a's and b's, -1 for none (-inf: no bound, every summary as
+// AddFour's). Fetched by a shuffle after the Philox words, so no register
+// holds them meanwhile.
 template <bool kBothSampled>
 __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowSampler& b,
                                                  const float* dots_a, const float* dots_b,
                                                  int64_t tok0, int lane, int64_t valid_vocab,
-                                                 bool want_lse, SampleSummary& sa,
-                                                 SampleSummary& sb) {
+                                                 bool want_lse, float lane_known, int ka,
+                                                 int kb, SampleSummary& sa, SampleSummary& sb) {
   const LaneTokens ta = PrepareLaneTokens(
       a, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_a + 4 * lane), valid_vocab);
   const LaneTokens tb = PrepareLaneTokens(
       b, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_b + 4 * lane), valid_vocab);
+  // ka and kb are warp-uniform: every lane shuffles, or none.
+  const float known_a = ka >= 0 ? __shfl_sync(kFullWarpMask, lane_known, ka) : -INFINITY;
+  const float known_b = kb >= 0 ? __shfl_sync(kFullWarpMask, lane_known, kb) : -INFINITY;
   sa = EmptySampleSummary();
   sb = EmptySampleSummary();
-  uint32_t need =
-      FoldProbe<kBothSampled>(a, ta, sa) | FoldProbe<kBothSampled>(b, tb, sb) << 4;
+  const bool sampled_a = kBothSampled || a.sampled;
+  const bool sampled_b = kBothSampled || b.sampled;
+  FoldGreedy<kBothSampled>(sampled_a, ta, sa);
+  FoldGreedy<kBothSampled>(sampled_b, tb, sb);
+  // Step 2, the probes; known stands in for a row no lane probes (its best
+  // bound is below a score the row has elsewhere, so nothing here can win).
+  const ProbeChoice ca = ChooseProbe(sampled_a, ta, known_a);
+  const ProbeChoice cb = ChooseProbe(sampled_b, tb, known_b);
+  float best_a = known_a, best_b = known_b;
+  if (__any_sync(kFullWarpMask, ca.probe || cb.probe)) {
+    best_a = fmaxf(best_a, FoldProbeScore(ta, ca, sa));
+    best_b = fmaxf(best_b, FoldProbeScore(tb, cb, sb));
+  }
+  uint32_t need = NeedMask(sampled_a, ta, ca, best_a) | NeedMask(sampled_b, tb, cb, best_b) << 4;
   // Step 3: one token per lane and pass (bits 0-3: row a's, 4-7: row b's).
   while (__any_sync(kFullWarpMask, need != 0)) {
     const bool has = need != 0;
@@ -587,11 +702,14 @@ __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowS
 __device__ __forceinline__ void FoldPair(const RowSampler& a, const RowSampler& b,
                                          const float* dots_a, const float* dots_b, int64_t tok0,
                                          int lane, int64_t valid_vocab, bool want_lse,
-                                         SampleSummary& sa, SampleSummary& sb) {
+                                         float lane_known, int ka, int kb, SampleSummary& sa,
+                                         SampleSummary& sb) {
   if (a.sampled && b.sampled) {
-    FoldRowPairLanes<true>(a, b, dots_a, dots_b, tok0, lane, valid_vocab, want_lse, sa, sb);
+    FoldRowPairLanes<true>(a, b, dots_a, dots_b, tok0, lane, valid_vocab, want_lse, lane_known,
+                           ka, kb, sa, sb);
   } else {
-    FoldRowPairLanes<false>(a, b, dots_a, dots_b, tok0, lane, valid_vocab, want_lse, sa, sb);
+    FoldRowPairLanes<false>(a, b, dots_a, dots_b, tok0, lane, valid_vocab, want_lse, lane_known,
+                            ka, kb, sa, sb);
   }
 }
 
@@ -706,10 +824,11 @@ __device__ __forceinline__ SampleSummary FoldRow(const RowSampler& row, const fl
 // (ControlledTileRow, fused_controls.cuh: the mma.sync kernel's, statement
 // for statement), one row per warp and pass; it may overwrite its row of
 // the dot tile.
+// lane_known: LaneKnownScores' value for this item (straight epilogue).
 template <class Cfg, int kWarps, bool kControlled>
 __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float* dots,
                                          int64_t row0, int64_t row_end, int64_t tok0, int tile,
-                                         int warp, int lane) {
+                                         int warp, int lane, float lane_known = -INFINITY) {
   constexpr int kRows = Cfg::kRows;
   if (p.logits != nullptr) {
     // LaunchWgmmaLogits: the dots as they are (no scale), one warp per row,
@@ -757,12 +876,16 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
         rows[q] = RowSampler::Load(p.params, row0 + r + q * kWarps, present(r, q), p.draft_tokens,
                                    p.draft_logits, p.token_offset);
       }
+      // The lane holding row r + q kWarps's K (LaneKnownScores), -1 when absent.
+      const auto key = [&](int q) {
+        return p.row_best_keys != nullptr && present(r, q) ? (r - warp) / kWarps + q : -1;
+      };
       SampleSummary sa, sb, sc, sd;
       FoldPair(rows[0], rows[1], row_dots(r, 0), row_dots(r, 1), tok0, lane, p.valid_vocab,
-               p.want_lse, sa, sb);
+               p.want_lse, lane_known, key(0), key(1), sa, sb);
       if (present(r, 2)) {  // uniform across the warp
         FoldPair(rows[2], rows[3], row_dots(r, 2), row_dots(r, 3), tok0, lane, p.valid_vocab,
-                 p.want_lse, sc, sd);
+                 p.want_lse, lane_known, key(2), key(3), sc, sd);
       } else {  // rows c and d are absent (a small batch in a wider block)
         sc = EmptySampleSummary();
         sd = EmptySampleSummary();
@@ -771,7 +894,15 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
       const int q = p.want_lse ? FoldRowQuad<true>(sa, sb, sc, sd, lane, mine)
                                : FoldRowQuad<false>(sa, sb, sc, sd, lane, mine);
       if ((lane & 7) == 0 && present(r, q)) {
-        p.tile_summaries[(row0 + r + q * kWarps) * p.num_tiles + tile] = mine;
+        const int64_t row = row0 + r + q * kWarps;
+        p.tile_summaries[row * p.num_tiles + tile] = mine;
+        // The winner raises its row's known score: one L2 atomic per row
+        // and tile, unconditional (comparing with the score read, or
+        // asking whether the row is sampled, would keep registers live
+        // across the folds). A greedy row's K is a logit it never reads.
+        if (p.row_best_keys != nullptr && mine.best_index >= 0) {
+          atomicMax(p.row_best_keys + row, OrderedFloatBits(mine.best_score));
+        }
       }
     }
   } else {
@@ -928,8 +1059,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm)
 
   // Epilogue, 2: one warp per row (FoldTile).
   const ItemRows rows = RowsOfChunk(p, chunk);
+  const float lane_known = LaneKnownScores<Cfg, kConsumerWarps>(
+      p.row_best_keys, rows.first, rows.end, mma_thread / 32, mma_thread % 32);
   FoldTile<Cfg, kConsumerWarps, kControlled>(p, dots, rows.first, rows.end,
-                static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32, mma_thread % 32);
+                static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32, mma_thread % 32,
+                lane_known);
 }
 
 // Ping-pong: block b takes work items b, b + grid, b + 2 grid, ... (item i:
@@ -994,13 +1128,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mainloop.mma_tail(pipeline, read_state, k_tiles);  // our WGMMAs have completed
     read_state.advance(2 * k_tiles);
 
+    const ItemRows rows = RowsOfChunk(p, chunk);
+    const float lane_known = LaneKnownScores<Cfg, 4>(p.row_best_keys, rows.first, rows.end,
+                                                     mma_thread / 32, mma_thread % 32);
     order.wait();  // the other warpgroup's epilogue is done with the dot tile
     StoreDotTile<Cfg>(tiled_mma, accum, mma_thread, shared.dots);
     cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + 1 + consumer);
-    const ItemRows rows = RowsOfChunk(p, chunk);
     FoldTile<Cfg, 4, false>(p, shared.dots, rows.first, rows.end,
                             static_cast<int64_t>(tile) * kTileTokens, tile, mma_thread / 32,
-                            mma_thread % 32);
+                            mma_thread % 32, lane_known);
     order.arrive();  // each thread's reads of the dot tile are done
   }
   AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
@@ -1074,14 +1210,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   const int epilogue_thread = thread - kConsumerThreads;
+  constexpr int kEpilogueWarps = Cfg::kEpilogueThreads / 32;
   for (int64_t item = blockIdx.x; item < num_items; item += grid) {
-    cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsFull);
     const int tile = static_cast<int>(item / p.num_chunks);
     const int chunk = static_cast<int>(item % p.num_chunks);
     const ItemRows rows = RowsOfChunk(p, chunk);
-    FoldTile<Cfg, Cfg::kEpilogueThreads / 32, kControlled>(
+    // The item's known scores are read before the wait for its dot tile.
+    const float lane_known = LaneKnownScores<Cfg, kEpilogueWarps>(
+        p.row_best_keys, rows.first, rows.end, epilogue_thread / 32, epilogue_thread % 32);
+    cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsFull);
+    FoldTile<Cfg, kEpilogueWarps, kControlled>(
         p, shared.dots, rows.first, rows.end, static_cast<int64_t>(tile) * kTileTokens, tile,
-        epilogue_thread / 32, epilogue_thread % 32);
+        epilogue_thread / 32, epilogue_thread % 32, lane_known);
     if (item + grid < num_items) {
       cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsEmpty);
     }
@@ -1102,7 +1242,8 @@ template <class Element, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         const HiddenChunks& layout, int64_t num_tiles, bool want_lse,
                         SampleSummary* tile_summaries, cudaStream_t stream,
-                        const MmaControls* controls, float* logits, int64_t logits_ld) {
+                        const MmaControls* controls, float* logits, int64_t logits_ld,
+                        uint32_t* row_best_keys) {
   using Mainloop = typename Cfg::Mainloop;
   // The controlled epilogue is built for every schedule but the ping-pong.
   if (Cfg::kSchedule == Schedule::kPingpong && controls != nullptr) return cudaErrorInvalidValue;
@@ -1153,6 +1294,7 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   params.draft_logits = a.draft_logprobs;
   params.token_offset = a.token_offset;
   params.tile_summaries = tile_summaries;
+  params.row_best_keys = Cfg::kStraightEpilogue && controls == nullptr ? row_best_keys : nullptr;
   if (controls != nullptr) params.ctl = *controls;
   params.logits = logits;
   params.logits_ld = logits_ld;
@@ -1185,32 +1327,32 @@ template <class Element>
 cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, const HiddenChunks& layout,
                            int64_t num_tiles, bool want_lse, SampleSummary* ts,
                            cudaStream_t stream, Stage1Kernel variant, const MmaControls* c,
-                           float* lg = nullptr, int64_t ld = 0) {
+                           uint32_t* keys, float* lg = nullptr, int64_t ld = 0) {
   if (variant == Stage1Kernel::kWgmmaPingpong) {
-    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 32) return LaunchTiles<Element, Pingpong32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+    if (a.batch <= 64) return LaunchTiles<Element, Pingpong64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+    return LaunchTiles<Element, Pingpong128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
   }
   if (variant == Stage1Kernel::kWgmmaSeparateEpilogue) {
-    if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+    if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
     const int64_t box = WgmmaSeparateBox(a.batch);
-    if (box == 96) return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (box == 96) return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
     if (lg == nullptr && a.hidden_dim >= kDeepRingMinHidden &&
         a.batch <= (c == nullptr ? kDeepRingMaxBatch : kDeepRingMaxControlledBatch)) {
-      return LaunchTiles<Element, Separate128Deep<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+      return LaunchTiles<Element, Separate128Deep<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
     }
-    return LaunchTiles<Element, Separate128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    return LaunchTiles<Element, Separate128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
   }
   if (variant == Stage1Kernel::kWgmmaOverlap) {
-    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+    if (a.batch <= 32) return LaunchTiles<Element, Wgmma32x2<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+    if (a.batch <= 64) return LaunchTiles<Element, Wgmma64x2<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+    return LaunchTiles<Element, Wgmma128x2<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
   }
-  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
-  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld);
+  if (a.batch <= 32) return LaunchTiles<Element, Wgmma32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+  if (a.batch <= 64) return LaunchTiles<Element, Wgmma64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+  if (a.batch <= 128) return LaunchTiles<Element, Wgmma128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+  return LaunchTiles<Element, Wgmma256<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
 }
 
 }  // namespace
@@ -1245,18 +1387,18 @@ cudaError_t LaunchWgmmaLogits(const FusedSampleArgs& args, float* logits, int64_
   // the main loop's reuse of each W tile across the most rows decides.
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, identity, num_tiles, false,
-                                           nullptr, stream, Stage1Kernel::kWgmma, nullptr, logits,
+                                           nullptr, stream, Stage1Kernel::kWgmma, nullptr, nullptr, logits,
                                            logits_ld);
   }
   return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, identity, num_tiles, false,
-                                             nullptr, stream, Stage1Kernel::kWgmma, nullptr, logits,
+                                             nullptr, stream, Stage1Kernel::kWgmma, nullptr, nullptr, logits,
                                              logits_ld);
 }
 
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
                               cudaStream_t stream, Stage1Kernel variant,
-                              const MmaControls* controls) {
+                              const MmaControls* controls, uint32_t* row_best_keys) {
   cudaError_t err = CheckSm90();
   if (err != cudaSuccess) return err;
   // The box LaunchForBatch's block takes: 256 rows for kWgmma above 128
@@ -1272,14 +1414,21 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   const HiddenChunks layout = WgmmaHiddenChunks(args.batch, box, persistent);
   // The workspace holds RoundedHiddenRows(batch) rows (FusedSampleWorkspaceBytes).
   if (layout.rows_filled() > RoundedHiddenRows(args.batch)) return cudaErrorInvalidValue;
-  err = LaunchRoundHidden(args, hidden_rounded, stream, layout);
+  // The rounding kernel also zeroes RowBestKeys (stage 1 waits for it).
+  if (controls != nullptr || args.batch < kCrossTileBoundMinBatch ||
+      args.hidden_dim > kCrossTileBoundMaxHidden) {
+    row_best_keys = nullptr;
+  }
+  err = LaunchRoundHidden(args, hidden_rounded, stream, layout, row_best_keys);
   if (err != cudaSuccess) return err;
   if (args.weight_dtype == CudaWeightDType::kFloat16) {
     return LaunchForBatch<cutlass::half_t>(args, hidden_rounded, layout, num_tiles, want_lse,
-                                           tile_summaries, stream, variant, controls);
+                                           tile_summaries, stream, variant, controls,
+                                           row_best_keys);
   }
   return LaunchForBatch<cutlass::bfloat16_t>(args, hidden_rounded, layout, num_tiles, want_lse,
-                                             tile_summaries, stream, variant, controls);
+                                             tile_summaries, stream, variant, controls,
+                                             row_best_keys);
 }
 
 }  // namespace flashsampler::kernels::cuda_internal

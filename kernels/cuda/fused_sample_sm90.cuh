@@ -55,10 +55,19 @@ bool WgmmaStage1Eligible(const FusedSampleArgs& args);
 // (kWgmma's). controls: as LaunchMmaStage1's (the fused controlled path's
 // epilogue, the same bits as mma.sync's), not with kWgmmaPingpong
 // (cudaErrorInvalidValue: its epilogue is built plain only).
+// row_best_keys: null, or device scratch of args.batch words for the
+// cross-tile bound of the plain sampler's pruned fold (fused_sample_sm90.cu,
+// "The cross-tile bound"; zeroed here, by the rounding kernel). With it,
+// the schedules that prune (all but kWgmma) may leave a tile's winner
+// fields empty, or at a token that is not the tile's best, where no token
+// of the tile can win the row; the merged row (stage 2) is unchanged, bit
+// for bit. Used only where it pays: batches of more than 128 rows and
+// hidden_dim below 8192, and never with controls.
 cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bool want_lse,
                               SampleSummary* tile_summaries, unsigned short* hidden_rounded,
                               cudaStream_t stream, Stage1Kernel variant,
-                              const MmaControls* controls = nullptr);
+                              const MmaControls* controls = nullptr,
+                              uint32_t* row_best_keys = nullptr);
 
 // LaunchMmaLogits (fused_sample_mma.cuh) on the WGMMA main loop (one block
 // per SM, kWgmma's schedule): logits[row * logits_ld + token] = the fp32 dot

@@ -8,9 +8,11 @@
 //    with masked W rows that would win every row if they leaked; drafts, or
 //    token_offset != 0; greedy and sampled rows; bf16 and fp16; batches that
 //    take every block shape, 32 / 64 / 128 / 256 rows and two 256-row chunks):
-//    every 128-token tile summary, final token, log Z, logprob and draft
-//    logprob against a float64 reference, and the final outputs against the
-//    mma.sync stage 1. The bound (no other tolerance is used):
+//    every 128-token tile summary of mma.sync, final token, log Z, logprob
+//    and draft logprob against a float64 reference; the WGMMA tile summaries
+//    against mma.sync's (equal, or pruned by the cross-tile bound as
+//    CompareTiles allows) and the final outputs bit for bit. Then the bound
+//    at work on a 151936-token head. The bound (no other tolerance is used):
 //      eps(v) = 2 * (K / 16) * 2^-24 * sum_d |w_vd h_d|
 //    bounds the fp32 error of token v's dot product on the tensor cores: the
 //    products of 16-bit values are exact in fp32, and each k16 step rounds at
@@ -38,7 +40,7 @@
 // 128 rows a work item) and kWgmmaSeparateEpilogue (persistent, two MMA
 // warpgroups handing each item's dot tile to 8 epilogue warps, 11 at 128
 // rows), which must give the same bits (all are held to mma.sync's tile
-// summaries).
+// summaries, kWgmma's exactly, the others' up to pruned winners).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -268,6 +270,72 @@ std::vector<int32_t> RandomDrafts(int64_t rows, int64_t valid_vocab, uint32_t se
   return d;
 }
 
+// ---- Tile summaries against mma.sync's ----------------------------------------------
+// The schedules with the pruned fold keep a cross-tile bound (fused_sample_sm90.cu,
+// "The cross-tile bound"): a tile whose every token is beaten by a score another
+// tile of its row already reported may keep an empty winner, or one that is not
+// its own best. Against the exact summaries (mma.sync's, which never prune), a
+// tile is therefore either bit-identical, or "pruned": its log-sum-exp fields
+// bit-identical, its exact winner not the row's winner, and its own winner
+// empty or a token of the tile that neither beats the exact one nor the row's.
+// Whatever the timing, the rows merged from both sets of summaries must be the
+// same bits.
+struct TileComparison {
+  int64_t identical = 0;
+  int64_t pruned = 0;
+  int64_t bad = 0;
+  std::string first_bad;
+};
+
+bool SameBits(const SampleSummary& a, const SampleSummary& b) {
+  return std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+TileComparison CompareTiles(const std::vector<SampleSummary>& got,
+                            const std::vector<SampleSummary>& exact, int64_t batch,
+                            int64_t tiles, int64_t first_token, int64_t valid_vocab) {
+  TileComparison c;
+  auto bad = [&](const std::string& what) {
+    if (c.bad++ == 0) c.first_bad = what;
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    SampleSummary row_exact = EmptySampleSummary(), row_got = EmptySampleSummary();
+    for (int64_t t = 0; t < tiles; ++t) {
+      row_exact = MergeSummaries(row_exact, exact[b * tiles + t]);
+      row_got = MergeSummaries(row_got, got[b * tiles + t]);
+    }
+    const std::string row = "row " + std::to_string(b) + ": ";
+    if (!SameBits(row_got, row_exact)) bad(row + "merged summaries differ");
+    for (int64_t t = 0; t < tiles; ++t) {
+      const SampleSummary& g = got[b * tiles + t];
+      const SampleSummary& e = exact[b * tiles + t];
+      if (SameBits(g, e)) {
+        ++c.identical;
+        continue;
+      }
+      ++c.pruned;
+      const std::string where = row + "tile " + std::to_string(t) + ": ";
+      const int64_t begin = first_token + t * kTileTokens;
+      const int64_t end = first_token + std::min((t + 1) * kTileTokens, valid_vocab);
+      if (std::memcmp(&g.max_logit, &e.max_logit, 4) != 0 ||
+          std::memcmp(&g.sum_exp, &e.sum_exp, 4) != 0) {
+        bad(where + "log-sum-exp fields differ");
+      } else if (!ScoreBeats(row_exact.best_score, row_exact.best_index, e.best_score, e.best_index)) {
+        bad(where + "the row's winning tile is not exact");
+      } else if (g.best_index >= 0 &&
+                 (g.best_index < begin || g.best_index >= end ||
+                  ScoreBeats(g.best_score, g.best_index, e.best_score, e.best_index) ||
+                  !ScoreBeats(row_exact.best_score, row_exact.best_index, g.best_score,
+                              g.best_index))) {
+        bad(where + "winner " + std::to_string(g.best_index) + " (" +
+            std::to_string(g.best_score) + ") against the tile's " + std::to_string(e.best_index) +
+            " (" + std::to_string(e.best_score) + ")");
+      }
+    }
+  }
+  return c;
+}
+
 // ---- 1. Agreement -----------------------------------------------------------------
 struct Shape {
   int64_t hidden, vocab, valid_vocab, token_offset;
@@ -300,12 +368,28 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
   ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, stage1, &wg), KernelStatus::kOk);
   ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, stage1, &again), KernelStatus::kOk);
   ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, Stage1Kernel::kMmaSync, &mma), KernelStatus::kOk);
-  // Deterministic, bit for bit.
-  EXPECT_EQ(0, std::memcmp(wg.tiles.data(), again.tiles.data(), wg.tiles.size() * sizeof(SampleSummary)));
+  // Deterministic, bit for bit: every output, and every tile summary but
+  // for the pruned winners (CompareTiles).
+  const auto same_outputs = [](const Outputs& x, const Outputs& y) {
+    const auto same = [](const auto& u, const auto& v) {
+      return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0])) == 0;
+    };
+    return same(x.tokens, y.tokens) && same(x.logz, y.logz) && same(x.logprobs, y.logprobs) &&
+           same(x.draft_logprobs, y.draft_logprobs);
+  };
+  EXPECT_TRUE(same_outputs(wg, again));
 
   const int64_t tiles = NumTiles(s.valid_vocab);
+  const TileComparison vs_mma =
+      CompareTiles(wg.tiles, mma.tiles, batch, tiles, s.token_offset, s.valid_vocab);
+  const TileComparison again_vs_mma =
+      CompareTiles(again.tiles, mma.tiles, batch, tiles, s.token_offset, s.valid_vocab);
+  EXPECT_EQ(vs_mma.bad, 0) << vs_mma.first_bad;
+  EXPECT_EQ(again_vs_mma.bad, 0) << again_vs_mma.first_bad;
+  // kWgmma folds row by row (FoldRow), without the bound.
+  if (stage1 == Stage1Kernel::kWgmma) EXPECT_EQ(vs_mma.pruned, 0);
   const double lse_rounding = static_cast<double>(s.valid_vocab) * std::ldexp(1.0, -23);
-  int64_t failures = 0, tiles_identical = 0, rows_identical = 0;
+  int64_t failures = 0, rows_identical = 0;
   auto fail = [&](const std::string& what) {
     if (++failures <= 10) ADD_FAILURE() << what;
   };
@@ -318,9 +402,8 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
     const std::string row = "row " + std::to_string(b) + ": ";
     // Tile summaries: each tile's winner and max logit.
     for (int64_t t = 0; t < tiles; ++t) {
-      const SampleSummary& got = wg.tiles[b * tiles + t];
-      const SampleSummary& other = mma.tiles[b * tiles + t];
-      if (std::memcmp(&got, &other, sizeof(got)) == 0) ++tiles_identical;
+      // The exact summary (mma.sync's): wg's equals it or is pruned (vs_mma).
+      const SampleSummary& got = mma.tiles[b * tiles + t];
       const int64_t begin = t * kTileTokens, end = std::min(begin + kTileTokens, s.valid_vocab);
       std::string why;
       const bool only_draft = end - begin == 1 && std::isnan(ref.score[begin]);
@@ -375,12 +458,14 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
   EXPECT_EQ(failures, 0);
   // The two tensor-core kernels feed the same bf16/fp16 operands to the same
   // tensor-core datapath in the same K order (k16 steps, increasing), so
-  // their fp32 dots, and with the shared epilogue every summary, are
-  // bit-identical: measured so on an H200 for every case here. kAuto relies
-  // on it (mma.sync up to 64 rows, WGMMA above, fused_sample.cu): a row's
-  // outputs must not change when its batch crosses that line.
-  EXPECT_EQ(tiles_identical, batch * tiles) << "wgmma and mma.sync tile summaries differ";
+  // their fp32 dots, and with the shared epilogue every summary (but the
+  // pruned winners, CompareTiles), are bit-identical: measured so on an H200
+  // for every case here. kAuto relies on it (mma.sync up to 64 rows, WGMMA
+  // above, fused_sample.cu): a row's outputs must not change when its batch
+  // crosses that line.
+  EXPECT_EQ(vs_mma.identical + vs_mma.pruned, batch * tiles);
   EXPECT_EQ(rows_identical, batch) << "wgmma and mma.sync rows (token, logz) differ";
+  EXPECT_EQ(wg.logprobs, mma.logprobs);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -428,20 +513,27 @@ TEST_P(FusedSampleSm90TokensOnly, WinnersAsWithLogZAndAsMmaSync) {
   EXPECT_EQ(tokens_only.tokens, with_lse.tokens);
   EXPECT_EQ(tokens_only.tokens, mma.tokens);
   ASSERT_EQ(tokens_only.tiles.size(), mma.tiles.size());
-  EXPECT_EQ(0, std::memcmp(tokens_only.tiles.data(), mma.tiles.data(),
-                           tokens_only.tiles.size() * sizeof(SampleSummary)))
-      << "tokens-only tile summaries differ from mma.sync's";
-  int64_t differing = 0, lse_not_empty = 0;
-  for (size_t i = 0; i < tokens_only.tiles.size(); ++i) {
-    const SampleSummary& a = tokens_only.tiles[i];
-    const SampleSummary& b = with_lse.tiles[i];
-    if (std::memcmp(&a.best_score, &b.best_score, 4) != 0 || a.best_index != b.best_index ||
-        std::memcmp(&a.best_logit, &b.best_logit, 4) != 0) {
-      ++differing;
-    }
+  // mma.sync's tokens-only summaries are exact; the WGMMA ones equal them
+  // but for pruned winners (CompareTiles).
+  const int64_t tiles = NumTiles(s.valid_vocab);
+  const TileComparison c =
+      CompareTiles(tokens_only.tiles, mma.tiles, batch, tiles, s.token_offset, s.valid_vocab);
+  EXPECT_EQ(c.bad, 0) << "tokens-only tile summaries against mma.sync's: " << c.first_bad;
+  // The log-Z launch's winner fields are those of the tokens-only launch up
+  // to the same pruning: both against mma.sync's winners with the log-Z
+  // launch's log-sum-exp fields.
+  std::vector<SampleSummary> exact_with_lse = mma.tiles;
+  for (size_t i = 0; i < exact_with_lse.size(); ++i) {
+    exact_with_lse[i].max_logit = with_lse.tiles[i].max_logit;
+    exact_with_lse[i].sum_exp = with_lse.tiles[i].sum_exp;
+  }
+  const TileComparison w =
+      CompareTiles(with_lse.tiles, exact_with_lse, batch, tiles, s.token_offset, s.valid_vocab);
+  EXPECT_EQ(w.bad, 0) << "log-Z tile summaries' winners: " << w.first_bad;
+  int64_t lse_not_empty = 0;
+  for (const SampleSummary& a : tokens_only.tiles) {
     if (!(a.max_logit == -INFINITY && a.sum_exp == 0.0f)) ++lse_not_empty;
   }
-  EXPECT_EQ(differing, 0) << "winner fields differ between tokens-only and log-Z launches";
   EXPECT_EQ(lse_not_empty, 0);
 }
 
@@ -451,6 +543,63 @@ INSTANTIATE_TEST_SUITE_P(
                                          Stage1Kernel::kWgmmaSeparateEpilogue),
                        // 1 and 3 chunks, a partial quad (a pair past the batch)
                        ::testing::Values(int64_t{7}, int64_t{33}, int64_t{100}, int64_t{300})));
+
+// The cross-tile bound at work: a head of 151936 tokens (1187 tiles: every
+// persistent block folds several work items in turn, so later tiles find
+// their rows' known scores raised), D = 128 to keep the host's weights
+// small. Every output is bit-identical to mma.sync's (which never prunes),
+// with and without log Z, drafts included; every tile summary is exact or
+// pruned as CompareTiles allows; and the bound acts exactly where the
+// launcher uses it (more than 128 rows at this D, fused_sample_sm90.cu's
+// kCrossTileBoundMinBatch): there it prunes (the count is printed, and is
+// zero only if no tile ever read a raised score, which these many waves
+// rule out), and at 100 rows no summary differs from mma.sync's.
+using BoundCase = std::tuple<Stage1Kernel, int64_t /*batch*/, bool /*with_lse*/>;
+class FusedSampleSm90CrossTileBound : public FusedSampleSm90Test,
+                                      public ::testing::WithParamInterface<BoundCase> {};
+
+TEST_P(FusedSampleSm90CrossTileBound, RowsExactAndLaterTilesPruned) {
+  const auto [stage1, batch, with_lse] = GetParam();
+  constexpr int64_t kVocab = 151936, kHidden = 128;
+  Problem prob;
+  MakeProblem(CudaWeightDType::kBFloat16, kVocab, kVocab, kHidden, 0,
+              static_cast<uint32_t>(31 + batch), &prob);
+  const std::vector<float> hidden = RandomHidden(batch, kHidden, CudaWeightDType::kBFloat16,
+                                                 static_cast<uint32_t>(batch * 3 + 5));
+  const std::vector<RowParams> params =
+      gpu_test::RandomParams(batch, 0.25, static_cast<uint32_t>(batch + 17));
+  const std::vector<int32_t> drafts = RandomDrafts(batch, kVocab, static_cast<uint32_t>(batch + 1));
+  const std::vector<int32_t>* d = with_lse ? &drafts : nullptr;
+  Outputs wg, mma;
+  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, stage1, &wg, with_lse), KernelStatus::kOk);
+  ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, Stage1Kernel::kMmaSync, &mma, with_lse),
+            KernelStatus::kOk);
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_EQ(wg.tokens, mma.tokens);
+  EXPECT_TRUE(same_bits(wg.logz, mma.logz));
+  EXPECT_TRUE(same_bits(wg.logprobs, mma.logprobs));
+  EXPECT_TRUE(same_bits(wg.draft_logprobs, mma.draft_logprobs));
+  const TileComparison c = CompareTiles(wg.tiles, mma.tiles, batch, NumTiles(kVocab), 0, kVocab);
+  EXPECT_EQ(c.bad, 0) << c.first_bad;
+  EXPECT_EQ(c.identical + c.pruned, batch * NumTiles(kVocab));
+  if (batch > 128) {
+    EXPECT_GT(c.pruned, 0) << "no tile summary was pruned: the bound never acted";
+  } else {
+    EXPECT_EQ(c.pruned, 0) << "the bound acted at " << batch << " rows";
+  }
+  std::printf("batch %lld: %lld of %lld tile summaries pruned\n", static_cast<long long>(batch),
+              static_cast<long long>(c.pruned), static_cast<long long>(batch * NumTiles(kVocab)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, FusedSampleSm90CrossTileBound,
+    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmmaOverlap, Stage1Kernel::kWgmmaPingpong,
+                                         Stage1Kernel::kWgmmaSeparateEpilogue),
+                       // one chunk (no bound), two 96-row boxes, three chunks
+                       ::testing::Values(int64_t{100}, int64_t{160}, int64_t{300}),
+                       ::testing::Bool()));
 
 // ---- 2. Batch invariance ----------------------------------------------------------
 using InvarianceCase = std::tuple<Stage1Kernel, CudaWeightDType, int /*shape*/>;
