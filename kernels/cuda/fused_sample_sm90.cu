@@ -378,9 +378,9 @@ constexpr int64_t kDeepRingMaxBatch = 256;
 constexpr int64_t kDeepRingMaxControlledBatch = 128;
 // The cross-tile bound ("The cross-tile bound", above) where the epilogue
 // outlasts the main loop: more than one 128-row chunk, and D below 8192.
-// H200, 2026-11-29 (NOTES-fused v29): -3 to -7% at 160-1024 rows, D = 4096;
-// at D = 8192 (a main loop twice as long) 0 to +1%, and at 64-96 rows
-// +1.5 to +2.3% (the per-item L2 read of the keys, more spills).
+// H200, 2026-11-29 (NOTES-fused v29): -2.9 to -5.1% at 160-1024 rows,
+// D = 4096; with the bound at D = 8192 (a main loop twice as long) 0 to
+// +1.5%, and at 64-96 rows +1.5 to +2.3%.
 constexpr int64_t kCrossTileBoundMinBatch = 129;
 constexpr int64_t kCrossTileBoundMaxHidden = 8191;
 
@@ -462,7 +462,7 @@ __device__ __forceinline__ ItemRows RowsOfChunk(const WgmmaKernelParams<Cfg>& p,
 // 151936-token head, 55-78% of the tile summaries of fused_sample_sm90_test's
 // rows came out pruned). The noise's Philox words and every bound are
 // still formed (the bounds need them), so the saving is the probe's three
-// logs and five shuffles, 14% of the epilogue's warp instructions: 3-7% of
+// logs and five shuffles, 14% of the epilogue's warp instructions: 3-5% of
 // the launch at 160-1024 rows, D = 4096 (NOTES-fused.md v29;
 // kCrossTileBoundMinBatch says where it is used). Each epilogue warp reads
 // its rows' K once an item, before it waits for the item's dot tile
@@ -612,15 +612,12 @@ __device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneT
   return need;
 }
 
-// With the cross-tile bound (kBound), the same in parts. Steps 2 and 3's selection for one row: folds the probe (sampled rows) or
-// all four tokens (greedy rows) into s, and returns the mask of the lane's
-// tokens that still need their exact score. known: a score that a token of
-// the row has in some tile's summary (RowBestKeys), or -inf. A token whose
-// bound is below it cannot win the row, so a lane whose best bound is
-// below it skips its probe; when no lane of the warp probes, the butterfly
-// is skipped too (warp-uniform). kSampled: the caller knows the row is
-// sampled, so the greedy row's selects are not emitted (they cost about a
-// tenth of a sampled row's fold when evaluated and discarded).
+// The same selection with the cross-tile bound (kBound), in parts:
+// ChooseProbe, FoldProbeScore, FoldGreedy and NeedMask. known: a score that
+// a token of the row has in some tile's summary (RowBestKeys), or -inf. A
+// token whose bound is below it cannot win the row, so a lane whose best
+// bound is below it skips its probe; when no lane of the warp probes, the
+// butterfly is skipped too (warp-uniform).
 struct ProbeChoice {
   int j;          // the lane's token of largest bound
   bool probe;     // it is scored now
