@@ -382,7 +382,7 @@ constexpr int64_t kDeepRingMaxControlledBatch = 128;
 // D = 4096; with the bound at D = 8192 (a main loop twice as long) 0 to
 // +1.5%, and at 64-96 rows +1.5 to +2.3%.
 constexpr int64_t kCrossTileBoundMinBatch = 129;
-constexpr int64_t kCrossTileBoundMaxHidden = 8191;
+constexpr int64_t kCrossTileBoundHiddenBelow = 8192;
 
 template <class Cfg>
 struct WgmmaKernelParams {
@@ -476,22 +476,16 @@ __device__ __forceinline__ ItemRows RowsOfChunk(const WgmmaKernelParams<Cfg>& p,
 // log-sum-exp fields never change. K only grows, so a stale read is a
 // smaller, still valid bound.
 
-// K of batch row `row` (-1: an absent row): -inf when no summary has raised
-// it (key 0), or when the launch keeps no keys. Read from L2: other blocks
-// raise it.
-__device__ __forceinline__ float KnownRowScore(const uint32_t* row_best_keys, int32_t row) {
-  if (row_best_keys == nullptr || row < 0) return -INFINITY;
-  const uint32_t key = __ldcg(row_best_keys + row);
-  return key == 0u ? -INFINITY : FloatOfOrderedBits(key);
-}
-
 // The K of every row a warp of the straight epilogue folds in one item, a
 // row a lane: FoldTile's warp takes rows r + q kWarps (q = 0..3) in passes
 // r = warp, warp + 4 kWarps, ...; lane 4 pass + q holds that row's K
-// (kRows <= 8 x 4 kWarps in every schedule: at most 32 rows). Loaded once
-// an item, before the epilogue waits for its dot tile, so the L2 latency
-// hides behind the wait. LaunchRoundHidden's kernel zeroes the keys, and
-// only the producer's thread has waited for it: so does each caller here.
+// (kRows <= 8 x 4 kWarps in every schedule: at most 32 rows); -inf for a
+// row that is absent (past the chunk or kRows), that no summary has raised
+// yet (key 0), or when the launch keeps no keys. Read from L2 (other blocks
+// raise the keys) once an item, before the epilogue waits for its dot
+// tile, so the latency hides behind the wait. LaunchRoundHidden's kernel
+// zeroes the keys, and only the producer's thread has waited for it: so
+// does each caller here.
 template <class Cfg, int kWarps>
 __device__ __forceinline__ float LaneKnownScores(const uint32_t* row_best_keys, int64_t row0,
                                                  int64_t row_end, int warp, int lane) {
@@ -499,9 +493,9 @@ __device__ __forceinline__ float LaneKnownScores(const uint32_t* row_best_keys, 
   if (row_best_keys == nullptr) return -INFINITY;
   GridDependencyWait();
   const int local = warp + (lane / 4) * 4 * kWarps + (lane % 4) * kWarps;
-  return local < Cfg::kRows && row0 + local < row_end
-             ? KnownRowScore(row_best_keys, static_cast<int32_t>(row0 + local))
-             : -INFINITY;
+  if (local >= Cfg::kRows || row0 + local >= row_end) return -INFINITY;
+  const uint32_t key = __ldcg(row_best_keys + row0 + local);
+  return key == 0u ? -INFINITY : FloatOfOrderedBits(key);
 }
 
 // GumbelFromBits (kernels/common/gumbel_noise.h) without its branch: both
@@ -677,10 +671,10 @@ __device__ __forceinline__ uint32_t NeedMask(bool sampled, const LaneTokens& t, 
 // are independent, so they interleave. All 32 lanes call it; the butterfly
 // is FoldRowQuad's. kBothSampled: both rows are known to be sampled
 // (FoldGreedy's kSampled); the same bits either way. lane_known: the
-// warp's K values, one row a lane (LaneKnownScores); ka / kb: the lanes
-// holding rows a's and b's, -1 for none (-inf: no bound, every summary as
-// AddFour's). Fetched by a shuffle after the Philox words, so no register
-// holds them meanwhile.
+// warp's K values, one row a lane (LaneKnownScores; -inf for an absent row
+// or a launch without keys: no bound, every summary as AddFour's); ka / kb:
+// the lanes holding rows a's and b's. Fetched by a shuffle after the Philox
+// words, so no register holds them meanwhile.
 template <bool kBothSampled, bool kBound>
 __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowSampler& b,
                                                  const float* dots_a, const float* dots_b,
@@ -695,9 +689,8 @@ __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowS
   sb = EmptySampleSummary();
   uint32_t need;
   if constexpr (kBound) {
-    // ka and kb are warp-uniform: every lane shuffles, or none.
-    const float known_a = ka >= 0 ? __shfl_sync(kFullWarpMask, lane_known, ka) : -INFINITY;
-    const float known_b = kb >= 0 ? __shfl_sync(kFullWarpMask, lane_known, kb) : -INFINITY;
+    const float known_a = __shfl_sync(kFullWarpMask, lane_known, ka);
+    const float known_b = __shfl_sync(kFullWarpMask, lane_known, kb);
     const bool sampled_a = kBothSampled || a.sampled;
     const bool sampled_b = kBothSampled || b.sampled;
     FoldGreedy<kBothSampled>(sampled_a, ta, sa);
@@ -916,11 +909,8 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
         rows[q] = RowSampler::Load(p.params, row0 + r + q * kWarps, present(r, q), p.draft_tokens,
                                    p.draft_logits, p.token_offset);
       }
-      // The lane holding row r + q kWarps's K (LaneKnownScores), -1 when absent.
-      const auto key = [&](int q) {
-        return kBound && p.row_best_keys != nullptr && present(r, q) ? (r - warp) / kWarps + q
-                                                                     : -1;
-      };
+      // The lane holding row r + q kWarps's K (LaneKnownScores): 4 pass + q.
+      const auto key = [&](int q) { return (r - warp) / kWarps + q; };
       SampleSummary sa, sb, sc, sd;
       FoldPair<kBound>(rows[0], rows[1], row_dots(r, 0), row_dots(r, 1), tok0, lane, p.valid_vocab,
                p.want_lse, lane_known, key(0), key(1), sa, sb);
@@ -1342,7 +1332,10 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   params.draft_logits = a.draft_logprobs;
   params.token_offset = a.token_offset;
   params.tile_summaries = tile_summaries;
-  params.row_best_keys = Cfg::kStraightEpilogue && controls == nullptr ? row_best_keys : nullptr;
+  // Keys come only with plain sampling above 128 rows (LaunchWgmmaStage1),
+  // so the 32- and 64-row boxes never fold with them.
+  constexpr bool kBoundBuilt = Cfg::kStraightEpilogue && Cfg::kRows > 64;
+  params.row_best_keys = kBoundBuilt ? row_best_keys : nullptr;
   if (controls != nullptr) params.ctl = *controls;
   params.logits = logits;
   params.logits_ld = logits_ld;
@@ -1353,9 +1346,11 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
       // The plain kernel with the cross-tile bound only where the launch
       // keeps keys: without, the fold is the one before the bound (it is
       // 1-4% faster at 64-128 rows than the bound's code with no keys).
-      return controls != nullptr        ? &WgmmaSeparateEpilogueKernel<Cfg, true, false>
-             : bound                    ? &WgmmaSeparateEpilogueKernel<Cfg, false, true>
-                                        : &WgmmaSeparateEpilogueKernel<Cfg, false, false>;
+      if constexpr (kBoundBuilt) {
+        if (bound) return &WgmmaSeparateEpilogueKernel<Cfg, false, true>;
+      }
+      return controls != nullptr ? &WgmmaSeparateEpilogueKernel<Cfg, true, false>
+                                 : &WgmmaSeparateEpilogueKernel<Cfg, false, false>;
     } else if constexpr (Cfg::kSchedule == Schedule::kPingpong) {
       return &WgmmaPingpongKernel<Cfg>;
     } else {
@@ -1469,7 +1464,7 @@ cudaError_t LaunchWgmmaStage1(const FusedSampleArgs& args, int64_t num_tiles, bo
   if (layout.rows_filled() > RoundedHiddenRows(args.batch)) return cudaErrorInvalidValue;
   // The rounding kernel also zeroes RowBestKeys (stage 1 waits for it).
   if (controls != nullptr || args.batch < kCrossTileBoundMinBatch ||
-      args.hidden_dim > kCrossTileBoundMaxHidden) {
+      args.hidden_dim >= kCrossTileBoundHiddenBelow) {
     row_best_keys = nullptr;
   }
   err = LaunchRoundHidden(args, hidden_rounded, stream, layout, row_best_keys);

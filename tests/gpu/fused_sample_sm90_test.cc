@@ -100,6 +100,15 @@ struct Outputs {
 
 int64_t NumTiles(int64_t valid_vocab) { return (valid_vocab + kTileTokens - 1) / kTileTokens; }
 
+// Every row output (token, log Z, logprob, draft logprob) the same bits.
+bool SameOutputBits(const Outputs& x, const Outputs& y) {
+  const auto same = [](const auto& u, const auto& v) {
+    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0])) == 0;
+  };
+  return same(x.tokens, y.tokens) && same(x.logz, y.logz) && same(x.logprobs, y.logprobs) &&
+         same(x.draft_logprobs, y.draft_logprobs);
+}
+
 // RunLaunch: LaunchFusedSample with every output requested (drafts when given;
 // with_lse false: tokens only, no log Z or logprobs), outputs poisoned first, and downloads them plus the stage-1 tile summaries
 // at the start of the workspace (fused_sample.cu's layout).
@@ -370,14 +379,7 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
   ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, Stage1Kernel::kMmaSync, &mma), KernelStatus::kOk);
   // Deterministic, bit for bit: every output, and every tile summary but
   // for the pruned winners (CompareTiles).
-  const auto same_outputs = [](const Outputs& x, const Outputs& y) {
-    const auto same = [](const auto& u, const auto& v) {
-      return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0])) == 0;
-    };
-    return same(x.tokens, y.tokens) && same(x.logz, y.logz) && same(x.logprobs, y.logprobs) &&
-           same(x.draft_logprobs, y.draft_logprobs);
-  };
-  EXPECT_TRUE(same_outputs(wg, again));
+  EXPECT_TRUE(SameOutputBits(wg, again));
 
   const int64_t tiles = NumTiles(s.valid_vocab);
   const TileComparison vs_mma =
@@ -387,7 +389,9 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
   EXPECT_EQ(vs_mma.bad, 0) << vs_mma.first_bad;
   EXPECT_EQ(again_vs_mma.bad, 0) << again_vs_mma.first_bad;
   // kWgmma folds row by row (FoldRow), without the bound.
-  if (stage1 == Stage1Kernel::kWgmma) EXPECT_EQ(vs_mma.pruned, 0);
+  if (stage1 == Stage1Kernel::kWgmma) {
+    EXPECT_EQ(vs_mma.pruned, 0);
+  }
   const double lse_rounding = static_cast<double>(s.valid_vocab) * std::ldexp(1.0, -23);
   int64_t failures = 0, rows_identical = 0;
   auto fail = [&](const std::string& what) {
@@ -403,12 +407,12 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
     // Tile summaries: each tile's winner and max logit.
     for (int64_t t = 0; t < tiles; ++t) {
       // The exact summary (mma.sync's): wg's equals it or is pruned (vs_mma).
-      const SampleSummary& got = mma.tiles[b * tiles + t];
+      const SampleSummary& exact = mma.tiles[b * tiles + t];
       const int64_t begin = t * kTileTokens, end = std::min(begin + kTileTokens, s.valid_vocab);
       std::string why;
       const bool only_draft = end - begin == 1 && std::isnan(ref.score[begin]);
       if (!only_draft &&
-          !AcceptableWinner(ref, int64_t{got.best_index} - s.token_offset, begin, end, &why)) {
+          !AcceptableWinner(ref, int64_t{exact.best_index} - s.token_offset, begin, end, &why)) {
         fail(row + "tile " + std::to_string(t) + ": " + why);
       }
       double ref_max = -INFINITY, eps = 0.0;
@@ -416,8 +420,8 @@ TEST_P(FusedSampleSm90Agreement, MatchesFloat64AndMmaSync) {
         ref_max = std::max(ref_max, ref.logit[v]);
         eps = std::max(eps, ref.eps[v]);
       }
-      if (!(std::fabs(got.max_logit - ref_max) <= eps)) {
-        fail(row + "tile " + std::to_string(t) + ": max_logit " + std::to_string(got.max_logit) +
+      if (!(std::fabs(exact.max_logit - ref_max) <= eps)) {
+        fail(row + "tile " + std::to_string(t) + ": max_logit " + std::to_string(exact.max_logit) +
              " vs " + std::to_string(ref_max));
       }
     }
@@ -574,13 +578,8 @@ TEST_P(FusedSampleSm90CrossTileBound, RowsExactAndLaterTilesPruned) {
   ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, stage1, &wg, with_lse), KernelStatus::kOk);
   ASSERT_EQ(RunLaunch(prob.launch, hidden, params, d, Stage1Kernel::kMmaSync, &mma, with_lse),
             KernelStatus::kOk);
-  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   EXPECT_EQ(wg.tokens, mma.tokens);
-  EXPECT_TRUE(same_bits(wg.logz, mma.logz));
-  EXPECT_TRUE(same_bits(wg.logprobs, mma.logprobs));
-  EXPECT_TRUE(same_bits(wg.draft_logprobs, mma.draft_logprobs));
+  EXPECT_TRUE(SameOutputBits(wg, mma));
   const TileComparison c = CompareTiles(wg.tiles, mma.tiles, batch, NumTiles(kVocab), 0, kVocab);
   EXPECT_EQ(c.bad, 0) << c.first_bad;
   EXPECT_EQ(c.identical + c.pruned, batch * NumTiles(kVocab));
