@@ -101,7 +101,10 @@
 // 256 rows at D = 4096). A twelfth would put six warps on one scheduler and
 // leave 80 registers a thread, fewer than the fold needs (90). Per item the
 // arithmetic is kWgmma's (the same collective, K order and fold), so are
-// the bits.
+// the bits. At D >= 8192 its 96- and 128-row boxes run as tile pairs: two
+// blocks of a 2-block cluster on adjacent tiles of one chunk, each loading
+// half of every Hr box and multicasting it into both rings (WorkItems,
+// kTilePairsMinHidden); the same WGMMAs on the same operands, the same bits.
 //
 // The controlled epilogue (the fused controlled path, fused_controlled_sample.h;
 // WgmmaTileKernel<Cfg, true>): the same dot tile, and each row then runs
@@ -167,13 +170,19 @@ enum class Schedule {
 // elements per stage (a multiple of 64: 128B-swizzled boxes). Schedule:
 // KernelTmaWarpSpecializedCooperative (two warpgroups share each stage,
 // 64 tokens each) or ...Pingpong (one warpgroup per stage, 128 tokens).
-template <class Element, int kRows, int kStages, class Schedule, int kK = kKTile>
+// kClusterTiles: blocks of a cluster along the tokens (GEMM M), 1 or 2. At 2
+// the builder gives Hr (the B operand, the same chunk for both blocks) a
+// multicast TMA: each block loads half of every Hr box and writes it into
+// both blocks' rings, so Hr crosses L2 -> SM once for the pair; W keeps
+// a plain TMA. The stages and their byte counts do not change.
+template <class Element, int kRows, int kStages, class Schedule, int kK = kKTile,
+          int kClusterTiles = 1>
 using RingMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
     Element, cutlass::layout::ColumnMajor, 8, float,
     cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kK>>,
-    cute::Shape<cute::_1, cute::_1, cute::_1>, cutlass::gemm::collective::StageCount<kStages>,
-    Schedule>::CollectiveOp;
+    cute::Shape<cute::Int<kClusterTiles>, cute::_1, cute::_1>,
+    cutlass::gemm::collective::StageCount<kStages>, Schedule>::CollectiveOp;
 
 // ---- Block shapes --------------------------------------------------------------
 // Element: cutlass::bfloat16_t or cutlass::half_t. kRows: batch rows per block
@@ -220,6 +229,7 @@ struct WgmmaConfig {
   static_assert(kConsumerRegisters >= kRows / 2 + 32 && kConsumerRegisters <= 256,
                 "the accumulators fit the consumers' registers");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
+  static constexpr int kClusterTiles = 1;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop =
       RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
@@ -276,6 +286,7 @@ struct PingpongConfig {
   static constexpr int kConsumerRegisters = 232;  // (ptxas still compiles every warp within 168)
   static_assert(kRows <= 128, "kRows accumulators a consumer thread: at most 128 of its 168");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kKTile>>;
+  static constexpr int kClusterTiles = 1;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop =
       RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
@@ -317,7 +328,8 @@ template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB 
 // epilogue outlasts the main loop at D = 4096, 11 epilogue warps instead of
 // 8 took 6% off at 256-1024 rows (BENCHMARKS.md, "Eleven epilogue warps").
 // kK_: K elements per ring stage.
-template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8>
+template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8,
+          int kClusterTiles_ = 1>
 struct SeparateEpilogueConfig {
   static constexpr int kRows = kRows_;
   static constexpr int kStages = kStages_;
@@ -329,9 +341,14 @@ struct SeparateEpilogueConfig {
   static_assert(kRows <= 128, "kRows / 2 accumulators a thread within 96 registers");
   static_assert(kThreads <= 640, "at most five warps a scheduler: 96 registers a thread");
   using TileShape = cute::Shape<cute::Int<kTileTokens>, cute::Int<kRows>, cute::Int<kK_>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Mainloop =
-      RingMainloop<Element, kRows, kStages, cutlass::gemm::KernelTmaWarpSpecializedCooperative, kK_>;
+  // Blocks of a cluster, along the tokens (RingMainloop): 2 share each Hr box
+  // through TMA multicast and walk their items in step (the kernel's item loop).
+  static constexpr int kClusterTiles = kClusterTiles_;
+  static_assert(kClusterTiles == 1 || kClusterTiles == 2, "one block or a pair");
+  static_assert(kRows % (8 * kClusterTiles) == 0, "each block multicasts whole 8-row slabs of Hr");
+  using ClusterShape = cute::Shape<cute::Int<kClusterTiles>, cute::_1, cute::_1>;
+  using Mainloop = RingMainloop<Element, kRows, kStages,
+                                cutlass::gemm::KernelTmaWarpSpecializedCooperative, kK_, kClusterTiles>;
   using TiledMma = typename Mainloop::TiledMma;
   static_assert(cute::size(TiledMma{}) == kConsumerThreads,
                 "two MMA warpgroups, 64 tokens each (AtomLayout 2x1x1)");
@@ -364,7 +381,8 @@ template <class E> using Separate128 = SeparateEpilogueConfig<E, 128, 4, kKTile,
 // lightened its epilogue (v27; before it, 7% slower at 256 rows). 384-1024
 // rows 0-1% slower and D = 4096 1-3% slower, so those keep four stages.
 // Same instructions in the same K order: same bits.
-template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11>;
+// Tile pairs (D >= kTilePairsMinHidden, below) like every 96- and 128-row box there.
+template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKTile, 11, 2>;
 // 96-row boxes (WgmmaSeparateBox, stage1_shape.h) where the batch's chunks
 // hold 65-96 rows: at 65-96 rows (one chunk) and 129-192 (two), 5 x 28 KB +
 // 50 KB. In 128-row boxes such chunks spent a quarter to a half of the
@@ -373,7 +391,18 @@ template <class E> using Separate128Deep = SeparateEpilogueConfig<E, 128, 5, kKT
 // and 193-224 rows was 30-60% slower than 128 (not found why) and is not
 // built. Same K order per dot: same bits.
 template <class E> using Separate96 = SeparateEpilogueConfig<E, 96, 5, kKTile, 11>;
+// Tile pairs: the 96- and 128-row boxes as 2-block clusters, the blocks of a
+// pair on adjacent tiles of one chunk, each loading half of every Hr box
+// and multicasting it to both (RingMainloop, WorkItems): Hr crosses
+// L2 -> SM once for two tiles, a quarter of an item's bytes. Where the main
+// loop outlasts the epilogue, D >= kTilePairsMinHidden. H200, 2026-11-29,
+// D = 8192: -1.5 to -3% at 128-1024 rows, 0 to -0.7% at 96-192 rows; at
+// D = 4096 0 to +1% (NOTES-fused v30). Same WGMMAs in the same K order: same bits.
+template <class E> using Separate96Pair = SeparateEpilogueConfig<E, 96, 5, kKTile, 11, 2>;
+template <class E> using Separate128Pair = SeparateEpilogueConfig<E, 128, 4, kKTile, 11, 2>;
+constexpr int64_t kTilePairsMinHidden = 8192;
 constexpr int64_t kDeepRingMinHidden = 8192;
+static_assert(kDeepRingMinHidden >= kTilePairsMinHidden, "Separate128Deep is a pair configuration");
 constexpr int64_t kDeepRingMaxBatch = 256;
 constexpr int64_t kDeepRingMaxControlledBatch = 128;
 // The cross-tile bound ("The cross-tile bound", above) where the epilogue
@@ -992,10 +1021,55 @@ __device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipe
   return Pipeline(storage, params, typename Cfg::ClusterShape{});
 }
 
-// A persistent block's load warp: the TMA loads of work items blockIdx.x,
-// + gridDim.x, ... (item i: tile i / num_chunks, chunk i % num_chunks) into
-// the ring in that order, each item's k_tiles stages after the last's, then
-// the tail (every stage released by its consumers). All 32 lanes call it.
+// A persistent block's work items. Items are numbered tile-major, the
+// chunks of a tile adjacent (item i: chunk i % num_chunks), so blocks that
+// run at the same time share W tiles through L2. One block a cluster: item
+// i is tile i / num_chunks, and block b takes items b, b + gridDim.x, ...
+// A pair (kClusterTiles = 2, blocks 2c and 2c + 1 of cluster c): item i is
+// tile pair i / num_chunks, and the block of rank r takes its tile
+// 2 (i / num_chunks) + r, both blocks the same chunk, so the pair shares
+// each Hr box (multicast); cluster c takes items c, c + clusters, ... Both
+// blocks must run every item's stages, since each loads half of the pair's
+// Hr: with an odd number of tiles the last pair's second tile lies past the
+// vocabulary (a phantom: W's TMA box is zero fill); its block loads and
+// consumes the stages but folds nothing (Real). Tiles grow with the item,
+// so a block's real items come first and its phantom, if any, last.
+template <class Cfg>
+struct WorkItems {
+  int32_t first;       // this block's first item
+  int32_t stride;      // between its items
+  int32_t count;       // items of the launch
+  int32_t real_end;    // this block's items below it are real (a phantom's are not)
+  int32_t num_chunks;
+  int32_t rank;        // in the cluster
+
+  // 32-bit: LaunchTiles keeps the items and blocks of a launch below 2^31.
+  __device__ __forceinline__ static WorkItems OfBlock(int64_t num_tiles, int32_t num_chunks) {
+    constexpr int kPair = Cfg::kClusterTiles;
+    const int32_t tiles = static_cast<int32_t>(num_tiles);
+    WorkItems w;
+    w.rank = kPair > 1 ? static_cast<int32_t>(cute::block_rank_in_cluster()) : 0;
+    w.first = static_cast<int32_t>(blockIdx.x) / kPair;
+    w.stride = static_cast<int32_t>(gridDim.x) / kPair;
+    w.count = (tiles + kPair - 1) / kPair * num_chunks;
+    // Rank r's tile of item i is kPair (i / num_chunks) + r: below num_tiles
+    // iff i / num_chunks < (num_tiles - r + kPair - 1) / kPair.
+    w.real_end = (tiles - w.rank + kPair - 1) / kPair * num_chunks;
+    w.num_chunks = num_chunks;
+    return w;
+  }
+  __device__ __forceinline__ int Tile(int32_t item) const {
+    return item / num_chunks * Cfg::kClusterTiles + rank;
+  }
+  __device__ __forceinline__ int Chunk(int32_t item) const { return item % num_chunks; }
+  __device__ __forceinline__ bool Real(int32_t item) const { return item < real_end; }
+};
+
+// A persistent block's load warp: the TMA loads of its work items
+// (WorkItems) into the ring in that order, each item's k_tiles stages after
+// the last's, then the tail (every stage released by its consumers, in a
+// pair both blocks': the peer may neither arrive on this block's barriers
+// nor write into its ring once it has exited). All 32 lanes call it.
 template <class Cfg, class LoadInputs>
 __device__ __forceinline__ void LoadWorkItems(const WgmmaKernelParams<Cfg>& p,
                                               typename Cfg::Mainloop& mainloop,
@@ -1006,14 +1080,25 @@ __device__ __forceinline__ void LoadWorkItems(const WgmmaKernelParams<Cfg>& p,
   using Pipeline = typename Cfg::Mainloop::MainloopPipeline;
   GridDependencyWait();  // Hr is written
   typename Cfg::Mainloop::PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
-  const int64_t num_items = p.num_tiles * p.num_chunks;
-  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const auto block_coord = make_coord(static_cast<int>(item / p.num_chunks),
-                                        static_cast<int>(item % p.num_chunks), _, 0);
-    auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
-    mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter, k_tiles,
-                  lane, 0, tensors);
-    write_state.advance(k_tiles);
+  if constexpr (Cfg::kClusterTiles > 1) {
+    const WorkItems<Cfg> items = WorkItems<Cfg>::OfBlock(p.num_tiles, p.num_chunks);
+    for (int32_t item = items.first; item < items.count; item += items.stride) {
+      const auto block_coord = make_coord(items.Tile(item), items.Chunk(item), _, 0);
+      auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
+      mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter,
+                    k_tiles, lane, static_cast<uint32_t>(items.rank), tensors);
+      write_state.advance(k_tiles);
+    }
+  } else {  // items blockIdx.x, + gridDim.x, ... (tile i / num_chunks, chunk i % num_chunks)
+    const int64_t num_items = p.num_tiles * p.num_chunks;
+    for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
+      const auto block_coord = make_coord(static_cast<int>(item / p.num_chunks),
+                                          static_cast<int>(item % p.num_chunks), _, 0);
+      auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(load_inputs)));
+      mainloop.load(p.mainloop, pipeline, write_state, load_inputs, block_coord, k_tile_iter, k_tiles,
+                    lane, 0, tensors);
+      write_state.advance(k_tiles);
+    }
   }
   mainloop.load_tail(pipeline, write_state);
 }
@@ -1200,6 +1285,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
   constexpr int kHandOverThreads = kConsumerThreads + Cfg::kEpilogueThreads;
+  static_assert(Cfg::kClusterTiles == 1 || !kBound, "tile pairs fold without the cross-tile bound");
 
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(wgmma_smem);
@@ -1208,13 +1294,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warp = __shfl_sync(kFullWarpMask, thread / 32, 0);
   const bool load_warp = warp == Cfg::kLoadWarp;
   const bool mma = thread < kConsumerThreads;
+  // One block a cluster walks items blockIdx.x, + gridDim.x, ... (these
+  // two); a pair walks WorkItems. The single-block loops are kept as they
+  // were before the pairs: WorkItems' form of them compiled to code that
+  // measured 0.5-1.4% slower at D = 4096 (H200, 160-512 rows).
   const int64_t num_items = p.num_tiles * p.num_chunks;
   const int64_t grid = gridDim.x;
 
   if (load_warp && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
   Pipeline pipeline =
       MakeRingPipeline<Cfg>(shared.pipeline, p, thread, load_warp, mma, kConsumerThreads);
-  __syncthreads();  // the barriers' initialisation is visible to every role
+  // The barriers' initialisation is visible to every role, and in a pair to
+  // the peer too, before it multicasts into this ring or arrives on them.
+  if constexpr (Cfg::kClusterTiles > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   Mainloop mainloop;
   const auto problem = make_shape(p.valid_vocab, p.loaded_rows, p.hidden_dim, 1);
@@ -1229,16 +1326,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (mma) {
     typename Cfg::TiledMma tiled_mma;
     PipelineState read_state;
-    for (int64_t item = blockIdx.x; item < num_items; item += grid) {
-      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
-      mainloop.mma(pipeline, read_state, accum, k_tiles, thread, shared.tensors, p.mainloop);
-      mainloop.mma_tail(pipeline, read_state, k_tiles);  // our WGMMAs have completed
-      read_state.advance(k_tiles);
-      if (item != blockIdx.x) {
-        cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsEmpty);  // the last tile is folded
+    if constexpr (Cfg::kClusterTiles > 1) {
+      const WorkItems<Cfg> items = WorkItems<Cfg>::OfBlock(p.num_tiles, p.num_chunks);
+      for (int32_t item = items.first; item < items.count; item += items.stride) {
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+        mainloop.mma(pipeline, read_state, accum, k_tiles, thread, shared.tensors, p.mainloop);
+        mainloop.mma_tail(pipeline, read_state, k_tiles);  // our WGMMAs have completed
+        read_state.advance(k_tiles);
+        if (!items.Real(item)) continue;  // a phantom tile: its stages are released, nothing folds
+        if (item != items.first) {
+          cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsEmpty);  // the last tile is folded
+        }
+        StoreDotTile<Cfg>(tiled_mma, accum, thread, shared.dots);
+        cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsFull);
       }
-      StoreDotTile<Cfg>(tiled_mma, accum, thread, shared.dots);
-      cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsFull);
+    } else {
+      for (int64_t item = blockIdx.x; item < num_items; item += grid) {
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+        mainloop.mma(pipeline, read_state, accum, k_tiles, thread, shared.tensors, p.mainloop);
+        mainloop.mma_tail(pipeline, read_state, k_tiles);  // our WGMMAs have completed
+        read_state.advance(k_tiles);
+        if (item != blockIdx.x) {
+          cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsEmpty);  // the last tile is folded
+        }
+        StoreDotTile<Cfg>(tiled_mma, accum, thread, shared.dots);
+        cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsFull);
+      }
     }
     AllowDependentLaunch();  // stage 2 may be scheduled; it waits for our writes
     return;
@@ -1246,22 +1359,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int epilogue_thread = thread - kConsumerThreads;
   constexpr int kEpilogueWarps = Cfg::kEpilogueThreads / 32;
-  for (int64_t item = blockIdx.x; item < num_items; item += grid) {
-    const int tile = static_cast<int>(item / p.num_chunks);
-    const int chunk = static_cast<int>(item % p.num_chunks);
-    const ItemRows rows = RowsOfChunk(p, chunk);
-    // The item's known scores are read before the wait for its dot tile.
-    float lane_known = -INFINITY;
-    if constexpr (kBound) {
-      lane_known = LaneKnownScores<Cfg, kEpilogueWarps>(p.row_best_keys, rows.first, rows.end,
-                                                       epilogue_thread / 32, epilogue_thread % 32);
+  if constexpr (Cfg::kClusterTiles > 1) {
+    const WorkItems<Cfg> items = WorkItems<Cfg>::OfBlock(p.num_tiles, p.num_chunks);
+    for (int32_t item = items.first; item < items.real_end; item += items.stride) {
+      const int tile = items.Tile(item);
+      const ItemRows rows = RowsOfChunk(p, items.Chunk(item));
+      cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsFull);
+      // No cross-tile bound with pairs (LaunchTiles' kBoundBuilt).
+      FoldTile<Cfg, kEpilogueWarps, kControlled, false>(
+          p, shared.dots, rows.first, rows.end, static_cast<int64_t>(tile) * kTileTokens, tile,
+          epilogue_thread / 32, epilogue_thread % 32, -INFINITY);
+      if (item + items.stride < items.real_end) {
+        cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsEmpty);
+      }
     }
-    cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsFull);
-    FoldTile<Cfg, kEpilogueWarps, kControlled, kBound>(
-        p, shared.dots, rows.first, rows.end, static_cast<int64_t>(tile) * kTileTokens, tile,
-        epilogue_thread / 32, epilogue_thread % 32, lane_known);
-    if (item + grid < num_items) {
-      cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsEmpty);
+  } else {
+    for (int64_t item = blockIdx.x; item < num_items; item += grid) {
+      const int tile = static_cast<int>(item / p.num_chunks);
+      const int chunk = static_cast<int>(item % p.num_chunks);
+      const ItemRows rows = RowsOfChunk(p, chunk);
+      // The item's known scores are read before the wait for its dot tile.
+      float lane_known = -INFINITY;
+      if constexpr (kBound) {
+        lane_known = LaneKnownScores<Cfg, kEpilogueWarps>(p.row_best_keys, rows.first, rows.end,
+                                                         epilogue_thread / 32, epilogue_thread % 32);
+      }
+      cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsFull);
+      FoldTile<Cfg, kEpilogueWarps, kControlled, kBound>(
+          p, shared.dots, rows.first, rows.end, static_cast<int64_t>(tile) * kTileTokens, tile,
+          epilogue_thread / 32, epilogue_thread % 32, lane_known);
+      if (item + grid < num_items) {
+        cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsEmpty);
+      }
     }
   }
   AllowDependentLaunch();
@@ -1334,7 +1463,11 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   params.tile_summaries = tile_summaries;
   // Keys come only with plain sampling above 128 rows (LaunchWgmmaStage1),
   // so the 32- and 64-row boxes never fold with them.
-  constexpr bool kBoundBuilt = Cfg::kStraightEpilogue && Cfg::kRows > 64;
+  // Nor do tile pairs: the bound is used below D = 8192, pairs from it (a
+  // launch with keys would run without the bound there, still exact).
+  constexpr bool kBoundBuilt = Cfg::kStraightEpilogue && Cfg::kRows > 64 && Cfg::kClusterTiles == 1;
+  static_assert(kCrossTileBoundHiddenBelow <= kTilePairsMinHidden || Cfg::kClusterTiles == 1,
+                "no launch would take the bound with tile pairs");
   params.row_best_keys = kBoundBuilt ? row_best_keys : nullptr;
   if (controls != nullptr) params.ctl = *controls;
   params.logits = logits;
@@ -1357,15 +1490,35 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
       return controls != nullptr ? &WgmmaTileKernel<Cfg, true> : &WgmmaTileKernel<Cfg, false>;
     }
   }();
-  const cudaError_t err = cudaFuncSetAttribute(
+  cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: blocks may start while the H rounding
   // still runs (the producer waits for it before its first TMA load).
-  cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config =
+  cudaLaunchAttribute attributes[2];
+  cudaLaunchConfig_t config =
       DependentLaunch(dim3(static_cast<unsigned>(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes,
-                      stream, &attribute);
+                      stream, &attributes[0]);
+  if constexpr (Cfg::kClusterTiles > 1) {
+    // Pairs (WorkItems): one cluster per pair of tiles and chunk, at most as
+    // many clusters as can be resident at once (a cluster's blocks share a
+    // GPC; an SM left alone in its GPC runs none), each persistent.
+    const int64_t pair_items = (num_tiles + Cfg::kClusterTiles - 1) / Cfg::kClusterTiles * num_chunks;
+    if (pair_items * Cfg::kClusterTiles > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+    attributes[1] = cudaLaunchAttribute{};
+    attributes[1].id = cudaLaunchAttributeClusterDimension;
+    attributes[1].val.clusterDim.x = Cfg::kClusterTiles;
+    attributes[1].val.clusterDim.y = 1;
+    attributes[1].val.clusterDim.z = 1;
+    config.numAttrs = 2;
+    config.gridDim = dim3(static_cast<unsigned>(pair_items * Cfg::kClusterTiles));
+    int resident = 0;
+    err = cudaOccupancyMaxActiveClusters(&resident, kernel, &config);
+    if (err != cudaSuccess) return err;
+    if (resident < 1) return cudaErrorNotSupported;
+    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(pair_items, resident) *
+                                                Cfg::kClusterTiles));
+  }
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
@@ -1385,11 +1538,16 @@ cudaError_t LaunchForBatch(const FusedSampleArgs& a, const unsigned short* hr, c
     if (a.batch <= 32) return LaunchTiles<Element, Separate32<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
     if (a.batch <= 64) return LaunchTiles<Element, Separate64<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
     const int64_t box = WgmmaSeparateBox(a.batch);
-    if (box == 96) return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+    const bool pairs = a.hidden_dim >= kTilePairsMinHidden;
+    if (box == 96) {
+      if (pairs) return LaunchTiles<Element, Separate96Pair<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+      return LaunchTiles<Element, Separate96<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
+    }
     if (lg == nullptr && a.hidden_dim >= kDeepRingMinHidden &&
         a.batch <= (c == nullptr ? kDeepRingMaxBatch : kDeepRingMaxControlledBatch)) {
       return LaunchTiles<Element, Separate128Deep<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
     }
+    if (pairs) return LaunchTiles<Element, Separate128Pair<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
     return LaunchTiles<Element, Separate128<Element>>(a, hr, layout, num_tiles, want_lse, ts, stream, c, lg, ld, keys);
   }
   if (variant == Stage1Kernel::kWgmmaOverlap) {

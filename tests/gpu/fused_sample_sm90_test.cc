@@ -39,7 +39,8 @@
 // kWgmmaPingpong (persistent, two consumer warpgroups alternating, at most
 // 128 rows a work item) and kWgmmaSeparateEpilogue (persistent, two MMA
 // warpgroups handing each item's dot tile to 8 epilogue warps, 11 at 128
-// rows), which must give the same bits (all are held to mma.sync's tile
+// rows; at D >= 8192 its 96- and 128-row boxes as 2-block tile pairs that
+// share Hr through TMA multicast), which must give the same bits (all are held to mma.sync's tile
 // summaries, kWgmma's exactly, the others' up to pruned winners).
 #include <gtest/gtest.h>
 
@@ -352,7 +353,12 @@ struct Shape {
 };
 const Shape kShapes[] = {
     {4096, 1100, 1037, 0, true},      // D of the 151936-token head; 9 tiles, the last partial
-    {8192, 1000, 999, 4096, false},   // D of the 128256-token head; a shard at global 4096
+    // D of the 128256-token head; a shard at global 4096; 9 tiles, so the
+    // separate schedule's tile pairs (D >= 8192) end on a phantom tile
+    {8192, 1100, 1063, 4096, false},
+    // One partial tile (OneTile below): in the separate schedule's tile pairs
+    // every item of the second block is a phantom past the vocabulary.
+    {8192, 100, 97, 0, true},
 };
 
 using AgreementCase =
@@ -487,6 +493,16 @@ INSTANTIATE_TEST_SUITE_P(
                        // one chunk (a 96-row box under separate epilogue warps)
                        ::testing::Values(int64_t{1}, int64_t{7}, int64_t{33}, int64_t{100},
                                          int64_t{300}, int64_t{160}, int64_t{80})));
+
+// At D >= 8192 the separate schedule's 96- and 128-row boxes run tile pairs
+// (a 2-block cluster sharing Hr): with one tile, the second block of every
+// pair only loads its half of Hr for the first and folds nothing. 100 rows: one
+// 128-row chunk; 300: three; 160: two 80-row chunks in 96-row boxes; 80: one.
+INSTANTIATE_TEST_SUITE_P(
+    OneTile, FusedSampleSm90Agreement,
+    ::testing::Combine(::testing::Values(Stage1Kernel::kWgmmaSeparateEpilogue),
+                       ::testing::Values(CudaWeightDType::kBFloat16), ::testing::Values(2),
+                       ::testing::Values(int64_t{100}, int64_t{300}, int64_t{160}, int64_t{80})));
 
 // Tokens only (no log Z, logprobs or drafts): the straight epilogue then
 // merges the winner fields alone (fused_sample_sm90.cu's MergeWinner), which
