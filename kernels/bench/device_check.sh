@@ -11,7 +11,8 @@
 # controlled materialized path and vLLM's sort-based filters), peers
 # (kernels/bench/peers.py, needs PyTorch; PEERS=path to peers.py, PEERS_ARGS), verify
 # (flashsampler-verify-bench + kernels/bench/verify_peers.py, VERIFY_ARGS), ncu (Nsight
-# Compute on the stage-1 kernel at NCU_BATCHES, D=4096 V=151936), shard_bench
+# Compute on the stage-1 kernel at NCU_BATCHES and NCU_SHAPE, default D=4096 V=151936;
+# NCU_KERNELS: a regex of kernel names, default every stage-1 kernel), shard_bench
 # (flashsampler-kernel-bench --backend=cuda_sharded: 1 vs all visible GPUs,
 # both issue shapes, B = 1..256, the summary exchange and the all-gather-logits
 # baseline; SHARD_BENCH_ARGS; needs >= 2 GPUs and a build with NCCL; both
@@ -171,13 +172,13 @@ for phase in "$@"; do
       touch "$out/ncu.txt"
       for b in ${NCU_BATCHES:-1 16 64 256}; do
         echo "==== B=$b" >> "$out/ncu.txt"
-        timeout 200 ncu --clock-control none -k regex:'MmaTileKernel|FusedSampleTileKernel' \
+        timeout 200 ncu --clock-control none -k regex:"${NCU_KERNELS:-MmaTileKernel|FusedSampleTileKernel|Wgmma[A-Za-z]*Kernel}" \
           --launch-skip 2 --launch-count 1 \
           --section SpeedOfLight --section Occupancy --section WarpStateStats \
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           --section LaunchStats --section SchedulerStats \
           --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
-          "$bin/flashsampler-kernel-bench" --backend=cuda --shapes=4096x151936 --batches="$b" \
+          "$bin/flashsampler-kernel-bench" --backend=cuda --shapes="${NCU_SHAPE:-4096x151936}" --batches="$b" \
           --iterations=100 --warmup=1 --copy_mib=256 >> "$out/ncu.txt" 2>&1
         summary+=("ncu B=$b rc=$?")
       done

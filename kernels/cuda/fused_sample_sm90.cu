@@ -1025,6 +1025,7 @@ __device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipe
 // chunks of a tile adjacent (item i: chunk i % num_chunks), so blocks that
 // run at the same time share W tiles through L2. One block a cluster: item
 // i is tile i / num_chunks, and block b takes items b, b + gridDim.x, ...
+// (the kernels write that loop out themselves; WorkItems serves the pairs).
 // A pair (kClusterTiles = 2, blocks 2c and 2c + 1 of cluster c): item i is
 // tile pair i / num_chunks, and the block of rank r takes its tile
 // 2 (i / num_chunks) + r, both blocks the same chunk, so the pair shares
