@@ -121,6 +121,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 
@@ -1513,10 +1514,25 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
     attributes[1].val.clusterDim.z = 1;
     config.numAttrs = 2;
     config.gridDim = dim3(static_cast<unsigned>(pair_items * Cfg::kClusterTiles));
-    int resident = 0;
-    err = cudaOccupancyMaxActiveClusters(&resident, kernel, &config);
+    // The resident clusters depend only on the kernel and the device: the
+    // driver is asked once per (kernel, device), not at every launch. Slots
+    // are atomics (launches of several GPUs may run on several threads), 0
+    // until known; two threads that race both ask and store the same answer.
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> resident_clusters[2][kCachedDevices];  // [controlled][device]
+    int device = 0;
+    err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    if (resident < 1) return cudaErrorNotSupported;
+    std::atomic<int>* slot = device >= 0 && device < kCachedDevices
+                                 ? &resident_clusters[controls != nullptr ? 1 : 0][device]
+                                 : nullptr;
+    int resident = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0;
+    if (resident == 0) {
+      err = cudaOccupancyMaxActiveClusters(&resident, kernel, &config);
+      if (err != cudaSuccess) return err;
+      if (resident < 1) return cudaErrorNotSupported;
+      if (slot != nullptr) slot->store(resident, std::memory_order_relaxed);
+    }
     config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(pair_items, resident) *
                                                 Cfg::kClusterTiles));
   }
