@@ -1026,8 +1026,8 @@ __device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipe
 // chunks of a tile adjacent (item i: chunk i % num_chunks), so blocks that
 // run at the same time share W tiles through L2. One block a cluster: item
 // i is tile i / num_chunks, and block b takes items b, b + gridDim.x, ...
-// (the kernels write that loop out themselves; WorkItems serves the pairs).
-// A pair (kClusterTiles = 2, blocks 2c and 2c + 1 of cluster c): item i is
+// (the kernels write that loop out themselves). WorkItems walks a tile
+// pair's (kClusterTiles = 2, blocks 2c and 2c + 1 of cluster c): item i is
 // tile pair i / num_chunks, and the block of rank r takes its tile
 // 2 (i / num_chunks) + r, both blocks the same chunk, so the pair shares
 // each Hr box (multicast); cluster c takes items c, c + clusters, ... Both
@@ -1045,12 +1045,14 @@ struct WorkItems {
   int32_t num_chunks;
   int32_t rank;        // in the cluster
 
+  static_assert(Cfg::kClusterTiles > 1, "one block a cluster walks blockIdx.x, + gridDim.x, ...");
+
   // 32-bit: LaunchTiles keeps the items and blocks of a launch below 2^31.
   __device__ __forceinline__ static WorkItems OfBlock(int64_t num_tiles, int32_t num_chunks) {
     constexpr int kPair = Cfg::kClusterTiles;
     const int32_t tiles = static_cast<int32_t>(num_tiles);
     WorkItems w;
-    w.rank = kPair > 1 ? static_cast<int32_t>(cute::block_rank_in_cluster()) : 0;
+    w.rank = static_cast<int32_t>(cute::block_rank_in_cluster());
     w.first = static_cast<int32_t>(blockIdx.x) / kPair;
     w.stride = static_cast<int32_t>(gridDim.x) / kPair;
     w.count = (tiles + kPair - 1) / kPair * num_chunks;
@@ -1367,10 +1369,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int tile = items.Tile(item);
       const ItemRows rows = RowsOfChunk(p, items.Chunk(item));
       cutlass::arch::NamedBarrier::sync(kHandOverThreads, kDotsFull);
-      // No cross-tile bound with pairs (LaunchTiles' kBoundBuilt).
-      FoldTile<Cfg, kEpilogueWarps, kControlled, false>(
+      // No cross-tile bound with pairs (LaunchTiles' kBoundBuilt): FoldTile's default.
+      FoldTile<Cfg, kEpilogueWarps, kControlled>(
           p, shared.dots, rows.first, rows.end, static_cast<int64_t>(tile) * kTileTokens, tile,
-          epilogue_thread / 32, epilogue_thread % 32, -INFINITY);
+          epilogue_thread / 32, epilogue_thread % 32);
       if (item + items.stride < items.real_end) {
         cutlass::arch::NamedBarrier::arrive(kHandOverThreads, kDotsEmpty);
       }
@@ -1419,7 +1421,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   const int64_t num_chunks = (a.batch + Cfg::kRows - 1) / Cfg::kRows;
   int64_t blocks = num_tiles * num_chunks;  // work items
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  if constexpr (Cfg::kSchedule != Schedule::kBlockPerItem) {  // persistent: a block per SM
+  // Persistent: a block per SM (tile pairs: a cluster per resident cluster, below).
+  if constexpr (Cfg::kSchedule != Schedule::kBlockPerItem && Cfg::kClusterTiles == 1) {
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

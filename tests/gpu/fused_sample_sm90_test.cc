@@ -40,8 +40,9 @@
 // 128 rows a work item) and kWgmmaSeparateEpilogue (persistent, two MMA
 // warpgroups handing each item's dot tile to 8 epilogue warps, 11 at 128
 // rows; at D >= 8192 its 96- and 128-row boxes as 2-block tile pairs that
-// share Hr through TMA multicast), which must give the same bits (all are held to mma.sync's tile
-// summaries, kWgmma's exactly, the others' up to pruned winners).
+// share Hr through TMA multicast), which must give the same bits (all are
+// held to mma.sync's tile summaries, kWgmma's exactly, the others' up to
+// pruned winners).
 #include <gtest/gtest.h>
 
 #include <algorithm>
