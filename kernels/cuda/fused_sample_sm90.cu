@@ -96,9 +96,13 @@
 // rows; the pruned fold), and the producer warp keeps the ring full
 // throughout. Per item the SM spends about max(main loop, epilogue) instead
 // of their sum: at 32-128 rows, where a 128-token tile's main loop is bound
-// by reading W, it runs within 2% of cuBLAS's GEMM (H100). Its limit is the
-// number of epilogue warps where the epilogue outlasts the main loop (from
-// 256 rows at D = 4096). A twelfth would put six warps on one scheduler and
+// by reading W, it runs within 2% of cuBLAS's GEMM (H100). Its limit from
+// 256 rows is the two halves' contention for the SM: alone, the main loop
+// runs within 13% of the GEMM and the epilogue in under 0.72 of its time,
+// but beside the epilogue warps the MMA warps' own instructions (62 a
+// k-tile for 4 WGMMAs) issue late and the tensor pipe idles between
+// batches (H200, NOTES-fused.md v31). Fewer epilogue warps measured slower;
+// a twelfth would put six warps on one scheduler and
 // leave 80 registers a thread, fewer than the fold needs (90). Per item the
 // arithmetic is kWgmma's (the same collective, K order and fold), so are
 // the bits. At D >= 8192 its 96- and 128-row boxes run as tile pairs: two
@@ -325,9 +329,9 @@ template <class E> using Pingpong128 = PingpongConfig<E, 128, 4>;  // 4 x 32 KB 
 // schedulers leaves: 17 or 20 warps put five on one scheduler, 16384 / (5 x
 // 32) -> 96 registers a thread (ptxas: 71-96, no spills). The MMA threads
 // hold kRows / 2 accumulators. The epilogue is latency-bound (no eligible
-// warp two cycles in three, 2026-11-28 profile), so at 128 rows, where the
-// epilogue outlasts the main loop at D = 4096, 11 epilogue warps instead of
-// 8 took 6% off at 256-1024 rows (BENCHMARKS.md, "Eleven epilogue warps").
+// warp two cycles in three, 2026-11-28 profile), so at 128 rows 11 epilogue
+// warps instead of 8 took 6% off at 256-1024 rows, D = 4096 (BENCHMARKS.md,
+// "Eleven epilogue warps"); 8 and 6 were still slower on 2026-11-29 (v31).
 // kK_: K elements per ring stage.
 template <class Element, int kRows_, int kStages_, int kK_ = kKTile, int kEpilogueWarps_ = 8,
           int kClusterTiles_ = 1>
