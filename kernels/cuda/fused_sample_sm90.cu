@@ -1301,7 +1301,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int thread = static_cast<int>(threadIdx.x);
   const int warp = __shfl_sync(kFullWarpMask, thread / 32, 0);
   const bool load_warp = warp == Cfg::kLoadWarp;
-  const bool mma = thread < kConsumerThreads;
+  // The role from the shuffled warp index, not from threadIdx: ptxas then
+  // knows each role's code runs on whole warps, and keeps the MMA loop's
+  // stage index, barrier addresses and smem descriptors in uniform
+  // registers (ULEA / UIADD3 / UMOV on the uniform datapath). From
+  // threadIdx it built every descriptor in vector registers and moved it
+  // with R2UR before each WGMMA: 60 instructions a k-tile instead of 44,
+  // most of them IMAD / VIADD / SEL on the FMA and ALU pipes that the
+  // epilogue warps keep busy (NOTES-fused.md v31, v32).
+  const bool mma = warp < kConsumerWarps;
   // One block a cluster walks items blockIdx.x, + gridDim.x, ... (these
   // two); a pair walks WorkItems. The single-block loops are kept as they
   // were before the pairs: WorkItems' form of them compiled to code that
