@@ -99,9 +99,10 @@
 // by reading W, it runs within 2% of cuBLAS's GEMM (H100). Its limit from
 // 256 rows is the two halves' contention for the SM: alone, the main loop
 // runs within 13% of the GEMM and the epilogue in under 0.72 of its time,
-// but beside the epilogue warps the MMA warps' own instructions (62 a
-// k-tile for 4 WGMMAs) issue late and the tensor pipe idles between
-// batches (H200, NOTES-fused.md v31). Fewer epilogue warps measured slower;
+// but beside the epilogue warps the MMA warps' own instructions issue late
+// and the tensor pipe idles between batches (H200, NOTES-fused.md v31; the
+// roles from the shuffled warp index, below, keep most of the MMA loop on
+// the uniform datapath, v32). Fewer epilogue warps measured slower;
 // a twelfth would put six warps on one scheduler and
 // leave 80 registers a thread, fewer than the fold needs (90). Per item the
 // arithmetic is kWgmma's (the same collective, K order and fold), so are
