@@ -98,7 +98,7 @@
 // of their sum: at 32-128 rows, where a 128-token tile's main loop is bound
 // by reading W, it runs within 2% of cuBLAS's GEMM (H100). Its limit from
 // 256 rows is the two halves' contention for the SM: alone, the main loop
-// runs within 13% of the GEMM and the epilogue in under 0.72 of its time,
+// runs within 10% of the GEMM and the epilogue in under 0.77 of its time,
 // but beside the epilogue warps the MMA warps' own instructions issue late
 // and the tensor pipe idles between batches (H200, NOTES-fused.md v31; the
 // roles from the shuffled warp index, below, keep most of the MMA loop on
@@ -1307,7 +1307,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // stage index, barrier addresses and smem descriptors in uniform
   // registers (ULEA / UIADD3 / UMOV on the uniform datapath). From
   // threadIdx it built every descriptor in vector registers and moved it
-  // with R2UR before each WGMMA: 60 instructions a k-tile instead of 44,
+  // with R2UR before each WGMMA: 61 instructions a k-tile instead of 45,
   // most of them IMAD / VIADD / SEL on the FMA and ALU pipes that the
   // epilogue warps keep busy (NOTES-fused.md v31, v32).
   const bool mma = warp < kConsumerWarps;
