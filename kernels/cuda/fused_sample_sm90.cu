@@ -1032,7 +1032,7 @@ __device__ __forceinline__ typename Cfg::Mainloop::MainloopPipeline MakeRingPipe
 // run at the same time share W tiles through L2. One block a cluster: item
 // i is tile i / num_chunks, and block b takes items b, b + gridDim.x, ...
 // (the kernels write that loop out themselves). WorkItems walks a tile
-// pair's (kClusterTiles = 2, blocks 2c and 2c + 1 of cluster c): item i is
+// pair's items (kClusterTiles = 2, blocks 2c and 2c + 1 of cluster c): item i is
 // tile pair i / num_chunks, and the block of rank r takes its tile
 // 2 (i / num_chunks) + r, both blocks the same chunk, so the pair shares
 // each Hr box (multicast); cluster c takes items c, c + clusters, ... Both
