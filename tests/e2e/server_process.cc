@@ -1,8 +1,13 @@
 #include "tests/e2e/server_process.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,11 +30,11 @@ std::string CliBinary() { return FLASHSAMPLER_CLI_BIN; }
 namespace {
 
 // The HOST:PORT after `marker` in a line the server printed, or empty.
-std::string AddressAfter(const char* line, const char* marker) {
-  const char* at = std::strstr(line, marker);
-  if (at == nullptr) return "";
-  std::string address(at + std::strlen(marker));
-  while (!address.empty() && (address.back() == '\n' || address.back() == '\r')) address.pop_back();
+std::string AddressAfter(const std::string& line, const char* marker) {
+  const size_t at = line.find(marker);
+  if (at == std::string::npos) return "";
+  std::string address = line.substr(at + std::strlen(marker));
+  while (!address.empty() && address.back() == '\r') address.pop_back();
   return address;
 }
 
@@ -46,50 +51,81 @@ ServerProcess::~ServerProcess() {
 }
 
 absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
+  const absl::Time deadline = absl::Now() + ready_timeout;
+  // The read end is close-on-exec so that no other child inherits it; the
+  // write end becomes the server's stdout (dup2 clears the flag on fd 1).
   int out[2];
-  if (pipe(out) != 0) return absl::InternalError("pipe failed");
+  if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
   std::vector<std::string> args = {ServerBinary(), "--address=127.0.0.1:0"};
   args.insert(args.end(), flags_.begin(), flags_.end());
-  pid_ = fork();
-  if (pid_ < 0) return absl::InternalError("fork failed");
-  if (pid_ == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // posix_spawn, not fork + exec: this process already runs gRPC's threads
+  // (started by its static initialisation), and a forked child that touches
+  // the heap before exec can block forever on an allocator lock one of them
+  // held at the fork. That happened under ASan in CI: the child never became
+  // the server, and the read below waited for a line nobody would write.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  const int spawned = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
+  if (spawned != 0) {
+    close(out[0]);
+    pid_ = -1;
+    return absl::InternalError(absl::StrCat("posix_spawn ", argv[0], ": ", std::strerror(spawned)));
+  }
   // stdout: an optional "metrics on HOST:PORT/metrics" line, then "server
   // listening on HOST:PORT", then "health listening on HOST:PORT" when there is
-  // a health-only port. fdopen takes ownership of out[0].
+  // a health-only port. Each read waits at most until the deadline.
   const bool health_port = std::any_of(flags_.begin(), flags_.end(), [](const std::string& f) {
     return f.rfind("--health_address=", 0) == 0;
   });
-  FILE* stream = fdopen(out[0], "r");
-  char line[512] = {0};
-  while ((address_.empty() || (health_port && health_address_.empty())) &&
-         fgets(line, sizeof line, stream) != nullptr) {
-    if (std::string metrics = AddressAfter(line, "metrics on "); !metrics.empty()) {
-      metrics_address_ = metrics.substr(0, metrics.find('/'));
-    } else if (std::string health = AddressAfter(line, "health listening on "); !health.empty()) {
-      health_address_ = health;
-    } else if (std::string main = AddressAfter(line, "server listening on "); !main.empty()) {
-      address_ = main;
+  std::string pending;  // bytes read, not yet a whole line
+  std::string last_line;
+  bool eof = false;
+  while ((address_.empty() || (health_port && health_address_.empty())) && !eof) {
+    const size_t newline = pending.find('\n');
+    if (newline != std::string::npos) {
+      last_line = pending.substr(0, newline);
+      pending.erase(0, newline + 1);
+      if (std::string metrics = AddressAfter(last_line, "metrics on "); !metrics.empty()) {
+        metrics_address_ = metrics.substr(0, metrics.find('/'));
+      } else if (std::string health = AddressAfter(last_line, "health listening on ");
+                 !health.empty()) {
+        health_address_ = health;
+      } else if (std::string main = AddressAfter(last_line, "server listening on ");
+                 !main.empty()) {
+        address_ = main;
+      }
+      continue;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    pollfd readable = {out[0], POLLIN, 0};
+    const int ready = poll(&readable, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
+    char chunk[512];
+    const ssize_t n = read(out[0], chunk, sizeof chunk);
+    if (n > 0) {
+      pending.append(chunk, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      eof = true;
     }
   }
-  fclose(stream);
-  if (address_.empty()) return absl::InternalError(absl::StrCat("server printed no address: ", line));
-  if (health_port && health_address_.empty()) {
-    return absl::InternalError(absl::StrCat("server printed no health address: ", line));
+  close(out[0]);
+  if (address_.empty() || (health_port && health_address_.empty())) {
+    const std::string what = address_.empty() ? "no address" : "no health address";
+    if (eof) return absl::InternalError(absl::StrCat("server printed ", what, ": ", last_line));
+    return absl::DeadlineExceededError(
+        absl::StrCat("server printed ", what, " within ", absl::FormatDuration(ready_timeout)));
   }
 
   SamplerClient client(health_port ? health_address_ : address_,
                        health_port ? ChannelSecurity() : security_);
-  const absl::Time deadline = absl::Now() + ready_timeout;
   while (absl::Now() < deadline) {
     if (!running()) return absl::InternalError("server exited during start-up");
     auto health = client.CheckHealth("", absl::Seconds(2));

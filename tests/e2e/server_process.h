@@ -1,13 +1,15 @@
 // ServerProcess: runs the real flashsampler-server binary on a free loopback
 // port for end-to-end tests, and stops it with a signal.
 //
-// Start() forks and execs the binary with --address=127.0.0.1:0, reads the
-// "listening on HOST:PORT" line from its stdout (and, before it, the "metrics
-// on HOST:PORT/metrics" line when --metrics_address is given, and the "health
-// listening on" line when a --health_address flag is given) and waits
-// (bounded) until health answers SERVING: on the plaintext health port when
-// there is one, else on the main port with `security` (TLS, client
-// certificate, token). Not thread-safe; one test thread drives it.
+// Start() spawns the binary (posix_spawn) with --address=127.0.0.1:0, reads
+// the "listening on HOST:PORT" line from its stdout (and, before it, the
+// "metrics on HOST:PORT/metrics" line when --metrics_address is given, and the
+// "health listening on" line when a --health_address flag is given) and waits
+// until health answers SERVING: on the plaintext health port when there is
+// one, else on the main port with `security` (TLS, client certificate, token).
+// The whole start, the reads included, is bounded by `ready_timeout`: a server
+// that never prints its address fails Start with DEADLINE_EXCEEDED instead of
+// hanging the test. Not thread-safe; one test thread drives it.
 #pragma once
 
 #include <sys/types.h>
