@@ -7,9 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -105,7 +105,10 @@ absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
     pollfd readable = {out[0], POLLIN, 0};
-    const int ready = poll(&readable, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    // At most a second a poll: an infinite ready_timeout stays a valid int.
+    const int wait_ms =
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left), 999)) + 1;
+    const int ready = poll(&readable, 1, wait_ms);
     if (ready < 0 && errno != EINTR) break;
     if (ready <= 0) continue;
     char chunk[512];
