@@ -63,9 +63,10 @@ absl::Status ServerProcess::Start(absl::Duration ready_timeout) {
   argv.push_back(nullptr);
   // posix_spawn, not fork + exec: this process already runs gRPC's threads
   // (started by its static initialisation), and a forked child that touches
-  // the heap before exec can block forever on an allocator lock one of them
-  // held at the fork. That happened under ASan in CI: the child never became
-  // the server, and the read below waited for a line nobody would write.
+  // the heap before exec can block forever on a lock one of them held at the
+  // fork. The likely cause of a hang under ASan in CI: the server printed
+  // nothing, and the unbounded read that stood here waited for a line nobody
+  // would write (server/README-dev.md, "Tests under load").
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
