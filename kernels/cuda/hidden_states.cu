@@ -9,8 +9,10 @@
 //
 // The check sees each element before rounding, in its own dtype: all-ones
 // exponent bits are inf or NaN in fp32, bf16 and fp16 alike. A finite value
-// can still leave fp16's range when fp16 weights round it (|x| >= 65520 goes
-// to inf); both are refused, as on the host. atomicMin keeps the smallest bad
+// can still leave the weights' range when it is rounded to their dtype: fp16
+// from |x| >= 65520, and bf16 from |x| >= 0x1.ffp127 (an fp32 value within
+// half a bf16 ulp of FLT_MAX; the tie rounds to the even infinity). Both are
+// refused, as on the host (RoundHiddenToWeightDType). atomicMin keeps the smallest bad
 // index, so the error names the first bad element whatever the thread order;
 // the atomic runs only for bad elements, never on a valid payload.
 //
@@ -56,7 +58,9 @@ __device__ __forceinline__ float LoadWidened(const void* src, int64_t i, bool* b
 template <CudaWeightDType kWeight>
 __device__ __forceinline__ float RoundWidened(float v, bool* bad) {
   if constexpr (kWeight == CudaWeightDType::kBFloat16) {
-    return Bf16ToFloat(FloatToBf16(v));
+    v = Bf16ToFloat(FloatToBf16(v));
+    *bad = *bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf
+    return v;
   } else if constexpr (kWeight == CudaWeightDType::kFloat16) {
     v = Fp16ToFloat(FloatToFp16(v));
     *bad = *bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf

@@ -34,8 +34,9 @@ enum class FirstBadReset { kByLauncher, kByCaller };
 
 // dst[i] = the fp32 value of src[i] (`src_dtype`), rounded to `weight_dtype`
 // (nearest even) for i < count. *first_bad (device memory) becomes the
-// smallest i whose element is NaN or infinite, or, for fp16 weights, rounds
-// to infinity (|x| >= 65520); it stays kNoBadHiddenElement when there is none
+// smallest i whose element is NaN or infinite, or rounds to infinity in a
+// 16-bit weight dtype (fp16: |x| >= 65520; bf16: |x| >= 0x1.ffp127, fp32
+// sources only); it stays kNoBadHiddenElement when there is none
 // (see FirstBadReset for who resets it). dst must not overlap src.
 KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
                                      CudaWeightDType weight_dtype, float* dst,

@@ -18,7 +18,7 @@
 // points at them where they lie in `request` (which must then outlive the
 // batch) or at a region's bytes read once; GPU memory on
 // MemoryRegions::in_place_device stays where it is. The engine checks the
-// values (NaN/Inf, fp16 range) on the device.
+// values (NaN/Inf, the weights' fp16 or bf16 range) on the device.
 //
 // A request may name memory regions (server/regions/memory_regions.h) instead of
 // carrying its hidden states (hidden_states_region: read here, once) or

@@ -165,10 +165,13 @@ absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t 
   for (int64_t i = 0; i < n; ++i) {
     const float v = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(values[i]))
                                                     : Fp16ToFloat(FloatToFp16(values[i]));
-    if (std::isinf(v)) {  // finite inputs only overflow fp16
+    // A finite input rounds to infinity past the dtype's largest finite value:
+    // fp16 from 65520, bf16 from 0x1.ffp127 (half an ulp above 0x1.fep127;
+    // the tie rounds up, to the even infinity).
+    if (std::isinf(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "hidden state value ", values[i], " (element ", i,
-          ") is outside the fp16 range of the LM head's weights"));
+          "hidden state value ", values[i], " (element ", i, ") is outside the ",
+          dtype == WeightDType::kBFloat16 ? "bf16" : "fp16", " range of the LM head's weights"));
     }
     values[i] = v;
   }

@@ -81,9 +81,10 @@ using HiddenStates = std::vector<float, UninitializedAllocator<float>>;
 // address space, read over the bus by the widening kernel). The request parser checked
 // the shape and bounds but not the values: the engine checks them on the
 // device and fails the batch with InvalidArgument naming the first bad
-// element (row and column within the batch) when one is not finite, or, for
-// fp16 weights, rounds outside fp16's range: the parser's checks for fp32
-// hidden states, in the same words.
+// element (row and column within the batch) when one is not finite, or
+// rounds outside the range of a 16-bit weight dtype (fp16 from 65520; bf16
+// only within half an ulp of FLT_MAX): the parser's checks for fp32 hidden
+// states, in the same words.
 inline constexpr int kHostMemory = -1;
 struct WireHiddenRows {
   int64_t first_row = 0;  // within the batch
@@ -352,15 +353,16 @@ struct EngineOptions {
   CudaEngineOptions cuda;
 };
 
-// The CPU backend. bf16/fp16 weights are widened once into an fp32 copy (the
-// BLAS tiles need fp32); fp32 weights are used in place from the mapping.
-// InvalidArgument when valid_vocab exceeds the vocabulary.
+// The CPU backend: W laid out once as token panels in its own dtype
+// (kernels/cpu/fixed_order_logits.h; 16-bit heads stay 16-bit and are widened
+// in registers). InvalidArgument when valid_vocab exceeds the vocabulary.
 absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid_vocab,
                                                       const CpuEngineOptions& options);
 
 // Rounds `n` fp32 hidden values to the precision of `dtype` (nearest even),
-// in place; nothing changes for kFloat32. InvalidArgument when a value is out
-// of the dtype's finite range (fp16: |h| >= 65520).
+// in place; nothing changes for kFloat32. InvalidArgument, naming the dtype,
+// when a value rounds past the dtype's finite range (fp16: |h| >= 65520;
+// bf16: |h| >= 0x1.ffp127, near FLT_MAX).
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n);
 
 // The layout every engine requires of a batch: 1 <= rows <= max_rows, hidden

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -437,6 +438,21 @@ TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
   const absl::StatusOr<SampleResult> bad = cuda->Sample(batch);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("hidden_states[7][5] is infinite"), std::string::npos) << bad.status();
+  EXPECT_TRUE(cuda->healthy());
+  // A finite fp32 value that rounds past bf16's range (FLT_MAX) for this bf16
+  // head: refused, named, and the engine stays healthy.
+  SampleBatch huge = RandomBatch(3, 78);
+  HiddenStates huge_values = huge.hidden;
+  huge_values[2 * kHidden + 9] = -FLT_MAX;
+  HiddenStates unused = huge_values;
+  std::vector<WireCopy> huge_copies(1);
+  huge.wire_hidden.push_back(ToWire(huge_values, 0, 3, WeightDType::kFloat32, Place::kHost, &huge_copies[0],
+                                    &unused, cuda));
+  const absl::StatusOr<SampleResult> out_of_range = cuda->Sample(huge);
+  EXPECT_EQ(out_of_range.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out_of_range.status().message().find("hidden_states[2][9]) is outside the bf16 range"),
+            std::string::npos)
+      << out_of_range.status();
   EXPECT_TRUE(cuda->healthy());
 }
 

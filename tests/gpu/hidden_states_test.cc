@@ -1,11 +1,13 @@
 // LaunchWidenHiddenStates (kernels/cuda/hidden_states.h) against the host's
 // conversions, bit for bit: every wire dtype into every weight dtype, over
 // random bit patterns (so NaNs, infinities, subnormals and fp16-overflowing
-// fp32 values all occur), and the index of the first bad element. Needs a
+// fp32 values all occur), fp32 values at bf16's overflow edge, and the index
+// of the first bad element. Needs a
 // GPU: FAILS (does not skip) without one.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,13 +40,11 @@ float HostWiden(const std::vector<uint8_t>& src, CudaWeightDType dtype, size_t i
 }
 
 float HostRound(float v, CudaWeightDType weight, bool* bad) {
-  if (weight == CudaWeightDType::kBFloat16) return Bf16ToFloat(FloatToBf16(v));
-  if (weight == CudaWeightDType::kFloat16) {
-    const float r = Fp16ToFloat(FloatToFp16(v));
-    if (std::isinf(r)) *bad = true;
-    return r;
-  }
-  return v;
+  if (weight == CudaWeightDType::kFloat32) return v;
+  const float r = weight == CudaWeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(v))
+                                                        : Fp16ToFloat(FloatToFp16(v));
+  if (std::isinf(r)) *bad = true;  // finite, rounded past the dtype's range
+  return r;
 }
 
 struct DeviceBuffers {
@@ -148,6 +148,31 @@ TEST(WidenHiddenStates, AFiniteFp32ValueOutOfFp16RangeIsBadOnlyForFp16Weights) {
   std::memcpy(src.data(), values.data(), src.size());
   DeviceWiden(src, CudaWeightDType::kFloat32, 5000, CudaWeightDType::kFloat16, &first_bad);
   EXPECT_EQ(first_bad, kNoBadHiddenElement);
+}
+
+// bf16 keeps fp32's exponent, so a finite fp32 value leaves bf16's range only
+// within half a bf16 ulp of FLT_MAX: 0x1.ffp127 and above round to inf (the
+// tie to even), 0x1.fefffep127 just below rounds to the largest bf16. Both
+// kernels (aligned: vectors; misaligned: elements) refuse the first, as the
+// host's RoundHiddenToWeightDType does.
+TEST(WidenHiddenStates, AFiniteFp32ValueAtBf16sOverflowEdgeIsBadForBf16Weights) {
+  std::vector<float> values(5000, 1.5f);
+  values[1234] = 0x1.fefffep127f;  // rounds to 0x1.fep127, finite
+  values[3210] = -0x1.ffp127f;     // rounds to -inf
+  values[4000] = FLT_MAX;          // rounds to inf
+  std::vector<uint8_t> src(values.size() * 4);
+  std::memcpy(src.data(), values.data(), src.size());
+  for (size_t offset : {size_t{0}, size_t{4}}) {
+    unsigned long long first_bad = 0;
+    const std::vector<float> got = DeviceWiden(src, CudaWeightDType::kFloat32, 5000,
+                                               CudaWeightDType::kBFloat16, &first_bad, offset);
+    EXPECT_EQ(first_bad, 3210u) << "offset " << offset;
+    EXPECT_EQ(got[1234], 0x1.fep127f) << "offset " << offset;
+    DeviceWiden(src, CudaWeightDType::kFloat32, 5000, CudaWeightDType::kFloat32, &first_bad, offset);
+    EXPECT_EQ(first_bad, kNoBadHiddenElement) << "offset " << offset;
+    DeviceWiden(src, CudaWeightDType::kFloat32, 5000, CudaWeightDType::kFloat16, &first_bad, offset);
+    EXPECT_EQ(first_bad, 1234u) << "offset " << offset;  // fp16's range ends far lower
+  }
 }
 
 // One bad bf16 element among finite ones, inside a vector (not its first

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -414,6 +415,19 @@ TEST(RequestParser, HiddenOutsideTheFp16RangeOfTheWeightsIsInvalid) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("fp16 range"));
+}
+
+// So are values that round past bf16's largest finite value for bf16
+// weights: fp32's range is bf16's, but for the last half ulp below FLT_MAX.
+TEST(RequestParser, HiddenOutsideTheBf16RangeOfTheWeightsIsInvalid) {
+  ModelShape shape = Shape();
+  shape.weight_dtype = WeightDType::kBFloat16;
+  uint64_t seed = 1;
+  absl::StatusOr<ParsedSampleRequest> p = ParseSampleRequest(
+      Fp32Request(1, {1.0f, -FLT_MAX, 0.0f, 0.0f}), shape, RequestLimits{8}, [&] { return seed++; });
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("bf16 range"));
 }
 
 // ---- Memory regions: hidden states read from, results written to, a region ----

@@ -97,47 +97,6 @@ TEST(CpuEngine, HiddenStatesAreRoundedToTheWeightDType) {
   EXPECT_EQ(a->logz, b->logz);  // bit-identical: the engine saw the same inputs
 }
 
-TEST(RoundHiddenToWeightDType, Fp16OverflowIsInvalidAndFp32IsUntouched) {
-  std::vector<float> v = {1.0f + 0x1p-20f, 70000.0f};
-  std::vector<float> copy = v;
-  EXPECT_TRUE(RoundHiddenToWeightDType(WeightDType::kFloat32, copy.data(), 2).ok());
-  EXPECT_EQ(copy, v);
-  absl::Status s = RoundHiddenToWeightDType(WeightDType::kFloat16, v.data(), 2);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(s.message()).find("fp16 range"), std::string::npos) << s;
-  std::vector<float> ok = {1.0f + 0x1p-20f, -3.0f};
-  ASSERT_TRUE(RoundHiddenToWeightDType(WeightDType::kBFloat16, ok.data(), 2).ok());
-  EXPECT_EQ(ok, (std::vector<float>{1.0f, -3.0f}));
-}
-
-TEST(SampleResultFromHostOutputs, FillsWhatTheBatchAskedFor) {
-  SampleBatch batch;
-  batch.rows = 2;
-  const int32_t tokens[2] = {7, 3};
-  const float logz[2] = {1.5f, 2.5f};
-  const float logprobs[2] = {-0.5f, -1.5f};
-  const float draft_logprobs[2] = {-0.25f, NAN};
-  SampleResult plain = SampleResultFromHostOutputs(batch, tokens, nullptr, nullptr, nullptr);
-  EXPECT_EQ(plain.token_ids, (std::vector<int32_t>{7, 3}));
-  EXPECT_TRUE(plain.logz.empty());
-  EXPECT_TRUE(plain.logprobs.empty());
-  EXPECT_TRUE(plain.draft_logprobs.empty());
-  EXPECT_TRUE(plain.details.empty());
-
-  batch.want_logz = batch.want_logprobs = true;
-  batch.draft_tokens = {4, -1};
-  batch.controls.resize(2);
-  SampleResult full = SampleResultFromHostOutputs(batch, tokens, logz, logprobs, draft_logprobs);
-  EXPECT_EQ(full.logz, (std::vector<float>{1.5f, 2.5f}));
-  EXPECT_EQ(full.logprobs, (std::vector<float>{-0.5f, -1.5f}));
-  ASSERT_EQ(full.draft_logprobs.size(), 2u);
-  EXPECT_EQ(full.draft_logprobs[0], -0.25f);
-  EXPECT_TRUE(std::isnan(full.draft_logprobs[1]));
-  ASSERT_EQ(full.details.size(), 2u);
-  EXPECT_EQ(full.details[0].token_ids, (std::vector<int32_t>{7}));
-  EXPECT_EQ(full.details[1].token_ids, (std::vector<int32_t>{3}));
-}
-
 TEST(CpuEngine, ValidVocabMasksPaddingRows) {
   EngineOptions options;
   options.valid_vocab = 10;
@@ -199,51 +158,6 @@ TEST(CpuEngine, WireRowsAreRefused) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("does not take hidden states in their wire dtype"), std::string::npos) << s;
   }
-}
-
-TEST(CheckBatchLayout, WireRowsMustBeSortedDisjointInsideAndInHostMemoryOrOnTheEnginesGpu) {
-  SampleBatch batch = RandomBatch(5, 1.0f, 1);
-  static const float kNeverRead = 0.0f;
-  const auto rows = [](int64_t first, int64_t n, int device) {
-    return WireHiddenRows{first, n, &kNeverRead, WeightDType::kBFloat16, device, false, nullptr};
-  };
-  const auto check = [&batch](std::vector<WireHiddenRows> runs) {
-    batch.wire_hidden = std::move(runs);
-    return CheckBatchLayout(batch, kHidden, 8, "test engine", 2).code();
-  };
-  EXPECT_EQ(check({rows(0, 2, 2), rows(3, 2, 2)}), absl::StatusCode::kOk);
-  EXPECT_EQ(check({rows(0, 5, 2)}), absl::StatusCode::kOk);
-  EXPECT_EQ(check({rows(0, 2, kHostMemory), rows(2, 1, 2)}), absl::StatusCode::kOk);
-  EXPECT_EQ(check({rows(0, 2, 1)}), absl::StatusCode::kInvalidArgument);                // another GPU
-  EXPECT_EQ(check({rows(3, 2, 2), rows(0, 2, 2)}), absl::StatusCode::kInvalidArgument);  // unsorted
-  EXPECT_EQ(check({rows(0, 3, 2), rows(2, 2, 2)}), absl::StatusCode::kInvalidArgument);  // overlapping
-  EXPECT_EQ(check({rows(4, 2, 2)}), absl::StatusCode::kInvalidArgument);                 // past the end
-  EXPECT_EQ(check({rows(1, 0, 2)}), absl::StatusCode::kInvalidArgument);                 // empty
-  batch.wire_hidden = {WireHiddenRows{0, 1, nullptr, WeightDType::kBFloat16, 2, false, nullptr}};
-  EXPECT_EQ(CheckBatchLayout(batch, kHidden, 8, "test engine", 2).code(), absl::StatusCode::kInvalidArgument);
-  batch.wire_hidden = {rows(0, 1, kHostMemory)};
-  EXPECT_EQ(CheckBatchLayout(batch, kHidden, 8, "test engine").code(), absl::StatusCode::kInvalidArgument);
-}
-
-TEST(CheckBatchLayout, DeviceOutputsOnlyOnTheEnginesGpuForPlainBatchesSortedAndInside) {
-  SampleBatch batch = RandomBatch(5, 1.0f, 2);
-  static int32_t never_written[5];
-  const auto rows = [](int64_t first, int64_t n, int device) {
-    return DeviceOutputRows{first, n, never_written, nullptr, nullptr, device, nullptr};
-  };
-  const auto check = [&batch](std::vector<DeviceOutputRows> runs, int engine_device = 2) {
-    batch.device_outputs = std::move(runs);
-    return CheckBatchLayout(batch, kHidden, 8, "test engine", engine_device).code();
-  };
-  EXPECT_EQ(check({rows(0, 2, 2), rows(2, 3, 2)}), absl::StatusCode::kOk);
-  EXPECT_EQ(check({rows(0, 2, 1)}), absl::StatusCode::kInvalidArgument);                // another GPU
-  EXPECT_EQ(check({rows(0, 2, kHostMemory)}), absl::StatusCode::kInvalidArgument);      // host memory
-  EXPECT_EQ(check({rows(0, 2, 2)}, kNoWireHidden), absl::StatusCode::kInvalidArgument);  // a CPU engine
-  EXPECT_EQ(check({rows(2, 2, 2), rows(0, 2, 2)}), absl::StatusCode::kInvalidArgument);  // unsorted
-  EXPECT_EQ(check({rows(4, 2, 2)}), absl::StatusCode::kInvalidArgument);                 // past the end
-  EXPECT_EQ(check({rows(1, 0, 2)}), absl::StatusCode::kInvalidArgument);                 // empty
-  batch.controls.resize(5);  // a batch with controls assembles its results on the host
-  EXPECT_EQ(check({rows(0, 5, 2)}), absl::StatusCode::kInvalidArgument);
 }
 
 // A batch mixing plain rows and rows with controls: the plain rows get exactly
