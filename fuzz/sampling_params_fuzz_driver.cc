@@ -247,8 +247,8 @@ Verdict OracleVerdict(const v1::SamplingParams& p, const Shape& s) {
       mask_bytes != static_cast<size_t>((s.valid + 31) / 32) * 4) {
     return Verdict::kInvalid;
   }
-  if (p.has_repetition_penalty() &&
-      !(std::isfinite(p.repetition_penalty()) && p.repetition_penalty() > 0.0f)) {
+  if (p.has_repetition_penalty() && !(p.repetition_penalty() >= kMinRepetitionPenalty &&
+                                      p.repetition_penalty() <= kMaxRepetitionPenalty)) {
     return Verdict::kInvalid;
   }
   if (!in_range(p.presence_penalty(), -2.0f, 2.0f) || !in_range(p.frequency_penalty(), -2.0f, 2.0f)) {

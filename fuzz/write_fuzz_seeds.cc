@@ -136,7 +136,8 @@ bool WriteSamplingParamsSeeds(const std::string& root) {
   ok &= WriteSeed(dir, "out_of_range", Program({0, 0, 1, 4, 1, 4, 13, 1, 6, 1, 32, 11, 0}));
   // A params count of B + 2.
   ok &= WriteSeed(dir, "wrong_count", Program({0, 0, 1, 7, 4, 0, 0, 0, 0, 0}));
-  // Repetition penalty 1e-45 on every prompt token: positive logits overflow.
+  // Repetition penalty 1e-45 on every prompt token (positive logits would
+  // overflow): refused, below kMinRepetitionPenalty.
   ok &= WriteSeed(dir, "tiny_repetition_penalty",
                   Program({4, 0, 0, 0, 2, 9, 17, 13, 1, 0, 0, 0}));
   return ok;

@@ -42,6 +42,15 @@ enum class LogprobsMode : int32_t {
   kRaw = 1,      // the model's log_softmax(raw logits), before every control
 };
 
+// The range of RowControls::repetition_penalty r. A repeated token's logit l
+// becomes l / r (l > 0) or l * r, and the samplers treat a logit of +-inf as
+// a disallowed token: inside [1e-6, 1e6] neither product overflows for any
+// |l| < 3.4e32, far past what an LM head computes, so the penalty only ever
+// makes a token more or less likely, never removes it (r = 1e-38 made the
+// boosted argmax of a greedy row +inf, and the row took another token).
+inline constexpr float kMinRepetitionPenalty = 1e-6f;
+inline constexpr float kMaxRepetitionPenalty = 1e6f;
+
 struct RowControls {
   int32_t top_k = 0;          // 0: off
   float top_p = 1.0f;         // 1: off
@@ -93,7 +102,7 @@ inline bool ValidRowControls(const RowControls& c, int64_t vocab, int64_t valid_
     if (id < 0 || id >= vocab || !std::isfinite(bias)) return false;
   }
   return c.top_k >= 0 && c.top_p > 0.0f && c.top_p <= 1.0f && c.min_p >= 0.0f && c.min_p < 1.0f &&
-         std::isfinite(c.repetition_penalty) && c.repetition_penalty > 0.0f &&
+         c.repetition_penalty >= kMinRepetitionPenalty && c.repetition_penalty <= kMaxRepetitionPenalty &&
          std::isfinite(c.presence_penalty) && std::isfinite(c.frequency_penalty) &&
          ids_in(c.banned_token_ids) && ids_in(c.output_token_ids) && ids_in(c.prompt_token_ids) &&
          (c.allowed_bitmask.empty() ||

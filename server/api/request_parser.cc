@@ -138,11 +138,12 @@ std::shared_ptr<void> Stage(const WireInput* wire_input, int64_t bytes) {
 // Rounds the decoded values to the weights' dtype, here on the gRPC thread
 // rather than on the batcher's one worker thread. Values sent in the
 // weights' own dtype (or any values, for fp32 weights) are already exact.
-absl::Status RoundToWeights(int wire_dtype, WeightDType weight_dtype, float* values, int64_t n) {
+absl::Status RoundToWeights(int wire_dtype, WeightDType weight_dtype, float* values, int64_t n,
+                            int64_t cols, const std::string& field) {
   const bool same_dtype = (wire_dtype == v1::DTYPE_BF16 && weight_dtype == WeightDType::kBFloat16) ||
                           (wire_dtype == v1::DTYPE_FP16 && weight_dtype == WeightDType::kFloat16);
   if (same_dtype) return absl::OkStatus();
-  return RoundHiddenToWeightDType(weight_dtype, values, n);
+  return RoundHiddenToWeightDType(weight_dtype, values, n, cols, field);
 }
 
 // Checks a hidden-state tensor's dtype and shape ([B, D], D = hidden_size,
@@ -273,7 +274,7 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
   } else if (absl::Status s = ReadHiddenFromRegion(*slice, t.dtype(), *rows, cols, field, dst); !s.ok()) {
     return s;
   }
-  if (absl::Status s = RoundToWeights(t.dtype(), weight_dtype, dst, n); !s.ok()) return s;
+  if (absl::Status s = RoundToWeights(t.dtype(), weight_dtype, dst, n, cols, field); !s.ok()) return s;
   return *rows;
 }
 

@@ -116,8 +116,9 @@ absl::StatusOr<RowControls> ParseRowControls(const v1::SamplingParams& p, const 
     }
   }
   if (p.has_repetition_penalty()) {
-    if (!(std::isfinite(p.repetition_penalty()) && p.repetition_penalty() > 0.0f)) {
-      return Invalid(entry, absl::StrCat("repetition_penalty must be finite and > 0 (1 = off), got ",
+    if (!(p.repetition_penalty() >= kMinRepetitionPenalty &&
+          p.repetition_penalty() <= kMaxRepetitionPenalty)) {
+      return Invalid(entry, absl::StrCat("repetition_penalty must lie in [1e-6, 1e6] (1 = off), got ",
                                          p.repetition_penalty()));
     }
     c.repetition_penalty = p.repetition_penalty();

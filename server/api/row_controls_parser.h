@@ -6,8 +6,9 @@
 // top_k >= 0; top_p in (0, 1]; min_p in [0, 1); logit_bias ids in
 // [0, vocab_size) with finite values in [-100, 100]; banned, output and prompt
 // ids in [0, vocab_size); the bitmask exactly ceil(vocab_size / 32) or
-// ceil(valid_vocab / 32) little-endian int32 words; repetition_penalty finite
-// and > 0; presence and frequency penalties in [-2, 2] (vLLM's ranges);
+// ceil(valid_vocab / 32) little-endian int32 words; repetition_penalty in
+// [1e-6, 1e6] (kernels/common/row_controls.h says why); presence and
+// frequency penalties in [-2, 2] (vLLM's ranges);
 // top_logprobs in [0, kMaxTopLogprobs]; logprobs_mode a known value;
 // num_samples in [1, kMaxNumSamples].
 // A row that leaves no token of [0, valid_vocab) allowed (bitmask and bans) is

@@ -96,7 +96,8 @@ class CpuEngine final : public Engine {
     if (!batch.hidden_in_weight_dtype) {
       hidden_.assign(batch.hidden.begin(), batch.hidden.end());
       if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
-                                                    static_cast<int64_t>(hidden_.size()));
+                                                    static_cast<int64_t>(hidden_.size()),
+                                                    shape_.hidden_size);
           !s.ok()) {
         return s;
       }

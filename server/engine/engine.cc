@@ -1,6 +1,7 @@
 #include "server/engine/engine.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -160,7 +161,8 @@ SampleResult SampleResultFromHostOutputs(const SampleBatch& batch, const int32_t
   return result;
 }
 
-absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n) {
+absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n, int64_t cols,
+                                      absl::string_view field) {
   if (dtype == WeightDType::kFloat32) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {
     const float v = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(values[i]))
@@ -169,8 +171,10 @@ absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t 
     // fp16 from 65520, bf16 from 0x1.ffp127 (half an ulp above 0x1.fep127;
     // the tie rounds up, to the even infinity).
     if (std::isinf(v)) {
+      const std::string where = cols > 0 ? absl::StrCat(field, "[", i / cols, "][", i % cols, "]")
+                                         : absl::StrCat("element ", i);
       return absl::InvalidArgumentError(absl::StrCat(
-          "hidden state value ", values[i], " (element ", i, ") is outside the ",
+          "hidden state value ", values[i], " (", where, ") is outside the ",
           dtype == WeightDType::kBFloat16 ? "bf16" : "fp16", " range of the LM head's weights"));
     }
     values[i] = v;

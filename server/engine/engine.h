@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_controls.h"
 #include "kernels/common/row_params.h"
@@ -362,8 +363,11 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
 // Rounds `n` fp32 hidden values to the precision of `dtype` (nearest even),
 // in place; nothing changes for kFloat32. InvalidArgument, naming the dtype,
 // when a value rounds past the dtype's finite range (fp16: |h| >= 65520;
-// bf16: |h| >= 0x1.ffp127, near FLT_MAX).
-absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n);
+// bf16: |h| >= 0x1.ffp127, near FLT_MAX). The message places the first such
+// value as field[row][col] for rows of `cols` values, or as "element i" when
+// cols is 0.
+absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n, int64_t cols = 0,
+                                      absl::string_view field = "hidden_states");
 
 // The layout every engine requires of a batch: 1 <= rows <= max_rows, hidden
 // rows * hidden_size values, params one per row, controls and draft_tokens

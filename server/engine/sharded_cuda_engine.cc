@@ -316,7 +316,8 @@ class ShardedCudaEngine final : public Engine {
                              ? absl::OkStatus()
                              : RoundHiddenToWeightDType(shape_.weight_dtype,
                                                         static_cast<float*>(host_hidden_),
-                                                        static_cast<int64_t>(batch.hidden.size()));
+                                                        static_cast<int64_t>(batch.hidden.size()),
+                                                        shape_.hidden_size);
         !s.ok()) {
       return s;
     }

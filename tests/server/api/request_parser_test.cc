@@ -424,10 +424,13 @@ TEST(RequestParser, HiddenOutsideTheBf16RangeOfTheWeightsIsInvalid) {
   shape.weight_dtype = WeightDType::kBFloat16;
   uint64_t seed = 1;
   absl::StatusOr<ParsedSampleRequest> p = ParseSampleRequest(
-      Fp32Request(1, {1.0f, -FLT_MAX, 0.0f, 0.0f}), shape, RequestLimits{8}, [&] { return seed++; });
+      Fp32Request(2, {1.0f, 2.0f, 3.0f, 4.0f, 1.0f, -FLT_MAX, 0.0f, 0.0f}), shape, RequestLimits{8},
+      [&] { return seed++; });
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(p.status().message()), HasSubstr("bf16 range"));
+  // Named as the non-finite check names its values: the field, row and column.
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("(hidden_states[1][1]) is outside the bf16 range"));
 }
 
 // ---- Memory regions: hidden states read from, results written to, a region ----

@@ -130,10 +130,20 @@ TEST(RowControlsParser, OutOfRangeValuesAreInvalidArgument) {
   p = {};
   p.set_logprobs_mode(static_cast<v1::LogprobsMode>(7));
   ExpectInvalid(p, "logprobs_mode 7");
-  for (float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+  // Below 1e-6 or above 1e6 a penalised logit can overflow to +-inf, which
+  // the samplers read as a disallowed token (row_controls.h).
+  for (float bad : {0.0f, -1.0f, INFINITY, NAN, 1e-38f, 1e-45f, 9.9e-7f, 1.01e6f}) {
     p = {};
     p.set_repetition_penalty(bad);
-    ExpectInvalid(p, "repetition_penalty must be finite and > 0");
+    ExpectInvalid(p, "repetition_penalty must lie in [1e-6, 1e6]");
+  }
+  for (float good : {kMinRepetitionPenalty, kMaxRepetitionPenalty}) {
+    p = {};
+    p.set_repetition_penalty(good);
+    p.add_prompt_token_ids(3);
+    absl::StatusOr<RowControls> c = Parse(p);
+    ASSERT_TRUE(c.ok()) << good << ": " << c.status();
+    EXPECT_EQ(c->repetition_penalty, good);
   }
   for (float bad : {2.01f, -2.5f, NAN}) {
     p = {};

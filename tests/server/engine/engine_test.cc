@@ -134,6 +134,11 @@ TEST(RoundHiddenToWeightDType, Bf16OverflowNearFltMaxIsInvalidAndNamesBf16) {
     EXPECT_NE(std::string(s.message()).find("bf16 range"), std::string::npos) << s;
     EXPECT_NE(std::string(s.message()).find("element 1"), std::string::npos) << s;
   }
+  // Rows of `cols` values: the value is placed as field[row][col].
+  std::vector<float> rows = {1.0f, 2.0f, 3.0f, 4.0f, FLT_MAX, 6.0f};
+  const absl::Status s = RoundHiddenToWeightDType(WeightDType::kBFloat16, rows.data(), 6, 3, "h");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("(h[1][1]) is outside the bf16 range"), std::string::npos) << s;
 }
 
 TEST(SampleResultFromHostOutputs, FillsWhatTheBatchAskedFor) {
