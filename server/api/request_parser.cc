@@ -211,14 +211,15 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".data must be empty when ", field, "_region is set (the bytes are read from the region)"));
     }
+    // The name first: an unknown region is NOT_FOUND whatever its size says.
+    absl::StatusOr<RegionSlice> resolved =
+        regions->Resolve(region->region(), region->offset(), region->byte_size(), field + "_region");
+    if (!resolved.ok()) return resolved.status();
     if (region->byte_size() != static_cast<uint64_t>(want_bytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, "_region.byte_size is ", region->byte_size(), ", but shape [", *rows, ", ", cols,
           "] of ", v1::DType_Name(t.dtype()), " needs ", want_bytes));
     }
-    absl::StatusOr<RegionSlice> resolved =
-        regions->Resolve(region->region(), region->offset(), region->byte_size(), field + "_region");
-    if (!resolved.ok()) return resolved.status();
     slice = *std::move(resolved);
   }
   // Widening such bytes is exact and needs no rounding, so the batcher can
@@ -367,15 +368,16 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
   if (request.has_output_region()) {
     const v1::RegionSlice& ref = request.output_region();
     const uint64_t need = OutputBytes(rows, request.return_logz(), request.return_logprobs());
+    // The name first: an unknown region is NOT_FOUND whatever its size says.
+    absl::StatusOr<RegionSlice> slice =
+        regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), "output_region");
+    if (!slice.ok()) return slice.status();
     if (ref.byte_size() < need) {
       return absl::InvalidArgumentError(absl::StrCat(
           "output_region.byte_size is ", ref.byte_size(), ", but ", rows, " rows of results (token ids",
           request.return_logz() ? ", logz" : "", request.return_logprobs() ? ", logprobs" : "",
           ") need ", need));
     }
-    absl::StatusOr<RegionSlice> slice =
-        regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), "output_region");
-    if (!slice.ok()) return slice.status();
     parsed.output = *std::move(slice);
   }
   const int num_params = request.params_size();

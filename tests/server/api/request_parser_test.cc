@@ -560,6 +560,8 @@ TEST_F(RequestParserRegions, RegionInputErrorsAreClear) {
   v1::SampleRequest unknown = good;
   unknown.mutable_hidden_states_region()->set_region("other");
   EXPECT_EQ(Parse(unknown).status().code(), absl::StatusCode::kNotFound);
+  unknown.mutable_hidden_states_region()->set_byte_size(47);  // and a wrong size: the name first
+  EXPECT_EQ(Parse(unknown).status().code(), absl::StatusCode::kNotFound);
 
   v1::SampleRequest outside = good;
   outside.mutable_hidden_states_region()->set_offset(buffer_->byte_size() - 40);
@@ -799,6 +801,9 @@ TEST_F(RequestParserRegions, ResultsAreWrittenPackedToTheOutputRegion) {
   r.mutable_output_region()->set_offset(1000);
   r.mutable_output_region()->set_byte_size(3 * 12 - 1);
   EXPECT_THAT(std::string(Parse(r).status().message()), HasSubstr("need 36"));
+  r.mutable_output_region()->set_region("nope");  // unknown and too small: the name first
+  EXPECT_EQ(Parse(r).status().code(), absl::StatusCode::kNotFound);
+  r.mutable_output_region()->set_region("mem");
   r.mutable_output_region()->set_byte_size(3 * 12);
   absl::StatusOr<ParsedSampleRequest> p = Parse(r);
   ASSERT_TRUE(p.ok()) << p.status();
