@@ -177,7 +177,9 @@ void CheckRegionDescriptors(const uint8_t* data, size_t size) {
           ParseSampleRequest(request, shape, RequestLimits{8}, [&] { return seed++; }, &regions);
       auto it = model.find(name);
       const bool exact_size = ref->byte_size() == static_cast<uint64_t>(rows * kHidden * (bf16 ? 2 : 4));
-      if (exact_size && it == model.end()) {
+      // The name is looked up before the size is checked: unknown is NOT_FOUND
+      // whatever byte_size says.
+      if (it == model.end()) {
         CheckStatus(parsed.status(), absl::StatusCode::kNotFound, "a request naming an unknown region");
       }
       if (parsed.ok()) {
