@@ -12,9 +12,10 @@
 // can still leave the weights' range when it is rounded to their dtype: fp16
 // from |x| >= 65520, and bf16 from |x| >= 0x1.ffp127 (an fp32 value within
 // half a bf16 ulp of FLT_MAX; the tie rounds to the even infinity). Both are
-// refused, as on the host (RoundHiddenToWeightDType). atomicMin keeps the smallest bad
-// index, so the error names the first bad element whatever the thread order;
-// the atomic runs only for bad elements, never on a valid payload.
+// refused, as on the host (RoundHiddenToWeightDType). atomicMin keeps the
+// smallest bad index, so the error names the first bad element whatever the
+// thread order; the atomic runs only for bad elements, never on a valid
+// payload.
 //
 // Cost: memory-bound, one read of the payload and one fp32 write (2 MiB in,
 // 4 MiB out at 256 rows of D = 4096 bf16: a few microseconds on an H100).
@@ -57,15 +58,11 @@ __device__ __forceinline__ float LoadWidened(const void* src, int64_t i, bool* b
 // is refused (*bad, already set for a non-finite source value).
 template <CudaWeightDType kWeight>
 __device__ __forceinline__ float RoundWidened(float v, bool* bad) {
-  if constexpr (kWeight == CudaWeightDType::kBFloat16) {
-    v = Bf16ToFloat(FloatToBf16(v));
-    *bad = *bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf
-    return v;
-  } else if constexpr (kWeight == CudaWeightDType::kFloat16) {
-    v = Fp16ToFloat(FloatToFp16(v));
-    *bad = *bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf
+  if constexpr (kWeight == CudaWeightDType::kFloat32) {
     return v;
   } else {
+    v = kWeight == CudaWeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(v)) : Fp16ToFloat(FloatToFp16(v));
+    *bad = *bad || (FloatToBits(v) & 0x7fffffffu) == 0x7f800000u;  // finite, rounded to inf
     return v;
   }
 }

@@ -401,10 +401,7 @@ class CudaEngine final : public Engine {
                                                        std::isnan(value) ? "NaN" : "infinite",
                                                        "; hidden states must be finite"));
       }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hidden state value ", value, " (hidden_states[", r, "][", c, "]) is outside the ",
-          shape_.weight_dtype == WeightDType::kBFloat16 ? "bf16" : "fp16",
-          " range of the LM head's weights"));
+      return HiddenOutOfRangeError(shape_.weight_dtype, value, absl::StrCat("hidden_states[", r, "][", c, "]"));
     }
     return absl::OkStatus();
   }

@@ -171,15 +171,19 @@ absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t 
     // fp16 from 65520, bf16 from 0x1.ffp127 (half an ulp above 0x1.fep127;
     // the tie rounds up, to the even infinity).
     if (std::isinf(v)) {
-      const std::string where = cols > 0 ? absl::StrCat(field, "[", i / cols, "][", i % cols, "]")
-                                         : absl::StrCat("element ", i);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hidden state value ", values[i], " (", where, ") is outside the ",
-          dtype == WeightDType::kBFloat16 ? "bf16" : "fp16", " range of the LM head's weights"));
+      return HiddenOutOfRangeError(dtype, values[i],
+                                   cols > 0 ? absl::StrCat(field, "[", i / cols, "][", i % cols, "]")
+                                            : absl::StrCat("element ", i));
     }
     values[i] = v;
   }
   return absl::OkStatus();
+}
+
+absl::Status HiddenOutOfRangeError(WeightDType dtype, float value, absl::string_view where) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "hidden state value ", value, " (", where, ") is outside the ",
+      dtype == WeightDType::kBFloat16 ? "bf16" : "fp16", " range of the LM head's weights"));
 }
 
 absl::Status KernelStatusToStatus(kernels::KernelStatus status, const std::string& what) {

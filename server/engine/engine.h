@@ -369,6 +369,11 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n, int64_t cols = 0,
                                       absl::string_view field = "hidden_states");
 
+// The one wording of that refusal (the CUDA engine's check on the device
+// says it too): InvalidArgument for `value`, placed by `where` (e.g.
+// "hidden_states[2][9]"), outside the range of 16-bit `dtype`.
+absl::Status HiddenOutOfRangeError(WeightDType dtype, float value, absl::string_view where);
+
 // The layout every engine requires of a batch: 1 <= rows <= max_rows, hidden
 // rows * hidden_size values, params one per row, controls and draft_tokens
 // empty or one per row, wire_hidden sorted, disjoint and inside the batch,

@@ -18,8 +18,9 @@ namespace {
 
 constexpr int64_t kHidden = 16;
 
-// A plain batch of `rows` rows with the layout CheckBatchLayout wants.
-SampleBatch RandomBatch(int64_t rows, float temperature, uint64_t seed) {
+// A plain batch of `rows` rows (every value 0.25) with the layout
+// CheckBatchLayout wants.
+SampleBatch PlainBatch(int64_t rows, float temperature, uint64_t seed) {
   SampleBatch b;
   b.rows = rows;
   b.hidden.assign(static_cast<size_t>(rows * kHidden), 0.25f);
@@ -36,24 +37,24 @@ TEST(CheckBatchLayout, RowsParamsHiddenControlsAndDraftsMustAgree) {
   const auto check = [](const SampleBatch& b) {
     return CheckBatchLayout(b, kHidden, 8, "test engine").code();
   };
-  EXPECT_EQ(check(RandomBatch(8, 1.0f, 1)), absl::StatusCode::kOk);
-  SampleBatch b = RandomBatch(3, 1.0f, 1);
+  EXPECT_EQ(check(PlainBatch(8, 1.0f, 1)), absl::StatusCode::kOk);
+  SampleBatch b = PlainBatch(3, 1.0f, 1);
   EXPECT_EQ(check(b), absl::StatusCode::kOk);
   b.rows = 0;
   EXPECT_EQ(check(b), absl::StatusCode::kInvalidArgument);  // no rows
-  EXPECT_EQ(check(RandomBatch(9, 1.0f, 1)), absl::StatusCode::kInvalidArgument);  // over max_rows
-  b = RandomBatch(3, 1.0f, 1);
+  EXPECT_EQ(check(PlainBatch(9, 1.0f, 1)), absl::StatusCode::kInvalidArgument);  // over max_rows
+  b = PlainBatch(3, 1.0f, 1);
   b.params.pop_back();
   EXPECT_EQ(check(b), absl::StatusCode::kInvalidArgument);  // params not one per row
-  b = RandomBatch(3, 1.0f, 1);
+  b = PlainBatch(3, 1.0f, 1);
   b.hidden.resize(b.hidden.size() - 1);
   EXPECT_EQ(check(b), absl::StatusCode::kInvalidArgument);  // hidden not rows x hidden_size
-  b = RandomBatch(3, 1.0f, 1);
+  b = PlainBatch(3, 1.0f, 1);
   b.controls.resize(3);
   EXPECT_EQ(check(b), absl::StatusCode::kOk);
   b.controls.resize(2);
   EXPECT_EQ(check(b), absl::StatusCode::kInvalidArgument);  // controls neither empty nor per row
-  b = RandomBatch(3, 1.0f, 1);
+  b = PlainBatch(3, 1.0f, 1);
   b.draft_tokens = {1, -1, 2};
   EXPECT_EQ(check(b), absl::StatusCode::kOk);
   b.draft_tokens.push_back(3);
@@ -63,7 +64,7 @@ TEST(CheckBatchLayout, RowsParamsHiddenControlsAndDraftsMustAgree) {
 }
 
 TEST(CheckBatchLayout, WireRowsMustBeSortedDisjointInsideAndInHostMemoryOrOnTheEnginesGpu) {
-  SampleBatch batch = RandomBatch(5, 1.0f, 1);
+  SampleBatch batch = PlainBatch(5, 1.0f, 1);
   static const float kNeverRead = 0.0f;
   const auto rows = [](int64_t first, int64_t n, int device) {
     return WireHiddenRows{first, n, &kNeverRead, WeightDType::kBFloat16, device, false, nullptr};
@@ -87,7 +88,7 @@ TEST(CheckBatchLayout, WireRowsMustBeSortedDisjointInsideAndInHostMemoryOrOnTheE
 }
 
 TEST(CheckBatchLayout, DeviceOutputsOnlyOnTheEnginesGpuForPlainBatchesSortedAndInside) {
-  SampleBatch batch = RandomBatch(5, 1.0f, 2);
+  SampleBatch batch = PlainBatch(5, 1.0f, 2);
   static int32_t never_written[5];
   const auto rows = [](int64_t first, int64_t n, int device) {
     return DeviceOutputRows{first, n, never_written, nullptr, nullptr, device, nullptr};
