@@ -66,6 +66,8 @@ SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidde
   bool any_controls = false;
   bool any_drafts = false;
   launch.hidden_in_weight_dtype = true;
+  // One request's rows: an engine's error then names the request's row.
+  if (slices.size() == 1) launch.request_row_offset = slices[0].first_row;
   for (const RowSlice& s : slices) {
     launch.rows += s.rows;
     any_controls = any_controls || !s.batch->controls.empty();

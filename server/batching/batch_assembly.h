@@ -75,7 +75,9 @@ std::vector<RowSlice> PlanLaunch(const std::vector<PendingRequest>& queue, int64
 // becomes a WireHiddenRows of the launch (no copy), or, with
 // `widen_wire_rows` (an engine that takes fp32), rows of the launch's fp32
 // hidden states, widened from the wire dtype (exact: such rows are in the
-// weights' dtype, server/api/request_parser.h).
+// weights' dtype, server/api/request_parser.h). A launch of one slice has
+// request_row_offset = its first_row, so an engine's error names the row in
+// the request; a launch of several has 0.
 SampleBatch ConcatenateSlices(const std::vector<RowSlice>& slices, int64_t hidden_size,
                               bool widen_wire_rows = false);
 

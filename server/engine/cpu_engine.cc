@@ -97,7 +97,8 @@ class CpuEngine final : public Engine {
       hidden_.assign(batch.hidden.begin(), batch.hidden.end());
       if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, hidden_.data(),
                                                     static_cast<int64_t>(hidden_.size()),
-                                                    shape_.hidden_size);
+                                                    shape_.hidden_size, "hidden_states",
+                                                    batch.request_row_offset);
           !s.ok()) {
         return s;
       }

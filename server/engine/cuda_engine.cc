@@ -225,7 +225,7 @@ class CudaEngine final : public Engine {
     }
     // A bad value in wire rows fails the batch whatever the sampler made of
     // it (its outputs are garbage then, never a crash).
-    if (absl::Status s = CheckWireRows(); !s.ok()) return s;
+    if (absl::Status s = CheckWireRows(batch.request_row_offset); !s.ok()) return s;
     return result;
   }
 
@@ -260,7 +260,8 @@ class CudaEngine final : public Engine {
       std::memcpy(staged, batch.hidden.data() + offset, count * sizeof(float));
       // Both launch paths then see the same (exactly representable) inputs.
       if (!batch.hidden_in_weight_dtype) {
-        if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, staged, static_cast<int64_t>(count));
+        if (absl::Status s = RoundHiddenToWeightDType(shape_.weight_dtype, staged, static_cast<int64_t>(count), d,
+                                                      "hidden_states", batch.request_row_offset + first);
             !s.ok()) {
           return s;
         }
@@ -366,8 +367,9 @@ class CudaEngine final : public Engine {
   }
 
   // InvalidArgument naming the first bad element of the batch's wire rows
-  // (row and column within the batch), after the stream has finished.
-  absl::Status CheckWireRows() {
+  // (its row counted from request_row_offset, SampleBatch), after the stream
+  // has finished.
+  absl::Status CheckWireRows(int64_t request_row_offset) {
     // Still pending (its download never enqueued): host_first_bad_ holds an
     // earlier batch's indices, which must not be read as this one's.
     if (wire_groups_.empty() || first_bad_pending_) return absl::OkStatus();
@@ -394,7 +396,7 @@ class CudaEngine final : public Engine {
       const float value = group.dtype == WeightDType::kFloat32    ? BitsToFloat(bits)
                           : group.dtype == WeightDType::kBFloat16 ? Bf16ToFloat(static_cast<uint16_t>(bits))
                                                                   : Fp16ToFloat(static_cast<uint16_t>(bits));
-      const int64_t r = group.first_row + static_cast<int64_t>(bad) / d;
+      const int64_t r = request_row_offset + group.first_row + static_cast<int64_t>(bad) / d;
       const int64_t c = static_cast<int64_t>(bad) % d;
       if (!std::isfinite(value)) {
         return absl::InvalidArgumentError(absl::StrCat("hidden_states[", r, "][", c, "] is ",

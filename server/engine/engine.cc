@@ -162,7 +162,7 @@ SampleResult SampleResultFromHostOutputs(const SampleBatch& batch, const int32_t
 }
 
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n, int64_t cols,
-                                      absl::string_view field) {
+                                      absl::string_view field, int64_t first_row) {
   if (dtype == WeightDType::kFloat32) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {
     const float v = dtype == WeightDType::kBFloat16 ? Bf16ToFloat(FloatToBf16(values[i]))
@@ -172,7 +172,7 @@ absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t 
     // the tie rounds up, to the even infinity).
     if (std::isinf(v)) {
       return HiddenOutOfRangeError(dtype, values[i],
-                                   cols > 0 ? absl::StrCat(field, "[", i / cols, "][", i % cols, "]")
+                                   cols > 0 ? absl::StrCat(field, "[", first_row + i / cols, "][", i % cols, "]")
                                             : absl::StrCat("element ", i));
     }
     values[i] = v;

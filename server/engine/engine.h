@@ -213,6 +213,13 @@ struct SampleBatch {
   // controls or drafts, and only where writes_device_outputs(device) is true
   // for each run's device.
   std::vector<DeviceOutputRows> device_outputs;
+  // When the batch is rows [k, k + rows) of one request (a part of a request
+  // the batcher split across launches), k; otherwise 0. An engine names a row
+  // in an error message as request_row_offset + its row in the batch, so the
+  // message places the value in the client's request. (A failing launch of
+  // several requests is re-run one request at a time, server/batching/
+  // dynamic_batcher.h, and only those runs' messages reach clients.)
+  int64_t request_row_offset = 0;
 };
 
 // Which kernel path served a launch: a label of the launches metric (a fixed
@@ -364,10 +371,11 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeCpuEngine(LmHead head, int64_t valid
 // in place; nothing changes for kFloat32. InvalidArgument, naming the dtype,
 // when a value rounds past the dtype's finite range (fp16: |h| >= 65520;
 // bf16: |h| >= 0x1.ffp127, near FLT_MAX). The message places the first such
-// value as field[row][col] for rows of `cols` values, or as "element i" when
-// cols is 0.
+// value as field[row][col] for rows of `cols` values, the first of them row
+// `first_row` (a batch's request_row_offset plus where `values` start in it),
+// or as "element i" when cols is 0.
 absl::Status RoundHiddenToWeightDType(WeightDType dtype, float* values, int64_t n, int64_t cols = 0,
-                                      absl::string_view field = "hidden_states");
+                                      absl::string_view field = "hidden_states", int64_t first_row = 0);
 
 // The one wording of that refusal (the CUDA engine's check on the device
 // says it too): InvalidArgument for `value`, placed by `where` (e.g.

@@ -317,7 +317,8 @@ class ShardedCudaEngine final : public Engine {
                              : RoundHiddenToWeightDType(shape_.weight_dtype,
                                                         static_cast<float*>(host_hidden_),
                                                         static_cast<int64_t>(batch.hidden.size()),
-                                                        shape_.hidden_size);
+                                                        shape_.hidden_size, "hidden_states",
+                                                        batch.request_row_offset);
         !s.ok()) {
       return s;
     }

@@ -17,6 +17,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/common/half_precision.h"
+#include "absl/synchronization/notification.h"
+#include "server/batching/dynamic_batcher.h"
 #include "server/engine/engine.h"
 #include "server/engine/pinned_host_staging.h"
 #include "tests/gpu/engine_test_batches.h"
@@ -454,6 +456,90 @@ TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
             std::string::npos)
       << out_of_range.status();
   EXPECT_TRUE(cuda->healthy());
+  // The same batches as rows of a request the batcher split: named by the
+  // request's row (request_row_offset + the batch row). And fp32 rows in the
+  // message (no wire run), rounded on the host: placed the same way.
+  batch.request_row_offset = 300;
+  const absl::StatusOr<SampleResult> later = cuda->Sample(batch);
+  EXPECT_NE(later.status().message().find("hidden_states[307][5] is infinite"), std::string::npos) << later.status();
+  huge.request_row_offset = 20;
+  const absl::StatusOr<SampleResult> later_huge = cuda->Sample(huge);
+  EXPECT_NE(later_huge.status().message().find("hidden_states[22][9]) is outside the bf16 range"), std::string::npos)
+      << later_huge.status();
+  SampleBatch host = RandomBatch(4, 79);
+  host.hidden_in_weight_dtype = false;
+  host.hidden[1 * kHidden + 6] = FLT_MAX;
+  host.request_row_offset = 8;
+  const absl::StatusOr<SampleResult> host_huge = cuda->Sample(host);
+  EXPECT_EQ(host_huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(host_huge.status().message().find("hidden_states[9][6]) is outside the bf16 range"), std::string::npos)
+      << host_huge.status();
+  EXPECT_TRUE(cuda->healthy());
+}
+
+// Through the batcher, launches of at most 4 rows: a bad value in a later
+// part of a split request is named by its row in the request, when that part
+// runs alone and when it is re-run alone after a launch it shared failed.
+TEST(CudaEngine, ABadValueInASplitRequestIsNamedByItsRequestRow) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  struct Request {
+    SampleBatch batch;
+    WireCopy copy;
+    absl::Notification done;
+    absl::Status status;
+  };
+  // `rows` bf16 host wire rows, `bad` at [bad_row][bad_col].
+  const auto make = [](Request& req, int64_t rows, int64_t bad_row, int64_t bad_col, float bad, uint64_t seed) {
+    req.batch = RandomBatch(rows, seed);
+    HiddenStates values = req.batch.hidden;
+    values[bad_row * kHidden + bad_col] = bad;
+    HiddenStates ignored = values;
+    req.batch.wire_hidden.push_back(
+        ToWire(values, 0, rows, WeightDType::kBFloat16, Place::kHost, &req.copy, &ignored));
+  };
+  const auto submit = [](DynamicBatcher& batcher, Request& req) {
+    batcher.Submit(&req.batch, [&req](absl::StatusOr<SampleResult> r) {
+      req.status = r.status();
+      req.done.Notify();
+    });
+  };
+  const auto start = [](DynamicBatcher& batcher) {
+    EngineOptions options;
+    options.max_batch_rows = 4;
+    absl::StatusOr<std::unique_ptr<Engine>> engine = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    batcher.SetEngine(*std::move(engine));
+  };
+  {
+    // Launches a[0,4), a[4,8), a[8,10): the NaN in row 9 is in the last,
+    // alone.
+    DynamicBatcher batcher(BatcherOptions{4, absl::ZeroDuration(), 1 << 12, 1});
+    start(batcher);
+    Request a;
+    make(a, 10, 9, 3, std::nanf(""), 90);
+    submit(batcher, a);
+    a.done.WaitForNotification();
+    EXPECT_EQ(a.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(a.status.message().find("hidden_states[9][3] is NaN"), std::string::npos) << a.status;
+    EXPECT_TRUE(batcher.ready());
+  }
+  {
+    // A launch waits for 4 rows (up to a minute): b[0,4), then b[4,6) with
+    // `good`'s 2 rows, which fails and is re-run one request at a time.
+    DynamicBatcher batcher(BatcherOptions{4, absl::Seconds(60), 1 << 12, 1});
+    start(batcher);
+    Request b, good;
+    make(b, 6, 5, 2, INFINITY, 91);
+    good.batch = RandomBatch(2, 92);
+    submit(batcher, b);
+    submit(batcher, good);
+    b.done.WaitForNotification();
+    good.done.WaitForNotification();
+    EXPECT_EQ(b.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status.message().find("hidden_states[5][2] is infinite"), std::string::npos) << b.status;
+    EXPECT_TRUE(good.status.ok()) << good.status;
+    EXPECT_TRUE(batcher.ready());
+  }
 }
 
 // The CUDA engine's DeviceUpload: on by default, device memory of the

@@ -111,6 +111,9 @@ TEST(BatchAssembly, DeviceOutputsFollowTheirSlice) {
   EXPECT_EQ(d.owner, owner);
   // The first part of b in an earlier launch.
   const SampleBatch first = ConcatenateSlices({{&b, 0, 2}}, kHidden);
+  EXPECT_EQ(launch.request_row_offset, 0);  // two requests: rows are named by the launch
+  EXPECT_EQ(first.request_row_offset, 0);
+  EXPECT_EQ(ConcatenateSlices({{&b, 2, 3}}, kHidden).request_row_offset, 2);  // b's rows 2-4 alone
   ASSERT_EQ(first.device_outputs.size(), 1u);
   EXPECT_EQ(first.device_outputs[0].first_row, 0);
   EXPECT_EQ(first.device_outputs[0].rows, 2);

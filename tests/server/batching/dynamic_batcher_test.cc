@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -54,9 +55,11 @@ class FakeEngine final : public Engine {
       healthy_ = false;
       return absl::InternalError("device lost");
     }
-    for (const RowParams& p : batch.params) {
-      if (poison_seed_ >= 0 && p.seed == static_cast<uint64_t>(poison_seed_.load())) {
-        return absl::FailedPreconditionError("a row has no token left to sample");
+    for (int64_t row = 0; row < batch.rows; ++row) {
+      if (poison_seed_ >= 0 && batch.params[row].seed == static_cast<uint64_t>(poison_seed_.load())) {
+        // Named as an engine names a row: from the batch's request_row_offset.
+        return absl::FailedPreconditionError(
+            absl::StrCat("row ", batch.request_row_offset + row, " has no token left to sample"));
       }
     }
     SampleResult r;
@@ -451,6 +454,7 @@ TEST(DynamicBatcher, ASplitRequestWithARefusedRowFailsAloneAndLeavesTheQueue) {
   ASSERT_EQ(small_outcome.code(), absl::StatusCode::kOk);
   EXPECT_THAT(small_outcome.result->token_ids, ElementsAre(50));
   EXPECT_EQ(big_outcome.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(big_outcome.result.status().message()), "row 1 has no token left to sample");
   EXPECT_EQ(batcher.queued_rows(), 0) << "the failed request's other rows must leave the queue";
   // small + big's first 3 rows, then small alone and big's 3 rows alone.
   EXPECT_THAT(engine->launches(), ElementsAre(1, 4, 1, 3));
@@ -459,6 +463,35 @@ TEST(DynamicBatcher, ASplitRequestWithARefusedRowFailsAloneAndLeavesTheQueue) {
   batcher.Submit(&later, later_outcome.Callback());
   ASSERT_EQ(later_outcome.code(), absl::StatusCode::kOk);
   EXPECT_THAT(later_outcome.result->token_ids, ElementsAre(70, 71));
+}
+
+// A refused row in a later part of a split request is named by its row in
+// the request, not in the launch: alone in its launch, and re-run alone after
+// a launch it shared with another request failed.
+TEST(DynamicBatcher, ARefusedRowInALaterPartOfASplitRequestIsNamedByItsRequestRow) {
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "the bad part shares a launch" : "the bad part is alone");
+    DynamicBatcher batcher(Options(4, absl::ZeroDuration()));
+    SampleBatch first = Batch(1, 1000);
+    Outcome first_outcome;
+    FakeEngine* engine = StartHeld(batcher, &first_outcome, &first);
+    engine->set_poison_seed(666);
+    SampleBatch big = Batch(6, 661), after = Batch(2, 20);  // big's row 5: seed 666
+    Outcome big_outcome, after_outcome;
+    batcher.Submit(&big, big_outcome.Callback());
+    if (shared) batcher.Submit(&after, after_outcome.Callback());
+    engine->Release();
+    EXPECT_EQ(big_outcome.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(std::string(big_outcome.result.status().message()), "row 5 has no token left to sample");
+    if (shared) {
+      ASSERT_EQ(after_outcome.code(), absl::StatusCode::kOk);
+      EXPECT_THAT(after_outcome.result->token_ids, ElementsAre(20, 21));
+      // big's rows 4-5 with `after`, then each alone.
+      EXPECT_THAT(engine->launches(), ElementsAre(1, 4, 4, 2, 2));
+    } else {
+      EXPECT_THAT(engine->launches(), ElementsAre(1, 4, 2));
+    }
+  }
 }
 
 TEST(DynamicBatcher, RefusesAtOnceWhenTheQueueIsFullAndRecovers) {

@@ -2,6 +2,7 @@
 // fp16 heads 16-bit, widened in the kernels), batches in, tokens out, and the
 // MakeEngine backend switch.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -95,6 +96,14 @@ TEST(CpuEngine, HiddenStatesAreRoundedToTheWeightDType) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->token_ids, b->token_ids);
   EXPECT_EQ(a->logz, b->logz);  // bit-identical: the engine saw the same inputs
+  // A value past bf16's range is refused and placed by its row in the
+  // request: rows 40-55 of a split request name row 40 + 3.
+  raw.hidden[3 * kHidden + 5] = FLT_MAX;
+  raw.request_row_offset = 40;
+  const absl::StatusOr<SampleResult> bad = (*engine)->Sample(raw);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("(hidden_states[43][5]) is outside the bf16 range"), std::string::npos)
+      << bad.status();
 }
 
 TEST(CpuEngine, ValidVocabMasksPaddingRows) {

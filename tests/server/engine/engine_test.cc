@@ -140,6 +140,10 @@ TEST(RoundHiddenToWeightDType, Bf16OverflowNearFltMaxIsInvalidAndNamesBf16) {
   const absl::Status s = RoundHiddenToWeightDType(WeightDType::kBFloat16, rows.data(), 6, 3, "h");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("(h[1][1]) is outside the bf16 range"), std::string::npos) << s;
+  // Rows numbered from first_row (a part of a split request).
+  rows[4] = FLT_MAX;
+  const absl::Status later = RoundHiddenToWeightDType(WeightDType::kBFloat16, rows.data(), 6, 3, "h", 40);
+  EXPECT_NE(std::string(later.message()).find("(h[41][1]) is outside the bf16 range"), std::string::npos) << later;
 }
 
 TEST(SampleResultFromHostOutputs, FillsWhatTheBatchAskedFor) {
