@@ -5,8 +5,9 @@
 // rows and whose response the verify finalizer assembles), handed to the
 // DynamicBatcher with the call's deadline and cancellation, and finished from
 // the batcher's callback, so no gRPC thread blocks on compute. SampleStream handles one request at a time per stream,
-// which keeps responses in request order; an invalid request ends the stream
-// with its status. Errors are mapped to gRPC codes once, by ToGrpcStatus.
+// which keeps responses in request order; a request that fails, whatever the
+// reason (invalid, queue full, deadline, engine error), ends the stream with
+// its status. Errors are mapped to gRPC codes once, by ToGrpcStatus.
 // On shutdown, BeginDrain closes open streams (UNAVAILABLE) as soon as they are
 // idle, so the drain waits only for real work.
 //
