@@ -286,7 +286,9 @@ uint64_t OutputBytes(int64_t rows, bool logz, bool logprobs) {
 }
 
 // Empties `p` for the next parse; vectors keep their capacity.
-void ResetKeepingBuffers(ParsedSampleRequest* p) {
+}  // namespace
+
+void ClearParsedSampleRequest(ParsedSampleRequest* p) {
   SampleBatch& b = p->batch;
   b.rows = 0;
   b.hidden.clear();
@@ -302,6 +304,8 @@ void ResetKeepingBuffers(ParsedSampleRequest* p) {
   p->request_id.clear();
   p->output.reset();
 }
+
+namespace {
 
 bool TemperatureIsValid(float t) {
   return std::isfinite(t) && (t == 0.0f || t >= kMinTemperature);
@@ -356,7 +360,7 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
     return absl::FailedPreconditionError("this server does not serve memory regions");
   }
   ParsedSampleRequest& parsed = *out;
-  ResetKeepingBuffers(&parsed);
+  ClearParsedSampleRequest(&parsed);
   SampleBatch& batch = parsed.batch;
   absl::StatusOr<int64_t> decoded =
       DecodeHidden(request.hidden_states(), "hidden_states", shape.hidden_size, limits.max_request_rows,

@@ -87,6 +87,14 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
                                     const MemoryRegions* regions, const WireInput* wire,
                                     ParsedSampleRequest* out, bool widen_in_batcher = false);
 
+// Empties `parsed` but keeps its buffers' capacity (as ParseSampleRequestInto
+// does first), and so drops whatever it holds of others: region slices (a
+// region stays open while a request holds one of its slices), pinned staging,
+// uploads. A stream or local connection, which parses every message into one
+// ParsedSampleRequest, has it cleared once a message's answer is built, so
+// these go then and not with its next message.
+void ClearParsedSampleRequest(ParsedSampleRequest* parsed);
+
 // The response for a parsed request and its engine result; with
 // parsed.output, token ids, logz and logprobs are written to that slice
 // instead (an error when the region cannot be written; nothing to write when

@@ -130,7 +130,6 @@ class SampleStreamReactor final
   SamplerService* const service_;
   grpc::CallbackServerContext* const context_;
   v1::SampleRequest request_;
-  ParsedSampleRequest parsed_;
   v1::SampleResponse response_;
   absl::Mutex mu_;
   bool sampling_ ABSL_GUARDED_BY(mu_) = false;  // a request is being sampled or written
@@ -216,6 +215,10 @@ void SamplerService::Finished() {
 
 void SamplerService::AnswerSample(SampleCall* call, grpc::Status status) {
   Answering(call->method, call->start, call->parsed.batch.rows, status.error_code());
+  // The response is built and the batcher is done with the batch: a stream's
+  // or a local connection's request lets go of its regions, staging and
+  // uploads now (an unregistered region closes), not at its next message.
+  ClearParsedSampleRequest(&call->parsed);
   call->Answer(std::move(status));  // may delete `call` (a unary call)
   Finished();
 }

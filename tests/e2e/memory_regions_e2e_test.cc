@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/sampler_client.h"
 #include "client/shared_memory_buffer.h"
+#include "flashsampler/v1/sampler.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/server_process.h"
@@ -168,6 +171,57 @@ TEST_F(MemoryRegionsE2E, AStreamOfRegionRequestsMatchesTheGrpcPath) {
     EXPECT_THAT(ReadResults(500000 + 1000 * i, 16).token_ids(),
                 ::testing::ElementsAreArray((*want)[i].token_ids())) << i;
   }
+}
+
+// How many of the server's descriptors name the shared-memory object `key`.
+int ServerDescriptorsOf(pid_t pid, const std::string& key) {
+  int n = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), error)) {
+    std::error_code link_error;
+    const std::filesystem::path target = std::filesystem::read_symlink(entry.path(), link_error);
+    if (!link_error && target.string().rfind("/dev/shm" + key, 0) == 0) ++n;
+  }
+  EXPECT_FALSE(error) << error.message();
+  return n;
+}
+
+// A stream that used a region lets go of it with its answer: unregistered
+// while the stream stays open, the region closes at once (the server keeps no
+// descriptor of the object), as after a unary call.
+TEST_F(MemoryRegionsE2E, AnOpenStreamDoesNotHoldARegionItUsedBefore) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> held =
+      SharedMemoryBuffer::Create(absl::StrCat("/fs-e2e-", getpid(), "-held"), 1 << 20);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(client_->RegisterSystemSharedMemory("held", (*held)->key(), (*held)->byte_size()).ok());
+  EXPECT_EQ(ServerDescriptorsOf(server_->pid(), (*held)->key()), 1);
+  v1::SampleRequest request = BytesRequest(4, 31);
+  const std::string& data = request.hidden_states().data();
+  std::memcpy((*held)->data(), data.data(), data.size());
+  request.mutable_hidden_states_region()->set_region("held");
+  request.mutable_hidden_states_region()->set_byte_size(data.size());
+  request.mutable_hidden_states()->clear_data();
+  request.mutable_output_region()->set_region("held");
+  request.mutable_output_region()->set_offset(1 << 19);
+  request.mutable_output_region()->set_byte_size(4 * 12);
+  std::unique_ptr<v1::Sampler::Stub> stub =
+      v1::Sampler::NewStub(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SampleRequest, v1::SampleResponse>> stream =
+      stub->SampleStream(&context);
+  ASSERT_TRUE(stream->Write(request));
+  v1::SampleResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  // The stream is open and idle; its last request named the region twice.
+  ASSERT_TRUE(client_->UnregisterRegion("held").ok());
+  EXPECT_EQ(ServerDescriptorsOf(server_->pid(), (*held)->key()), 0);
+  // The stream still serves (a request through the fixture's region).
+  ASSERT_TRUE(stream->Write(ThroughRegion(BytesRequest(2, 32), 0, 4096)));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.token_ids_size(), 0);  // the results went to the region
+  stream->WritesDone();
+  const grpc::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_message();
 }
 
 TEST_F(MemoryRegionsE2E, EveryBoundViolationGetsItsErrorAndTheServerStaysUp) {
