@@ -225,19 +225,21 @@ absl::StatusOr<std::unique_ptr<LocalChannelServer>> LocalChannelServer::Start(
     }
   }
   // Before listen: nobody can connect while the file has the umask's mode.
-  if (chmod(options.path.c_str(), 0600) != 0 || listen(fd, 128) != 0) {
+  struct stat bound {};
+  if (chmod(options.path.c_str(), 0600) != 0 || lstat(options.path.c_str(), &bound) != 0 || listen(fd, 128) != 0) {
     const absl::Status status = Errno("listen", options.path);
     unlink(options.path.c_str());
     return fail(status);
   }
-  std::unique_ptr<LocalChannelServer> server(new LocalChannelServer(std::move(options), service, fd));
+  std::unique_ptr<LocalChannelServer> server(
+      new LocalChannelServer(std::move(options), service, fd, SocketFileId{bound.st_dev, bound.st_ino}));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
 LocalChannelServer::LocalChannelServer(LocalChannelOptions options, SamplerService* service,
-                                       int listen_fd)
-    : options_(std::move(options)), service_(service), listen_fd_(listen_fd) {}
+                                       int listen_fd, SocketFileId file)
+    : options_(std::move(options)), service_(service), listen_fd_(listen_fd), file_(file) {}
 
 LocalChannelServer::~LocalChannelServer() { Stop(); }
 
@@ -311,7 +313,12 @@ void LocalChannelServer::Stop() {
   for (const std::unique_ptr<Connection>& c : connections_) c->Close();
   connections_.clear();  // joins every connection's thread
   close(listen_fd_);
-  unlink(options_.path.c_str());
+  // Only this server's own socket file: once its listener is shut (BeginDrain),
+  // another server may have taken the path, and its file stays.
+  struct stat st {};
+  if (lstat(options_.path.c_str(), &st) == 0 && st.st_dev == file_.device && st.st_ino == file_.inode) {
+    unlink(options_.path.c_str());
+  }
 }
 
 }  // namespace flashsampler

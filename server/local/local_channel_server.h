@@ -45,6 +45,8 @@
 //   destructor Stops.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -79,14 +81,22 @@ class LocalChannelServer {
                                                                    SamplerService* service);
   ~LocalChannelServer();
 
+  // Stops accepting (the listener is shut; another server may then take the
+  // path) and ends each connection after its current request.
   void BeginDrain();
+  // Ends every connection and removes the socket file if it is still the
+  // one this server bound.
   void Stop();
   const std::string& path() const { return options_.path; }
 
   class Connection;  // local_channel_server.cc
 
  private:
-  LocalChannelServer(LocalChannelOptions options, SamplerService* service, int listen_fd);
+  struct SocketFileId {  // the socket file this server bound
+    dev_t device;
+    ino_t inode;
+  };
+  LocalChannelServer(LocalChannelOptions options, SamplerService* service, int listen_fd, SocketFileId file);
   void AcceptLoop();
   // Joins and frees the connections whose thread has ended.
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -94,6 +104,7 @@ class LocalChannelServer {
   const LocalChannelOptions options_;
   SamplerService* const service_;
   const int listen_fd_;
+  const SocketFileId file_;
   std::thread accept_thread_;
   bool stopped_ = false;  // main's thread only
   absl::Mutex mu_;

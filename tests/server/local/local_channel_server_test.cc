@@ -9,6 +9,7 @@
 #include "server/local/local_channel_server.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -312,6 +313,31 @@ TEST_F(LocalChannelServerTest, TheDrainEndsIdleConnectionsWithAGoodbyeAndStopJoi
   // New connections are refused: nobody listens any more.
   EXPECT_FALSE(LocalSamplerClient::Connect(dir_.Path("s.sock")).ok());
   Shutdown();
+}
+
+// A server started on the path while the old one drains (its listener is
+// shut, so the file looks stale) keeps its socket file when the old one stops.
+TEST_F(LocalChannelServerTest, StoppingLeavesTheSocketFileOfANewerServerOnThePath) {
+  service_->BeginDrain();
+  server_->BeginDrain();
+  DynamicBatcher batcher(BatcherOptions{});
+  batcher.SetEngine(CpuEngine());
+  SamplerService service(&batcher, RequestLimits{1024}, nullptr);
+  LocalChannelOptions options;
+  options.path = dir_.Path("s.sock");
+  absl::StatusOr<std::unique_ptr<LocalChannelServer>> newer = LocalChannelServer::Start(options, &service);
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  Shutdown();  // the old server stops
+  std::unique_ptr<LocalSamplerClient> client = Connect();
+  ASSERT_NE(client, nullptr) << "the newer server's socket file is gone";
+  EXPECT_TRUE(client->Sample(Request(1, 80)).ok());
+  client.reset();
+  service.BeginDrain();
+  (*newer)->BeginDrain();
+  batcher.Stop();
+  (*newer)->Stop();
+  struct stat st {};
+  EXPECT_NE(lstat(options.path.c_str(), &st), 0) << "a server removes its own socket file";
 }
 
 }  // namespace
