@@ -248,7 +248,7 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
       // whose loads need elements at their natural alignment: a misaligned
       // address would fault the device (and stop its context for every
       // later request), so such a slice is read through the host instead.
-      const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset);
+      const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset, slice->byte_size);
       if (device.data != nullptr && device.device == regions->in_place_device() &&
           reinterpret_cast<uintptr_t>(device.data) % static_cast<uintptr_t>(WireDTypeSize(t.dtype())) == 0) {
         return add_run(device.data, device.device, false, slice->region);

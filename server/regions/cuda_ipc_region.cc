@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "server/regions/mapped_pages.h"
 #include "server/regions/memory_regions.h"
 
 namespace flashsampler {
@@ -85,10 +86,10 @@ class CudaIpcRegion final : public MemoryRegion {
   absl::Status Write(uint64_t offset, const void* src, uint64_t size) const override {
     return Copy(base_ + start_ + offset, src, size, cudaMemcpyHostToDevice, "writing");
   }
-  DeviceAddress DeviceAddressOf(uint64_t offset) const override {
+  DeviceAddress DeviceAddressOf(uint64_t offset, uint64_t /*size*/) const override {
     return {base_ + start_ + offset, device_};
   }
-  DeviceAddress DeviceWritableAddressOf(uint64_t offset) const override { return DeviceAddressOf(offset); }
+  DeviceAddress DeviceWritableAddressOf(uint64_t offset) const override { return DeviceAddressOf(offset, 0); }
 
  private:
   absl::Status Copy(void* dst, const void* src, uint64_t size, cudaMemcpyKind kind,
@@ -115,18 +116,24 @@ class CudaIpcRegion final : public MemoryRegion {
 // neither the server's code nor its kernels write through it.
 class RegisteredMapping final : public DeviceReadableMapping {
  public:
-  RegisteredMapping(void* base, size_t length, const char* device_data, int device)
-      : base_(base), length_(length), device_data_(device_data), device_(device) {}
+  RegisteredMapping(void* base, size_t length, uint64_t start_in_mapping, const char* device_data, int device)
+      : base_(base), length_(length), host_data_(static_cast<const char*>(base) + start_in_mapping),
+        device_data_(device_data), device_(device) {}
   ~RegisteredMapping() override {
     cudaHostUnregister(base_);
     munmap(base_, length_);
   }
   const char* device_data() const override { return device_data_; }
   int device() const override { return device_; }
+  bool StillPinned(uint64_t offset, uint64_t size) const override {
+    const absl::StatusOr<bool> present = MappedPagesPresent(host_data_ + offset, size);
+    return present.ok() && *present;
+  }
 
  private:
   void* const base_;
   const size_t length_;
+  const char* const host_data_;  // the object's byte `start` in this mapping
   const char* const device_data_;
   const int device_;
 };
@@ -148,8 +155,12 @@ std::unique_ptr<DeviceReadableMapping> MapForDeviceReads(int fd, uint64_t start,
     if (cudaHostRegister(base, length, flags) == cudaSuccess) {
       void* device_base = nullptr;
       if (cudaHostGetDevicePointer(&device_base, base, 0) == cudaSuccess) {
-        return std::make_unique<RegisteredMapping>(
-            base, length, static_cast<const char*>(device_base) + (start - aligned), device);
+        auto mapping = std::make_unique<RegisteredMapping>(
+            base, length, start - aligned, static_cast<const char*>(device_base) + (start - aligned), device);
+        // The pinning made every page present; where pagemap cannot say so,
+        // a later truncation could not be seen: read with pread instead.
+        if (mapping->StillPinned(0, size)) return mapping;
+        return nullptr;  // unregisters and unmaps
       }
       cudaHostUnregister(base);
     }

@@ -88,17 +88,20 @@ class SystemSharedMemoryRegion final : public MemoryRegion {
 
   uint64_t byte_size() const override { return byte_size_; }
   // The device reads the pages pinned at registration. An object shrunk
-  // since (one fstat, about a microsecond) gets no address, now and later:
-  // the caller reads with pread, which reports the truncation, and a
-  // regrown object is read afresh, not from the old pinned pages. One
-  // shrunk while a launch reads it leaves the device reading the old
-  // pages, never a fault (on hosts whose GPU reads host memory through
-  // pinned DMA mappings, i.e. over PCIe; not checked where the GPU walks
-  // the host's page tables, as on Grace Hopper).
-  DeviceAddress DeviceAddressOf(uint64_t offset) const override {
+  // since (one fstat, about a microsecond), or whose pages under the slice
+  // are no longer those pinned (truncated and grown back, or a hole punched:
+  // StillPinned, one read of /proc/self/pagemap, 8 bytes per 4 KiB page),
+  // gets no address, now and later: the caller reads with pread, which
+  // reports a truncation, and a regrown object is read afresh, not from the
+  // old pinned pages. One changed while a launch reads it leaves the device
+  // reading the old pages for that launch, never a fault (on hosts whose GPU
+  // reads host memory through pinned DMA mappings, i.e. over PCIe; not
+  // checked where the GPU walks the host's page tables, as on Grace Hopper).
+  DeviceAddress DeviceAddressOf(uint64_t offset, uint64_t size) const override {
     if (mapping_ == nullptr || shrunk_.load(std::memory_order_relaxed)) return {};
     struct stat st {};
-    if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < start_ + byte_size_) {
+    if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < start_ + byte_size_ ||
+        !mapping_->StillPinned(offset, size)) {
       shrunk_.store(true, std::memory_order_relaxed);
       return {};
     }

@@ -59,16 +59,19 @@ class MemoryRegion {
                                   const PieceConsumer& consume) const = 0;
   // Copies `size` bytes of host memory `src` to [offset, offset + size).
   virtual absl::Status Write(uint64_t offset, const void* src, uint64_t size) const = 0;
-  // The device address of `offset` for an engine on `device`: GPU memory
-  // (CUDA IPC), or host memory mapped into that device's address space (a
-  // shared-memory region, read over the bus). {nullptr, -1} where there is
-  // none: the bytes are then read through Read / ReadPieces.
+  // The device address of `offset`, for an engine on `device` to read
+  // [offset, offset + size) in place: GPU memory (CUDA IPC), or host memory
+  // mapped into that device's address space (a shared-memory region, read
+  // over the bus). {nullptr, -1} where there is none, or where those bytes
+  // may no longer be the object's: they are then read through Read /
+  // ReadPieces.
   struct DeviceAddress {
     const void* data = nullptr;
     int device = -1;
   };
-  virtual DeviceAddress DeviceAddressOf(uint64_t offset) const {
+  virtual DeviceAddress DeviceAddressOf(uint64_t offset, uint64_t size) const {
     (void)offset;
+    (void)size;
     return {};
   }
   // The same where the device may also write there (GPU memory; a
@@ -120,8 +123,10 @@ struct MemoryRegionsOptions {
   // (DeviceReadableMapping) when the engine widens hidden states on a GPU.
   // The GPU reads pinned pages: a caller that shrinks the object cannot
   // fault the server, and a request on a shrunk object is refused as with
-  // pread (DeviceAddressOf checks the object's size; once shrunk, a region
-  // is read with pread for good, so a regrown object is read afresh).
+  // pread (DeviceAddressOf checks the object's size, and that the pages are
+  // still the object's: MappedPagesPresent, server/regions/mapped_pages.h;
+  // once shrunk, truncated or holed, a region is read with pread for good,
+  // so a regrown object is read afresh, never from the old pinned pages).
   bool map_shared_memory_for_device = true;
   // Pinned host memory all mapped regions may hold at once: a region that
   // would take the total past it is read with pread instead. Pinned pages
@@ -206,11 +211,17 @@ class DeviceReadableMapping {
   virtual ~DeviceReadableMapping() = default;
   virtual const char* device_data() const = 0;  // the object's byte `start`, a device address
   virtual int device() const = 0;
+  // Whether the object's bytes [start + offset, start + offset + size) are
+  // still on the pages pinned at registration: false once the object was
+  // truncated there (even if grown back since) or had a hole punched there
+  // (MappedPagesPresent on the mapping, which the CPU never touches).
+  virtual bool StillPinned(uint64_t offset, uint64_t size) const = 0;
 };
 
 // Maps `fd`'s [start, start + size) for CUDA device `device` to read
 // (server/regions/cuda_ipc_region.cc in CUDA builds); null where it cannot (no
-// CUDA, or the driver refuses), and the region is then read with pread.
+// CUDA, the driver refuses, or StillPinned cannot tell: no readable
+// /proc/self/pagemap), and the region is then read with pread.
 std::unique_ptr<DeviceReadableMapping> MapForDeviceReads(int fd, uint64_t start, uint64_t size, int device);
 
 // Opens a CUDA IPC handle (server/regions/cuda_ipc_region.cc in CUDA builds; in

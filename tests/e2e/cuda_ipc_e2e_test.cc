@@ -215,16 +215,16 @@ void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool trunca
   EXPECT_EQ(listed->regions(0).read_in_place(), in_place);
   const uint64_t out_offset = 3 << 20;
   uint64_t in_offset = 4096;
-  const auto through_shm = [&](v1::SampleRequest request) {
+  const auto through_shm = [&](v1::SampleRequest request, const std::string& region = "host") {
     const std::string& data = request.hidden_states().data();
     std::memcpy((*shm)->data() + in_offset, data.data(), data.size());
     v1::RegionSlice* in = request.mutable_hidden_states_region();
-    in->set_region("host");
+    in->set_region(region);
     in->set_offset(in_offset);
     in->set_byte_size(data.size());
     request.mutable_hidden_states()->clear_data();
     v1::RegionSlice* out = request.mutable_output_region();
-    out->set_region("host");
+    out->set_region(region);
     out->set_offset(out_offset);
     out->set_byte_size(request.hidden_states().shape(0) * 12);
     return request;
@@ -265,6 +265,32 @@ void CheckSharedMemory(SamplerClient* client, ServerProcess* server, bool trunca
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("hidden_states[3][7] is NaN"));
   if (truncate) {
+    // The object changed under the region between two requests, unseen by
+    // any request: shrunk and grown back (region "host"), or a hole punched
+    // where the rows lie (region "holed", registered after). New rows are
+    // written, and the answer is theirs: a GPU that read the region in place
+    // must not read the old pages pinned at registration.
+    const auto expect_fresh_rows = [&](const std::string& region, uint64_t seed) {
+      const v1::SampleRequest bytes = BytesRequest(4, seed);
+      absl::StatusOr<v1::SampleResponse> want = client->Sample(bytes);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(client->Sample(through_shm(bytes, region)).ok());
+      std::vector<int32_t> tokens(4);
+      std::memcpy(tokens.data(), (*shm)->data() + out_offset, 4 * 4);
+      EXPECT_THAT(tokens, ElementsAreArray(want->token_ids())) << region << ", seed " << seed;
+    };
+    expect_fresh_rows("host", 50);
+    const int regrow = shm_open(key.c_str(), O_RDWR, 0);
+    ASSERT_GE(regrow, 0);
+    ASSERT_EQ(ftruncate(regrow, 0), 0);
+    ASSERT_EQ(ftruncate(regrow, 4 << 20), 0);  // this process's mapping maps the new pages
+    expect_fresh_rows("host", 51);
+    ASSERT_TRUE(client->RegisterSystemSharedMemory("holed", key, 4 << 20).ok());
+    expect_fresh_rows("holed", 52);
+    ASSERT_EQ(fallocate(regrow, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, in_offset, 4096), 0);
+    expect_fresh_rows("holed", 53);
+    close(regrow);
+    EXPECT_TRUE(client->UnregisterRegion("holed").ok());
     // (This process must not touch its own mapping from here on: SIGBUS.)
     const v1::SampleRequest after_truncation = through_shm(BytesRequest(4, 6));
     const int fd = shm_open(key.c_str(), O_RDWR, 0);

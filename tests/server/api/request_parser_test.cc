@@ -605,9 +605,11 @@ class FakeInPlaceRegion final : public MemoryRegion {
     return absl::DataLossError("read through the host");
   }
   absl::Status Write(uint64_t, const void*, uint64_t) const override { return absl::OkStatus(); }
-  DeviceAddress DeviceAddressOf(uint64_t offset) const override { return DeviceAddress{base_ + offset, device_}; }
+  DeviceAddress DeviceAddressOf(uint64_t offset, uint64_t /*size*/) const override {
+    return DeviceAddress{base_ + offset, device_};
+  }
   DeviceAddress DeviceWritableAddressOf(uint64_t offset) const override {
-    return host_mapped_ ? DeviceAddress{} : DeviceAddressOf(offset);
+    return host_mapped_ ? DeviceAddress{} : DeviceAddressOf(offset, 0);
   }
 
  private:

@@ -59,7 +59,7 @@ TEST(MemoryRegions, ReadsAndWritesTheRegisteredRangeOfTheObject) {
   EXPECT_EQ(list[0].byte_size, 2000u);
   EXPECT_EQ(list[0].kind, RegionDescription::Kind::kSystemSharedMemory);
   EXPECT_FALSE(list[0].read_in_place);  // no engine reads on a GPU here
-  EXPECT_EQ(slice->region->DeviceAddressOf(0).data, nullptr);
+  EXPECT_EQ(slice->region->DeviceAddressOf(0, 1).data, nullptr);
 }
 
 TEST(MemoryRegions, RegistrationChecksNameKeySizeAndTheObject) {
