@@ -416,6 +416,14 @@ grpc::ServerUnaryReactor* SamplerService::RegisterRegion(grpc::CallbackServerCon
   absl::Status status;
   if (regions_ == nullptr) {
     status = RegionsOff();
+  } else if (!batcher_->ready()) {
+    // The regions learn the engine's GPUs when it is loaded: before that a
+    // shared-memory region would never be mapped for the GPU to read in
+    // place, and a CUDA IPC one would be refused as on a device the engine
+    // does not use. Both are for later, as is any request.
+    status = absl::UnavailableError(
+        "the server is not serving (its LM head is still loading, or its engine failed); "
+        "register regions once health reports SERVING");
   } else if (request->has_system()) {
     status = regions_->RegisterSystemSharedMemory(request->name(), request->system().key(),
                                                   request->system().offset(), request->byte_size());
