@@ -8,11 +8,13 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/shared_memory_buffer.h"
 #include "gtest/gtest.h"
 #include "server/model/lm_head.h"
+#include "tests/common/loopback_sampler.h"
 
 namespace flashsampler {
 namespace {
@@ -20,14 +22,10 @@ namespace {
 class SamplerServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::Sampler::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    testing::LoopbackSampler loopback = testing::StartLoopbackSampler(&service_);
+    ASSERT_NE(loopback.server, nullptr);
+    server_ = std::move(loopback.server);
+    stub_ = std::move(loopback.stub);
   }
   void TearDown() override {
     server_->Shutdown();

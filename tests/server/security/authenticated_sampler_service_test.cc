@@ -3,8 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <utility>
 
 #include "gtest/gtest.h"
+#include "tests/common/loopback_sampler.h"
 
 namespace flashsampler {
 namespace {
@@ -52,14 +54,10 @@ class FakeSampler final : public v1::Sampler::CallbackService {
 class AuthenticatedSamplerServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::Sampler::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    testing::LoopbackSampler loopback = testing::StartLoopbackSampler(&service_);
+    ASSERT_NE(loopback.server, nullptr);
+    server_ = std::move(loopback.server);
+    stub_ = std::move(loopback.stub);
   }
   void TearDown() override { server_->Shutdown(); }
 
