@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -36,6 +37,9 @@ absl::Status SocketError(absl::string_view what, int err) {
 
 // Reads exactly `n` bytes. `*got` counts what arrived before an end of
 // stream or an error; `*eof` says the stream ended.
+// ReadFrame's first piece of a payload; later pieces double what has come.
+constexpr size_t kFirstPayloadPiece = 64 << 10;
+
 absl::Status ReadFull(int fd, uint8_t* data, size_t n, size_t* got, bool* eof) {
   *got = 0;
   *eof = false;
@@ -172,13 +176,20 @@ absl::StatusOr<FrameHeader> ReadFrame(int fd, uint32_t max_payload_bytes, std::s
   }
   absl::StatusOr<FrameHeader> header = DecodeFrameHeader(head, max_payload_bytes);
   if (!header.ok()) return header.status();
-  payload->resize(header->payload_bytes);
-  if (header->payload_bytes > 0) {
-    if (absl::Status s = ReadFull(fd, reinterpret_cast<uint8_t*>(payload->data()),
-                                  header->payload_bytes, &got, &eof);
+  // The payload grows as its bytes arrive, at most doubling what has come:
+  // a header that announces a large frame commits memory only for bytes
+  // actually sent (a peer that sends the header and stalls holds 64 KiB).
+  const size_t total = header->payload_bytes;
+  payload->clear();
+  for (size_t received = 0; received < total;) {
+    const size_t target = std::min(total, std::max(kFirstPayloadPiece, 2 * received));
+    payload->resize(target);
+    if (absl::Status s = ReadFull(fd, reinterpret_cast<uint8_t*>(payload->data()) + received,
+                                  target - received, &got, &eof);
         !s.ok()) {
       return s;
     }
+    received = target;
   }
   return header;
 }

@@ -81,7 +81,8 @@ absl::Status SendBytes(int fd, absl::string_view data, size_t* sent, bool block)
 // while it polls.
 void PollForData(int fd, absl::Duration spin);
 
-// Reads one frame into `*payload` (resized to its length). OutOfRange when
+// Reads one frame into `*payload` (resized to its length; memory is taken
+// as the payload's bytes arrive, not when the header announces them). OutOfRange when
 // the peer closed the connection cleanly before a frame began; Unavailable
 // on an error or a connection closed inside a frame; DeadlineExceeded when
 // the socket's receive timeout (SO_RCVTIMEO) ran out; DecodeFrameHeader's

@@ -136,6 +136,23 @@ TEST(LocalFrame, AStreamThatEndsInsideAFrameIsUnavailable) {
   }
 }
 
+// A header that announces 32 MiB followed by 10 bytes and the end: the reader
+// never took memory for the 32 MiB that did not come.
+TEST(LocalFrame, AnAnnouncedPayloadTakesMemoryOnlyAsItsBytesArrive) {
+  SocketPair pair;
+  FrameHeader h;
+  h.payload_bytes = 32u << 20;
+  uint8_t head[kFrameHeaderBytes];
+  EncodeFrameHeader(h, head);
+  const std::string sent_bytes = std::string(reinterpret_cast<const char*>(head), sizeof(head)) + "0123456789";
+  size_t sent = 0;
+  ASSERT_TRUE(SendBytes(pair.fd[0], sent_bytes, &sent, true).ok());
+  pair.Close(0);
+  std::string payload;
+  EXPECT_EQ(ReadFrame(pair.fd[1], 64u << 20, &payload).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LE(payload.capacity(), size_t{1} << 20);
+}
+
 TEST(LocalFrame, ANonBlockingSendStopsWhereTheSocketIsFull) {
   SocketPair pair;
   const std::string data(8 << 20, 'x');  // far more than the socket buffers
