@@ -44,6 +44,11 @@ absl::StatusOr<std::unique_ptr<LocalSamplerClient>> LocalSamplerClient::Connect(
 
 LocalSamplerClient::~LocalSamplerClient() { close(fd_); }
 
+bool LocalSamplerClient::broken() const {
+  absl::MutexLock lock(&mu_);
+  return !broken_.ok();
+}
+
 absl::StatusOr<v1::SampleResponse> LocalSamplerClient::Sample(const v1::SampleRequest& request,
                                                               absl::Duration timeout) {
   absl::MutexLock lock(&mu_);

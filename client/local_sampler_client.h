@@ -57,13 +57,17 @@ class LocalSamplerClient {
   // at most ~71 minutes); the client waits a second longer for the answer.
   absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& request,
                                             absl::Duration timeout = absl::Seconds(60));
+  // True after a connection-level failure (the server refused the connection,
+  // e.g. RESOURCE_EXHAUSTED past its connection limit, closed it, or broke
+  // it): every later Sample fails at once with that status.
+  bool broken() const;
 
  private:
   LocalSamplerClient(int fd, Options options) : fd_(fd), options_(options) {}
 
   const int fd_;
   const Options options_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // a connection-level failure, sticky
   absl::Duration receive_timeout_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();

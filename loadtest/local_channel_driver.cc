@@ -29,26 +29,30 @@ StepResult LocalChannelDriver::RunClosedLoop(int concurrency) {
     threads.emplace_back([this, &recorder, end] {
       std::unique_ptr<LocalSamplerClient> client;
       while (Clock::now() < end) {
-        const Clock::time_point sent = Clock::now();
         if (client == nullptr) {
+          const Clock::time_point tried = Clock::now();
           absl::StatusOr<std::unique_ptr<LocalSamplerClient>> connected =
               LocalSamplerClient::Connect(socket_path_, client_options_);
           if (!connected.ok()) {
-            recorder.Record(sent, Clock::now(), static_cast<grpc::StatusCode>(connected.status().code()));
+            recorder.Record(tried, Clock::now(), static_cast<grpc::StatusCode>(connected.status().code()));
             std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no busy loop on a dead socket
             continue;
           }
           client = *std::move(connected);
         }
+        // Sent after the connect: a request's latency never includes it.
+        const Clock::time_point sent = Clock::now();
         const v1::SampleRequest& request =
             requests_[next_request_.fetch_add(1, std::memory_order_relaxed) % requests_.size()];
         absl::StatusOr<v1::SampleResponse> response = client->Sample(request, options_.timeout);
         recorder.Record(sent, Clock::now(), static_cast<grpc::StatusCode>(response.status().code()));
-        // A connection-level failure leaves the client unusable: open a new one.
-        if (!response.ok() && (absl::IsUnavailable(response.status()) ||
-                               absl::IsDeadlineExceeded(response.status()) ||
-                               absl::IsInternal(response.status()))) {
+        // A connection-level failure (whatever its code: RESOURCE_EXHAUSTED
+        // when the server is at its connection limit, a goodbye, a broken
+        // socket) leaves the client failing every call at once: open a new
+        // one, after a pause, so no thread spins on a refused connection.
+        if (client->broken()) {
           client.reset();
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
       }
     });

@@ -251,6 +251,7 @@ TEST_F(LocalChannelE2E, ARequestsErrorLeavesTheConnectionOpen) {
   absl::StatusOr<v1::SampleResponse> after = local->Sample(BytesRequest(2, 3));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->token_ids_size(), 2);
+  EXPECT_FALSE(local->broken());  // a request's error is not the connection's
 
   // A payload that is no SampleRequest: its call id's error, then the
   // connection serves the next frame.
@@ -374,6 +375,10 @@ TEST_F(LocalChannelE2E, ConnectionsBeyondTheLimitAreRefused) {
   absl::StatusOr<v1::SampleResponse> r = extra->Sample(BytesRequest(1, 8));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("--max_local_connections"));
+  // A connection-level refusal: the client says so (a caller connects again),
+  // and every later call fails at once with it.
+  EXPECT_TRUE(extra->broken());
+  EXPECT_EQ(extra->Sample(BytesRequest(1, 8)).status().code(), absl::StatusCode::kResourceExhausted);
   // The three go on.
   for (auto& c : open) EXPECT_TRUE(c->Sample(BytesRequest(1, 9)).ok());
 }
