@@ -15,6 +15,8 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,7 +25,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -66,6 +70,21 @@ void SetHealth(grpc::Server* server, flashsampler::HealthOnlyServer* health_port
   if (health == nullptr) return;
   health->SetServingStatus(kServiceName, serving);
   health->SetServingStatus("", serving);
+}
+
+// Whether a process accepts connections on the Unix-domain socket file
+// `path`. gRPC replaces the file of a unix: address it binds, which would cut
+// off a server already listening there; so that case is refused first.
+bool UnixSocketServed(const std::string& path) {
+  sockaddr_un address{};
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) return false;
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool served = connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return served;
 }
 
 // The thread that takes SIGINT/SIGTERM with sigwait, and the handler that
@@ -198,7 +217,14 @@ int main(int argc, char** argv) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (absl::StartsWith(config->address, "unix:") && UnixSocketServed(config->address.substr(5))) {
+    std::fprintf(stderr, "flashsampler-server: another process listens on %s\n", config->address.c_str());
+    return 1;
+  }
   grpc::ServerBuilder builder;
+  // A TCP port another process listens on is an error (gRPC shares it by
+  // default, SO_REUSEPORT, and the kernel would split the connections).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(config->address, security->credentials, &port);
   if (authenticated_service != nullptr) {

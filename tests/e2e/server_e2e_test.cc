@@ -670,6 +670,33 @@ TEST(ServerLifecycle, SigtermThatLandsOnALibraryThreadStillDrains) {
   EXPECT_EQ(*exit_code, 0);
 }
 
+// A second server on the address of one that runs (the same TCP port, or the
+// same unix: socket file) refuses to start and leaves the first one serving:
+// gRPC would share the port (SO_REUSEPORT) or replace the socket file.
+TEST(ServerLifecycle, AnAddressInUseIsRefusedAndTheFirstServerKeepsIt) {
+  testing::ScopedTempDir dir("server_e2e_address");
+  const std::string unix_address = "unix:" + dir.Path("s.sock");
+  ServerProcess tcp({"--demo_vocab=100", "--demo_hidden=8"});
+  ASSERT_TRUE(tcp.Start().ok());
+  ServerProcess on_unix({"--demo_vocab=100", "--demo_hidden=8", "--address=" + unix_address});
+  ASSERT_TRUE(on_unix.Start().ok());
+  for (const std::string& taken : {tcp.address(), unix_address}) {
+    SCOPED_TRACE(taken);
+    ServerProcess second({"--demo_vocab=100", "--demo_hidden=8", "--address=" + taken});
+    EXPECT_FALSE(second.Start().ok());
+    absl::StatusOr<int> exit_code = second.WaitForExit(absl::Seconds(30));
+    ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+    EXPECT_EQ(*exit_code, 1);
+  }
+  for (ServerProcess* first : {&tcp, &on_unix}) {
+    SamplerClient client(first->address());
+    EXPECT_TRUE(client.GetModelInfo().ok()) << first->address();
+    absl::StatusOr<int> exit_code = first->Stop(SIGTERM, absl::Seconds(30));
+    ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+    EXPECT_EQ(*exit_code, 0);
+  }
+}
+
 TEST(ServerLifecycle, SigintOnAnIdleServerExitsZeroWithoutWaitingForTheGrace) {
   // With nothing in flight the drain must not wait out the (long) grace period:
   // Stop gives up after 30 s, well inside the 600 s grace.
