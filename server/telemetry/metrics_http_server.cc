@@ -8,12 +8,15 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace flashsampler {
 namespace {
@@ -112,21 +115,35 @@ void MetricsHttpServer::Loop() {
     if (fds[1].revents != 0) return;  // Stop()
     if ((fds[0].revents & POLLIN) == 0) continue;
     const int connection = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (connection < 0) continue;
+    if (connection < 0) {
+      // Out of descriptors or memory: the client waits in the backlog. Wait
+      // 10 ms (or for Stop) before trying again instead of spinning.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        pollfd wake{wake_pipe_[0], POLLIN, 0};
+        if (poll(&wake, 1, 10) > 0) return;  // Stop()
+      }
+      continue;
+    }
     Answer(connection);
     close(connection);
   }
 }
 
 void MetricsHttpServer::Answer(int connection) {
-  // A scraper sends its request at once; one that does not within 2 s is dropped.
-  timeval timeout{2, 0};
-  setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  // A scraper sends its request at once; one whose request is not complete
+  // within 2 s in all is dropped, however it trickles its bytes (each recv
+  // waits only for what is left of the 2 s). Sends wait at most 2 s each.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  const timeval send_timeout{2, 0};
+  setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
   std::string request;
   char buffer[1024];
   while (request.find("\r\n\r\n") == std::string::npos &&
          request.find("\n\n") == std::string::npos) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return;
+    const timeval receive_timeout = absl::ToTimeval(std::max(left, absl::Milliseconds(1)));
+    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &receive_timeout, sizeof receive_timeout);
     const ssize_t n = recv(connection, buffer, sizeof buffer, 0);
     if (n <= 0) return;
     request.append(buffer, static_cast<size_t>(n));

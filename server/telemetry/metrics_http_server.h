@@ -6,9 +6,11 @@
 // (≈ 110 KiB of static TLS in libcublasLt) plus OpenBLAS (60 KiB) the total
 // exceeds 100 KiB, so civetweb cannot start a thread (pthread_create: EINVAL)
 // in a CUDA build. This server uses one std::thread with the default stack.
-// It is deliberately small: one connection at a time (scrapes are rare), a
-// 2-second receive timeout and an 8 KiB request limit so a stuck or hostile
-// client cannot hold it, HTTP/1.0-style "Connection: close" answers.
+// It is deliberately small: one connection at a time (scrapes are rare), 2
+// seconds for a request to arrive whole (not per read: a client that trickles
+// bytes is dropped too) and an 8 KiB request limit so a stuck or hostile
+// client cannot hold it for longer, HTTP/1.0-style "Connection: close"
+// answers; out of descriptors, it waits 10 ms between accepts.
 //
 // Thread safety: Start once, then Stop (or the destructor) from any thread.
 // `body` is called on the server thread for every GET /metrics.

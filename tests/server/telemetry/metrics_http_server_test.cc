@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,6 +48,42 @@ TEST(MetricsHttpServer, ASilentClientDoesNotStopLaterScrapes) {
   // queued behind it is then answered.
   absl::StatusOr<std::string> body = testing::HttpGet(absl::StrCat("127.0.0.1:", *port), "/metrics");
   close(silent);
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(*body, "up 1\n");
+}
+
+// A client that trickles its request a byte at a time (each within the
+// per-read wait) is dropped once the request has taken 2 s, before it could
+// complete it 20 s later: the connection is closed without an answer, and a
+// scrape after it is answered.
+TEST(MetricsHttpServer, AClientThatTricklesItsRequestIsDropped) {
+  MetricsHttpServer server([] { return std::string("up 1\n"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  const int slow = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(*port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string head = "GET /metrics HTTP/1.0\r\nX-Pad: ";
+  ASSERT_EQ(send(slow, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  bool closed = false;
+  for (int i = 0; i < 400 && !closed; ++i) {  // one byte every 50 ms: 20 s
+    pollfd p{slow, POLLIN, 0};
+    if (poll(&p, 1, 50) > 0) {  // the server closed it (or, wrongly, answered)
+      char byte;
+      closed = recv(slow, &byte, 1, 0) <= 0;
+      break;
+    }
+    if (send(slow, "a", 1, MSG_NOSIGNAL) != 1) closed = true;
+  }
+  if (!closed) {
+    send(slow, "\r\n\r\n", 4, MSG_NOSIGNAL);  // the request, complete at last
+  }
+  close(slow);
+  EXPECT_TRUE(closed) << "the server waited for a request trickled over 20 s, or answered part of one";
+  absl::StatusOr<std::string> body = testing::HttpGet(absl::StrCat("127.0.0.1:", *port), "/metrics");
   ASSERT_TRUE(body.ok()) << body.status();
   EXPECT_EQ(*body, "up 1\n");
 }
