@@ -21,8 +21,18 @@ absl::StatusOr<std::unique_ptr<SharedMemoryBuffer>> SharedMemoryBuffer::Create(c
     const std::string what = absl::StrCat("shm_open(\"", key, "\"): ", std::strerror(errno));
     return errno == EEXIST ? absl::AlreadyExistsError(what) : absl::InvalidArgumentError(what);
   }
-  if (ftruncate(fd, static_cast<off_t>(byte_size)) != 0) {
-    const std::string what = absl::StrCat("ftruncate(\"", key, "\", ", byte_size, "): ", std::strerror(errno));
+  // ftruncate only sets the size: a tmpfs without room for the pages (a
+  // container's 64 MiB /dev/shm) would then kill the first write with SIGBUS.
+  // posix_fallocate takes the pages now, or says there is no room.
+  int err = ftruncate(fd, static_cast<off_t>(byte_size)) == 0 ? 0 : errno;
+  const char* step = "ftruncate";
+  if (err == 0) {
+    err = posix_fallocate(fd, 0, static_cast<off_t>(byte_size));
+    step = "posix_fallocate";
+  }
+  if (err != 0) {
+    const std::string what = absl::StrCat(step, "(\"", key, "\", ", byte_size, "): ", std::strerror(err),
+                                          err == ENOSPC ? " (is /dev/shm large enough?)" : "");
     close(fd);
     shm_unlink(key.c_str());
     return absl::ResourceExhaustedError(what);

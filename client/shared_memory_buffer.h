@@ -3,7 +3,9 @@
 // instead of through gRPC (SamplerClient::RegisterSystemSharedMemory).
 //
 // Create() makes a new object (shm_open with O_CREAT | O_EXCL, so an existing
-// object is never taken over), sizes it and maps it read-write. The
+// object is never taken over), sizes it, takes its pages (posix_fallocate:
+// ResourceExhausted when /dev/shm has no room, rather than SIGBUS at the
+// first write) and maps it read-write. The
 // destructor unmaps it and unlinks the name; a server that still has it
 // registered keeps its own descriptor, so unregister first to free the
 // memory. Not thread-safe as an object; the bytes are shared memory, so the

@@ -101,6 +101,19 @@ class _RegionTransport:
         self.close()
 
 
+def _take_pages(shm_name: str, byte_size: int) -> None:
+    """Takes the object's pages now (posix_fallocate): on a tmpfs without room
+    (a container's 64 MiB /dev/shm) sizing alone succeeds, and the first write
+    would kill the process with SIGBUS instead of raising."""
+    fd = os.open(f"/dev/shm/{shm_name}", os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, byte_size)
+    except OSError as e:
+        raise MemoryError(f"no room for {byte_size} bytes of shared memory in /dev/shm: {e}") from e
+    finally:
+        os.close(fd)
+
+
 class SharedMemoryTransport(_RegionTransport):
     """A registered POSIX shared-memory region of `byte_size` bytes (enough
     for the largest request's hidden states plus 12 bytes per row and
@@ -113,6 +126,7 @@ class SharedMemoryTransport(_RegionTransport):
         self._shm = shared_memory.SharedMemory(create=True, size=byte_size)
         self._buf = np.ndarray((byte_size,), dtype=np.uint8, buffer=self._shm.buf)
         try:
+            _take_pages(self._shm.name, byte_size)
             client.register_system_shared_memory(self.name, "/" + self._shm.name, byte_size)
         except BaseException:
             self._free()
@@ -165,10 +179,27 @@ class _CudaDriver:
             raise RuntimeError(f"{what} failed (CUresult {rc})")
 
 
+# GPU buffers of closed CudaIpcTransports that a request may still write:
+# kept for the life of the process (see CudaIpcTransport._free).
+_BUFFERS_IN_DOUBT: list = []
+
+
 class CudaIpcTransport(_RegionTransport):
     """A registered GPU buffer of `byte_size` bytes on torch device `device`
     (default: the current CUDA device), shared with the server by CUDA IPC.
     `device_id` is the ordinal the server sees (default: the same index)."""
+
+    _in_doubt = False
+
+    def _free(self) -> None:
+        # Unregistering forgets the name, but a request the server already
+        # admitted keeps the region and writes its results when it finishes.
+        # After a request that failed on this side (a timeout, a broken
+        # connection) the server may still do so: the buffer is then never
+        # handed back to the allocator, where another tensor could take it.
+        if self._in_doubt and self._buf is not None:
+            _BUFFERS_IN_DOUBT.append(self._buf)
+        self._buf = None
 
     def __init__(self, client: SamplerClient, byte_size: int, device=None, device_id: int | None = None,
                  name: str | None = None, local=None):
@@ -178,13 +209,17 @@ class CudaIpcTransport(_RegionTransport):
         self._client = client
         self._local = local
         self.name = name or f"py-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self._buf = torch.empty(byte_size, dtype=torch.uint8, device=device or "cuda")
+        self._buf = torch.empty(byte_size, dtype=torch.uint8, device="cuda" if device is None else device)
         ptr = self._buf.data_ptr()
         driver = _CudaDriver()
-        # A caching allocator hands out slices of larger allocations: the
-        # handle names the allocation, the offset where this buffer starts.
-        offset = ptr - driver.allocation_base(ptr)
-        handle = driver.ipc_handle(ptr)
+        # The driver calls act on the current context: the buffer's device's.
+        with torch.cuda.device(self._buf.device):
+            # A caching allocator hands out slices of larger allocations: the
+            # handle names the allocation (cuIpcGetMemHandle takes its base),
+            # the offset where this buffer starts in it.
+            base = driver.allocation_base(ptr)
+            handle = driver.ipc_handle(base)
+        offset = ptr - base
         ordinal = self._buf.device.index if device_id is None else device_id
         client.register_cuda_ipc(self.name, handle, ordinal, byte_size, offset=offset)
 
@@ -212,7 +247,13 @@ class CudaIpcTransport(_RegionTransport):
         # The server reads the buffer from its own process: the copy must
         # have finished on the device before the request leaves.
         torch.cuda.current_stream(self._buf.device).synchronize()
-        response = self._call(request, timeout)
+        try:
+            response = self._call(request, timeout)
+        except BaseException:
+            # The server may still run this request (a timeout, a broken
+            # connection) and write its results into the buffer later.
+            self._in_doubt = True
+            raise
         out = self._buf[out_offset:out_offset + out_bytes].clone()
         return _unpack_results(out, rows, return_logz, return_logprobs, response, torch.int32,
                                torch.float32)
