@@ -241,6 +241,49 @@ def test_cuda_ipc_transport_matches_grpc(server):
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_cuda_ipc_transport_on_a_cuda_server_matches_grpc(monkeypatch):
+    """A CUDA server of its own (needs a GPU and torch with CUDA; skipped
+    elsewhere, i.e. in CI): tokens, logz and logprobs through a CUDA IPC
+    buffer equal the gRPC path's, on the default device and on device=0; and a
+    buffer whose request failed on this side is kept, not freed, on close."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from conftest import start_server, stop_server
+    from flashsampler import regions
+    proc, address, _ = start_server(["--backend=cuda", f"--demo_hidden={HIDDEN}"])
+    try:
+        hidden = torch.from_numpy(random_hidden(9, seed=21)).to(torch.bfloat16)
+        params = {"temperature": 0.8, "seed": 7, "offset": 4}
+        with flashsampler.SamplerClient(address) as client:
+            want = client.sample(hidden, params, return_logz=True, return_logprobs=True)
+            for device in (None, 0):
+                with flashsampler.CudaIpcTransport(client, 1 << 16, device=device) as ipc:
+                    got = ipc.sample(hidden.cuda(), params, return_logz=True, return_logprobs=True)
+                assert got.token_ids.device.type == "cuda"
+                assert got.token_ids.cpu().tolist() == want.token_ids.tolist()
+                assert torch.equal(got.logz.cpu(), want.logz)
+                assert torch.equal(got.logprobs.cpu(), want.logprobs)
+            # A call that fails on this side (here: made to fail) may still
+            # run on the server: closing keeps its buffer out of the allocator.
+            kept = len(regions._BUFFERS_IN_DOUBT)
+            with flashsampler.CudaIpcTransport(client, 1 << 16) as ipc:
+                def lost(request, timeout):
+                    raise ConnectionError("connection lost mid-call")
+                monkeypatch.setattr(ipc, "_call", lost)
+                with pytest.raises(ConnectionError):
+                    ipc.sample(hidden.cuda(), params)
+                buffer = ipc._buf
+            assert len(regions._BUFFERS_IN_DOUBT) == kept + 1
+            assert regions._BUFFERS_IN_DOUBT[-1] is buffer
+            with flashsampler.CudaIpcTransport(client, 1 << 16) as ipc:
+                ipc.sample(hidden.cuda(), params)  # a call that succeeds: freed on close
+            assert len(regions._BUFFERS_IN_DOUBT) == kept + 1
+            assert client.list_regions() == []
+    finally:
+        stop_server(proc)
+
+
 def test_calls_to_a_name_of_two_servers_reach_both():
     """round_robin (flashsampler.client.SERVICE_CONFIG): a target that resolves
     to two servers gets calls to both. The servers hold different demo heads,
