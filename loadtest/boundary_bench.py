@@ -177,7 +177,8 @@ def main():
             tput = [load(args, servers["ours"][1], args.throughput_rows, args.streams, f"ours-{t}-tput-{rep}", t)
                     for rep in range(args.reps)]
             rows_per_s = statistics.median(x["rps"] for x in tput) * args.throughput_rows
-            results["throughput"][t] = {"streams": args.streams, "rows": args.throughput_rows,
+            results["throughput"][t] = {"errors": [x["errors"] for x in tput if x["errors"]],
+                                        "streams": args.streams, "rows": args.throughput_rows,
                                         "rows_per_s": rows_per_s, "kernel_batch": batch_formed,
                                         "kernel_rows_per_s": kernel_rows_per_s,
                                         "ratio": rows_per_s / kernel_rows_per_s}
@@ -203,9 +204,15 @@ def main():
         line += f" {r['added_ms']:+.3f} |" if "grpc" in transports else ""
         line += "".join(f" {r[f'{t}_added_ms']:+.3f} | {r[f'{t}_over_anchor_ms']:+.3f} |" for t in regions)
         print(line)
+    # A p50 counts answered requests only: a run with errors is not a figure.
+    for r in results["latency"]:
+        failed = {k[:-len("_errors")]: v for k, v in r.items() if k.endswith("_errors") and v}
+        if failed:
+            print(f"WARNING: {r['rows']} rows: requests failed {failed}; that row's p50s are of the answered ones only")
     for t, x in results["throughput"].items():
         print(f"throughput {t}: {x['streams']} streams x {x['rows']} rows: {x['rows_per_s']:,.0f} rows/s; "
-              f"kernel at B={x['kernel_batch']}: {x['kernel_rows_per_s']:,.0f} rows/s; ratio {x['ratio']:.2f}")
+              f"kernel at B={x['kernel_batch']}: {x['kernel_rows_per_s']:,.0f} rows/s; ratio {x['ratio']:.2f}"
+              + (f"; WARNING: requests failed {x['errors']}" if x["errors"] else ""))
 
 
 if __name__ == "__main__":

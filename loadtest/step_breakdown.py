@@ -88,12 +88,14 @@ for case in args.cases.split(","):
          "request_ms": 1000 * mean("request"), "queue_ms": 1000 * mean("queue"),
          "compute_ms": 1000 * mean("compute"), "rows_per_launch": mean("batch_rows"),
          "server_cpu_us_per_req": 1e6 * (cpu1 - cpu0) / max(1, answered),
-         "server_cores": (cpu1 - cpu0) / (time.monotonic() - t0)}
+         "server_cores": (cpu1 - cpu0) / (time.monotonic() - t0), "errors": step["errors"]}
     results.append(r)
     print(f"{args.tag}{case:24s} client p50 {r['client_p50_ms']:.3f} ms {r['rps']:9.0f} req/s | server means: "
           f"request {r['request_ms']:.3f}, queue {r['queue_ms']:.3f}, compute (engine call) {r['compute_ms']:.3f} ms, "
           f"{r['rows_per_launch']:.1f} rows/launch, CPU {r['server_cpu_us_per_req']:.0f} us/req "
-          f"({r['server_cores']:.2f} cores incl. warm-up)", flush=True)
+          f"({r['server_cores']:.2f} cores incl. warm-up)"
+          + (f"; WARNING: requests failed {r['errors']}, the p50 is of the answered ones" if r["errors"] else ""),
+          flush=True)
 json.dump({"server_args": args.server_args, "results": results},
           open(os.path.join(args.out, f"{args.tag}breakdown.json"), "w"), indent=1)
 srv.terminate(); srv.wait()
