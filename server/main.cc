@@ -5,10 +5,12 @@
 // (widening / uploading weights) -> SERVING. SIGTERM or SIGINT: health goes
 // NOT_SERVING, the server stops accepting, in-flight RPCs get
 // --grace_period_s to finish (then are cancelled), the batcher drains, exit 0.
-// SIGINT/SIGTERM are blocked in every thread and taken by sigwait in main, so
-// no handler runs in signal context. With --health_address a second, plaintext
-// server answers health only; both report the same status, and it stops last
-// so probes see NOT_SERVING during the drain.
+// SIGINT/SIGTERM are blocked in every thread of ours and taken by sigwait in
+// one of them (StopSignalThread), so no work runs in signal context; a second
+// signal more than a second after the first exits at once (code 1). With
+// --health_address a second, plaintext server answers health only; both
+// report the same status, and it stops last so probes see NOT_SERVING during
+// the drain.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -37,6 +39,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/status/statusor.h"
@@ -87,11 +90,43 @@ bool UnixSocketServed(const std::string& path) {
   return served;
 }
 
-// The thread that takes SIGINT/SIGTERM with sigwait, and the handler that
-// sends it a signal that reached another thread (see main).
-pthread_t g_main_thread;
-extern "C" void ForwardStopSignalToMain(int signal_number) {
-  pthread_kill(g_main_thread, signal_number);
+// Stop requests. One thread (StopSignalThread) takes every SIGINT/SIGTERM
+// with sigwait for the life of the process, and the handler below passes it
+// a signal that reached another thread (see main). The first stop request,
+// a signal or the loader's failure, wakes main, which drains; a signal more
+// than a second after the first ends the process at once. Globals: the
+// signal thread outlives main's locals.
+pthread_t g_signal_thread;
+absl::Notification g_stop_requested;
+std::atomic<int> g_stop_signal{0};  // the first stop's signal; 0: the engine failed to load
+std::atomic<int64_t> g_stop_time_ns{0};
+
+extern "C" void ForwardStopSignal(int signal_number) { pthread_kill(g_signal_thread, signal_number); }
+
+void RequestStop(int signal_number) {
+  int none = 0;
+  if (!g_stop_signal.compare_exchange_strong(none, signal_number == 0 ? -1 : signal_number)) return;
+  g_stop_time_ns.store(absl::GetCurrentTimeNanos());
+  g_stop_requested.Notify();
+}
+
+// A repeat within a second of the first stop is the same stop sent twice (a
+// supervisor such as timeout(1) signals the process and its group at once),
+// not an operator's second signal.
+constexpr int64_t kRepeatWindowNs = 1'000'000'000;
+
+void StopSignalThread(sigset_t stop_signals) {
+  for (;;) {
+    int signal_number = 0;
+    if (sigwait(&stop_signals, &signal_number) != 0) continue;
+    if (!g_stop_requested.HasBeenNotified()) {
+      RequestStop(signal_number);
+      continue;
+    }
+    if (absl::GetCurrentTimeNanos() - g_stop_time_ns.load() < kRepeatWindowNs) continue;
+    std::fprintf(stderr, "flashsampler-server: second signal, exiting without draining\n");
+    std::_Exit(1);
+  }
 }
 
 }  // namespace
@@ -129,10 +164,13 @@ int main(int argc, char** argv) {
   // such a thread (it may, when main is not the first willing taker) killed
   // the process without a drain: seen once in a CI run under stress-ng. A
   // handler makes the signal harmless wherever it lands: it passes it on to
-  // main, which takes it with sigwait (pthread_kill is async-signal-safe).
-  g_main_thread = pthread_self();
+  // the stop-signal thread, which takes it with sigwait (pthread_kill is
+  // async-signal-safe).
+  std::thread signal_thread(StopSignalThread, stop_signals);
+  g_signal_thread = signal_thread.native_handle();
+  signal_thread.detach();
   struct sigaction forward = {};
-  forward.sa_handler = ForwardStopSignalToMain;
+  forward.sa_handler = ForwardStopSignal;
   sigemptyset(&forward.sa_mask);
   forward.sa_flags = SA_RESTART;
   sigaction(SIGINT, &forward, nullptr);
@@ -332,7 +370,7 @@ int main(int argc, char** argv) {
                    "one entry per GPU (or name the GPUs with --devices)\n",
                    options.cuda.shard_split.size(), options.cuda.devices.size());
       load_failed = true;
-      kill(getpid(), SIGTERM);  // taken by the sigwait below
+      RequestStop(0);
       return;
     }
     if (options.cuda.devices.size() > 1) {
@@ -349,7 +387,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "flashsampler-server: cannot start the %s backend: %s\n",
                    config->backend.c_str(), engine.status().ToString().c_str());
       load_failed = true;
-      kill(getpid(), SIGTERM);  // taken by the sigwait below
+      RequestStop(0);
       return;
     }
     const std::string backend = (*engine)->backend_name();
@@ -376,18 +414,14 @@ int main(int argc, char** argv) {
                  where.c_str());
   });
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  // A second SIGINT/SIGTERM during the drain ends the process at once
+  // (StopSignalThread).
+  g_stop_requested.WaitForNotification();
+  const int stop_signal = g_stop_signal.load();
   std::fprintf(stderr, "flashsampler-server: %s, draining (grace %.1f s)\n",
-               signal_number == SIGINT ? "SIGINT" : "SIGTERM", config->grace_period_s);
+               stop_signal == SIGINT ? "SIGINT" : stop_signal == SIGTERM ? "SIGTERM" : "the engine did not load",
+               config->grace_period_s);
   health_gate.Close();
-  // A second SIGINT/SIGTERM during the drain ends the process at once.
-  std::thread([&stop_signals] {
-    int again = 0;
-    sigwait(&stop_signals, &again);
-    std::fprintf(stderr, "flashsampler-server: second signal, exiting without draining\n");
-    std::_Exit(1);
-  }).detach();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config->grace_period_s * 1000));
   // New requests get UNAVAILABLE from here; idle streams close now, busy ones

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -628,29 +629,27 @@ TEST(ServerLifecycle, SigtermDrainsInFlightRequestsAndExitsZero) {
 // process exits 0 after the drain. (With the default action it died by the
 // signal, once, in a CI run under load.) The server links no such library
 // now, so the test preloads one (tests/e2e/early_thread_preload.cc).
-TEST(ServerLifecycle, SigtermThatLandsOnALibraryThreadStillDrains) {
-  ServerProcess server({"--backend=cpu", "--demo_vocab=100", "--demo_hidden=8"});
-  {
-    // The child inherits this environment at Start (fork + exec); ASan
-    // builds accept a preload ahead of their runtime only with
-    // verify_asan_link_order=0.
-    const char* asan = std::getenv("ASAN_OPTIONS");
-    const std::string asan_options =
-        absl::StrCat(asan != nullptr ? asan : "", asan != nullptr ? ":" : "",
-                     "verify_asan_link_order=0");
-    ASSERT_EQ(setenv("LD_PRELOAD", FLASHSAMPLER_EARLY_THREAD_PRELOAD, 1), 0);
-    ASSERT_EQ(setenv("ASAN_OPTIONS", asan_options.c_str(), 1), 0);
-    const absl::Status started = server.Start();
-    unsetenv("LD_PRELOAD");
-    if (asan != nullptr) {
-      setenv("ASAN_OPTIONS", asan, 1);
-    } else {
-      unsetenv("ASAN_OPTIONS");
-    }
-    ASSERT_TRUE(started.ok()) << started;
+// Starts `server` with a thread that exists before main and does not block
+// SIGINT/SIGTERM (the preloaded library, as OpenBLAS's pool), and returns that
+// thread's id, or -1.
+pid_t StartWithAnEarlyThread(ServerProcess& server) {
+  // The child inherits this environment at Start; ASan builds accept a
+  // preload ahead of their runtime only with verify_asan_link_order=0.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  const std::string asan_options =
+      absl::StrCat(asan != nullptr ? asan : "", asan != nullptr ? ":" : "", "verify_asan_link_order=0");
+  EXPECT_EQ(setenv("LD_PRELOAD", FLASHSAMPLER_EARLY_THREAD_PRELOAD, 1), 0);
+  EXPECT_EQ(setenv("ASAN_OPTIONS", asan_options.c_str(), 1), 0);
+  const absl::Status started = server.Start();
+  unsetenv("LD_PRELOAD");
+  if (asan != nullptr) {
+    setenv("ASAN_OPTIONS", asan, 1);
+  } else {
+    unsetenv("ASAN_OPTIONS");
   }
+  EXPECT_TRUE(started.ok()) << started;
+  if (!started.ok()) return -1;
   // A thread other than main whose mask does not block SIGTERM (bit 15).
-  pid_t target = -1;
   const std::string tasks = absl::StrCat("/proc/", server.pid(), "/task");
   for (const auto& entry : std::filesystem::directory_iterator(tasks)) {
     const pid_t tid = static_cast<pid_t>(std::stol(entry.path().filename().string()));
@@ -659,12 +658,56 @@ TEST(ServerLifecycle, SigtermThatLandsOnALibraryThreadStillDrains) {
     for (std::string line; std::getline(status, line);) {
       if (line.rfind("SigBlk:", 0) != 0) continue;
       const unsigned long long blocked = std::stoull(line.substr(7), nullptr, 16);
-      if ((blocked & (1ull << (SIGTERM - 1))) == 0) target = tid;
+      if ((blocked & (1ull << (SIGTERM - 1))) == 0) return tid;
     }
-    if (target > 0) break;
   }
+  return -1;
+}
+
+TEST(ServerLifecycle, SigtermThatLandsOnALibraryThreadStillDrains) {
+  ServerProcess server({"--backend=cpu", "--demo_vocab=100", "--demo_hidden=8"});
+  const pid_t target = StartWithAnEarlyThread(server);
   ASSERT_GT(target, 0) << "the preloaded thread is missing";
   ASSERT_EQ(syscall(SYS_tgkill, server.pid(), target, SIGTERM), 0);
+  absl::StatusOr<int> exit_code = server.WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
+// A second signal during the drain ends the process at once (exit 1), also
+// when it lands on a library thread: here the drain's lame-duck pause would
+// last a minute, and SIGTERM is sent to that thread until the process exits.
+TEST(ServerLifecycle, ASecondSignalOnALibraryThreadEndsTheDrain) {
+  ServerProcess server({"--backend=cpu", "--demo_vocab=100", "--demo_hidden=8", "--grace_period_s=120",
+                        "--lame_duck_ms=60000"});
+  const pid_t target = StartWithAnEarlyThread(server);
+  ASSERT_GT(target, 0) << "the preloaded thread is missing";
+  for (int i = 0; i < 300 && server.running(); ++i) {  // one signal every 100 ms, 30 s at most
+    syscall(SYS_tgkill, server.pid(), target, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  absl::StatusOr<int> exit_code = server.WaitForExit(absl::Seconds(5));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status() << " (the second signals were lost)";
+  EXPECT_EQ(*exit_code, 1);
+}
+
+// One stop sent twice at once (timeout(1) signals the process and its group)
+// is one stop: the server drains and exits 0. The repeat comes once the first
+// was taken (health NOT_SERVING; two pending SIGTERMs would merge into one),
+// well inside the second that tells a repeat from an operator's second signal.
+TEST(ServerLifecycle, TheSameStopSentTwiceAtOnceStillDrains) {
+  ServerProcess server({"--backend=cpu", "--demo_vocab=100", "--demo_hidden=8", "--lame_duck_ms=2000"});
+  ASSERT_TRUE(server.Start().ok());
+  SamplerClient client(server.address());
+  ASSERT_TRUE(client.GetModelInfo().ok());  // the channel is up before the clock starts
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  for (;;) {
+    absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> health =
+        client.CheckHealth("", absl::Seconds(5));
+    ASSERT_TRUE(health.ok()) << health.status();
+    if (*health != grpc::health::v1::HealthCheckResponse::SERVING) break;
+  }
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
   absl::StatusOr<int> exit_code = server.WaitForExit(absl::Seconds(60));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
