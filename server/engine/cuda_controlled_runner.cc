@@ -1,6 +1,7 @@
 // CudaControlledRunner: flatten, upload, launch, download, scatter into
 // SampleResult (cuda_controlled_runner.h).
 #include "server/engine/cuda_controlled_runner.h"
+#include "server/engine/cuda_call_status.h"
 
 #include <cuda_runtime_api.h>
 
@@ -20,8 +21,7 @@ namespace {
 using kernels::KernelStatus;
 
 absl::Status CudaError(const char* what, cudaError_t err) {
-  return absl::InternalError(absl::StrCat("cuda controlled sampler: ", what, ": ",
-                                          cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+  return CudaCallStatus(absl::StrCat("cuda controlled sampler: ", what), err);
 }
 
 #define FS_RETURN_IF_CUDA_ERROR(expr)                          \

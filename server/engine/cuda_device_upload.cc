@@ -1,6 +1,7 @@
 // The copies request threads start for the CUDA engine; the contract is in
 // cuda_device_upload.h.
 #include "server/engine/cuda_device_upload.h"
+#include "server/engine/cuda_call_status.h"
 
 #include <cuda_runtime_api.h>
 
@@ -17,12 +18,7 @@
 namespace flashsampler {
 namespace {
 
-absl::Status CudaError(const char* what, cudaError_t err) {
-  const std::string message =
-      absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
-  return err == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
-                                          : absl::InternalError(message);
-}
+absl::Status CudaError(const char* what, cudaError_t err) { return CudaCallStatus(what, err); }
 
 class CudaDeviceUpload final : public DeviceUpload,
                                public std::enable_shared_from_this<CudaDeviceUpload> {

@@ -41,6 +41,7 @@
 #include "kernels/cuda/hidden_states.h"
 #include "kernels/cuda/materialized_sample.h"
 #include "server/engine/cuda_controlled_runner.h"
+#include "server/engine/cuda_call_status.h"
 #include "server/engine/cuda_device_upload.h"
 #include "server/engine/engine.h"
 #include "server/engine/pinned_host_staging.h"
@@ -51,10 +52,7 @@ namespace {
 using kernels::CudaWeightDType;
 using kernels::KernelStatus;
 
-absl::Status CudaError(const char* what, cudaError_t err) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
-                                          cudaGetErrorString(err), ")"));
-}
+absl::Status CudaError(const char* what, cudaError_t err) { return CudaCallStatus(what, err); }
 
 #define FS_RETURN_IF_CUDA_ERROR(expr)                          \
   do {                                                         \

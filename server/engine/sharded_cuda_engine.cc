@@ -65,6 +65,7 @@
 #include "kernels/cuda/materialized_sample.h"
 #include "kernels/cuda/sharded_sample.h"
 #include "server/engine/cuda_controlled_runner.h"
+#include "server/engine/cuda_call_status.h"
 #include "server/engine/engine.h"
 #include "server/engine/vocab_shards.h"
 
@@ -75,8 +76,7 @@ using kernels::CudaWeightDType;
 using kernels::KernelStatus;
 
 absl::Status CudaError(int device, const char* what, cudaError_t err) {
-  return absl::InternalError(absl::StrCat("GPU ", device, ": ", what, ": ", cudaGetErrorName(err),
-                                          " (", cudaGetErrorString(err), ")"));
+  return CudaCallStatus(absl::StrCat("GPU ", device, ": ", what), err);
 }
 
 #define FS_SHARD_RETURN_IF_CUDA_ERROR(device, expr)                        \
