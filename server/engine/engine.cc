@@ -110,9 +110,9 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
           absl::StrCat(engine, ": wire_hidden rows must be sorted, disjoint and inside the batch"));
     }
   }
-  if (!batch.device_outputs.empty() && (!batch.controls.empty() || !batch.draft_tokens.empty())) {
+  if (!batch.device_outputs.empty() && !batch.controls.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(engine, ": results on the device serve batches without controls or drafts"));
+        absl::StrCat(engine, ": results on the device serve batches without controls"));
   }
   next_free_row = 0;
   for (const DeviceOutputRows& d : batch.device_outputs) {
@@ -124,6 +124,15 @@ absl::Status CheckBatchLayout(const SampleBatch& batch, int64_t hidden_size, int
     if (d.token_ids == nullptr || !take_rows(d.first_row, d.rows)) {
       return absl::InvalidArgumentError(
           absl::StrCat(engine, ": device_outputs rows must be sorted, disjoint and inside the batch"));
+    }
+    // A launch may join a Verify request's draft rows with a Sample request
+    // whose results go to the device; the latter's rows carry no draft
+    // (draft_tokens, when present, has a value per row: checked above).
+    for (int64_t r = d.first_row; !batch.draft_tokens.empty() && r < d.first_row + d.rows; ++r) {
+      if (batch.draft_tokens[r] >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(engine, ": results on the device serve rows without a draft (row ", r, ")"));
+      }
     }
   }
   return absl::OkStatus();

@@ -210,8 +210,9 @@ struct SampleBatch {
   // after every control (a backend that cannot returns Unimplemented).
   std::vector<int32_t> draft_tokens;
   // Sorted by first_row, disjoint, inside [0, rows); only on a batch without
-  // controls or drafts, and only where writes_device_outputs(device) is true
-  // for each run's device.
+  // controls, only for rows without a draft (draft_tokens -1: a launch may
+  // join a Verify request with such a Sample request), and only where
+  // writes_device_outputs(device) is true for each run's device.
   std::vector<DeviceOutputRows> device_outputs;
   // When the batch is rows [k, k + rows) of one request (a part of a request
   // the batcher split across launches), k; otherwise 0. An engine names a row

@@ -477,6 +477,50 @@ TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
   EXPECT_TRUE(cuda->healthy());
 }
 
+// A launch the batcher forms from a Verify request (draft rows) and a Sample
+// request whose results go to GPU memory (a CUDA IPC output region): one
+// launch, and the device rows' tokens and log Z are the host results of the
+// same batch, bit for bit, as are the draft rows' results.
+TEST(CudaEngine, DraftRowsAndResultsOnTheDeviceShareALaunch) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  const EnginePair engines = MakeEnginePair();
+  ASSERT_NE(engines.cuda, nullptr);
+  Engine* const cuda = engines.cuda.get();
+  ASSERT_TRUE(cuda->writes_device_outputs(0));
+  for (int64_t rows : {4, 9}) {  // fused; materialized
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    SampleBatch batch = RandomBatch(rows, 600 + rows);
+    batch.want_logz = true;
+    const int64_t first = rows / 2;  // rows [0, first) verify a draft
+    batch.draft_tokens.assign(static_cast<size_t>(rows), -1);
+    for (int64_t r = 0; r < first; ++r) batch.draft_tokens[r] = static_cast<int32_t>((r * 37 + 5) % (kVocab - 7));
+    const absl::StatusOr<SampleResult> want = cuda->Sample(batch);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const int64_t n = rows - first;
+    int32_t* tokens = nullptr;
+    float* logz = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&tokens), n * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&logz), n * sizeof(float)), cudaSuccess);
+    SampleBatch on_device = batch;
+    on_device.device_outputs.push_back(DeviceOutputRows{first, n, tokens, logz, nullptr, 0, nullptr});
+    const absl::StatusOr<SampleResult> got = cuda->Sample(on_device);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<int32_t> device_tokens(static_cast<size_t>(n));
+    std::vector<float> device_logz(static_cast<size_t>(n));
+    ASSERT_EQ(cudaMemcpy(device_tokens.data(), tokens, n * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(device_logz.data(), logz, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(tokens);
+    cudaFree(logz);
+    EXPECT_EQ(device_tokens, std::vector<int32_t>(want->token_ids.begin() + first, want->token_ids.end()));
+    EXPECT_EQ(std::memcmp(device_logz.data(), want->logz.data() + first, n * sizeof(float)), 0);
+    EXPECT_EQ(got->token_ids, want->token_ids);
+    ASSERT_EQ(got->draft_logprobs.size(), want->draft_logprobs.size());
+    EXPECT_EQ(std::memcmp(got->draft_logprobs.data(), want->draft_logprobs.data(),
+                          want->draft_logprobs.size() * sizeof(float)), 0);
+  }
+  EXPECT_TRUE(cuda->healthy());
+}
+
 // Through the batcher, launches of at most 4 rows: a bad value in a later
 // part of a split request is named by its row in the request, when that part
 // runs alone and when it is re-run alone after a launch it shared failed.

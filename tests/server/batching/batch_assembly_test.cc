@@ -120,6 +120,27 @@ TEST(BatchAssembly, DeviceOutputsFollowTheirSlice) {
   EXPECT_EQ(first.device_outputs[0].token_ids, tokens);
 }
 
+// A Verify request (draft rows) and a Sample request whose results go to GPU
+// memory, planned into one launch by an engine that mixes draft rows with
+// plain ones: the launch is one an engine on that GPU accepts (the Sample
+// rows carry draft -1).
+TEST(BatchAssembly, DraftRowsAndDeviceResultsFormALaunchTheEngineAccepts) {
+  SampleBatch verify = Request(1, 3, false, false);
+  verify.draft_tokens = {4, 5, -1};
+  SampleBatch sample = Request(2, 2, false, false);
+  static int32_t tokens[2];  // stands for GPU memory: never touched
+  sample.device_outputs.push_back(DeviceOutputRows{0, 2, tokens, nullptr, nullptr, 0, nullptr});
+  const std::vector<PendingRequest> queue = {{&verify, 0}, {&sample, 0}};
+  const std::vector<RowSlice> plan = PlanLaunch(queue, 8, DraftMixing{true, true});
+  ASSERT_EQ(plan.size(), 2u);
+  const SampleBatch launch = ConcatenateSlices(plan, kHidden);
+  EXPECT_EQ(launch.draft_tokens, (std::vector<int32_t>{4, 5, -1, -1, -1}));
+  ASSERT_EQ(launch.device_outputs.size(), 1u);
+  EXPECT_EQ(launch.device_outputs[0].first_row, 3);
+  const absl::Status accepted = CheckBatchLayout(launch, kHidden, 8, "test engine", /*wire_hidden_device=*/0);
+  EXPECT_TRUE(accepted.ok()) << accepted;
+}
+
 // For an engine that takes fp32, host wire rows (bf16 or fp16 in the
 // message, as the parser leaves rows in the weights' own 16-bit dtype) are
 // widened exactly into the launch's hidden states at their place, from the

@@ -104,6 +104,12 @@ TEST(CheckBatchLayout, DeviceOutputsOnlyOnTheEnginesGpuForPlainBatchesSortedAndI
   EXPECT_EQ(check({rows(2, 2, 2), rows(0, 2, 2)}), absl::StatusCode::kInvalidArgument);  // unsorted
   EXPECT_EQ(check({rows(4, 2, 2)}), absl::StatusCode::kInvalidArgument);                 // past the end
   EXPECT_EQ(check({rows(1, 0, 2)}), absl::StatusCode::kInvalidArgument);                 // empty
+  // Draft rows (a Verify request in the same launch) beside device results
+  // for rows without a draft; not for a row with one.
+  batch.draft_tokens = {3, 1, -1, -1, -1};
+  EXPECT_EQ(check({rows(2, 3, 2)}), absl::StatusCode::kOk);
+  EXPECT_EQ(check({rows(1, 3, 2)}), absl::StatusCode::kInvalidArgument);
+  batch.draft_tokens.clear();
   batch.controls.resize(5);  // a batch with controls assembles its results on the host
   EXPECT_EQ(check({rows(0, 5, 2)}), absl::StatusCode::kInvalidArgument);
 }
