@@ -35,11 +35,11 @@ absl::Status SocketError(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat("local channel ", what, ": ", std::strerror(err)));
 }
 
-// Reads exactly `n` bytes. `*got` counts what arrived before an end of
-// stream or an error; `*eof` says the stream ended.
 // ReadFrame's first piece of a payload; later pieces double what has come.
 constexpr size_t kFirstPayloadPiece = 64 << 10;
 
+// Reads exactly `n` bytes. `*got` counts what arrived before an end of
+// stream or an error; `*eof` says the stream ended.
 absl::Status ReadFull(int fd, uint8_t* data, size_t n, size_t* got, bool* eof) {
   *got = 0;
   *eof = false;

@@ -17,8 +17,6 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,9 +25,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstdio>
-#include <cstring>
 #include <memory>
-#include <string>
 #include <thread>
 #include <utility>
 
@@ -73,21 +69,6 @@ void SetHealth(grpc::Server* server, flashsampler::HealthOnlyServer* health_port
   if (health == nullptr) return;
   health->SetServingStatus(kServiceName, serving);
   health->SetServingStatus("", serving);
-}
-
-// Whether a process accepts connections on the Unix-domain socket file
-// `path`. gRPC replaces the file of a unix: address it binds, which would cut
-// off a server already listening there; so that case is refused first.
-bool UnixSocketServed(const std::string& path) {
-  sockaddr_un address{};
-  if (path.empty() || path.size() >= sizeof(address.sun_path)) return false;
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.data(), path.size());
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const bool served = connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
-  close(fd);
-  return served;
 }
 
 // Stop requests. One thread (StopSignalThread) takes every SIGINT/SIGTERM
@@ -255,7 +236,10 @@ int main(int argc, char** argv) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  if (absl::StartsWith(config->address, "unix:") && UnixSocketServed(config->address.substr(5))) {
+  // gRPC replaces the socket file of a unix: address it binds, which would cut
+  // off a server already listening there: that case is refused first.
+  if (absl::StartsWith(config->address, "unix:") &&
+      flashsampler::UnixSocketServed(config->address.substr(5))) {
     std::fprintf(stderr, "flashsampler-server: another process listens on %s\n", config->address.c_str());
     return 1;
   }

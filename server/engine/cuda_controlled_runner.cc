@@ -1,7 +1,6 @@
 // CudaControlledRunner: flatten, upload, launch, download, scatter into
 // SampleResult (cuda_controlled_runner.h).
 #include "server/engine/cuda_controlled_runner.h"
-#include "server/engine/cuda_call_status.h"
 
 #include <cuda_runtime_api.h>
 
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/fused_controlled_sample.h"
 #include "kernels/cuda/logits_gemm.h"
+#include "server/engine/cuda_call_status.h"
 
 namespace flashsampler {
 namespace {

@@ -1,7 +1,6 @@
 // The copies request threads start for the CUDA engine; the contract is in
 // cuda_device_upload.h.
 #include "server/engine/cuda_device_upload.h"
-#include "server/engine/cuda_call_status.h"
 
 #include <cuda_runtime_api.h>
 
@@ -14,11 +13,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/engine/cuda_call_status.h"
 
 namespace flashsampler {
 namespace {
-
-absl::Status CudaError(const char* what, cudaError_t err) { return CudaCallStatus(what, err); }
 
 class CudaDeviceUpload final : public DeviceUpload,
                                public std::enable_shared_from_this<CudaDeviceUpload> {
@@ -39,21 +37,21 @@ class CudaDeviceUpload final : public DeviceUpload,
   }
 
   absl::Status Init() {
-    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError("cudaSetDevice", e);
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaCallStatus("cudaSetDevice", e);
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); e != cudaSuccess) {
-      return CudaError("cudaStreamCreateWithFlags", e);
+      return CudaCallStatus("cudaStreamCreateWithFlags", e);
     }
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device_;
-    if (cudaError_t e = cudaMemPoolCreate(&pool_, &props); e != cudaSuccess) return CudaError("cudaMemPoolCreate", e);
+    if (cudaError_t e = cudaMemPoolCreate(&pool_, &props); e != cudaSuccess) return CudaCallStatus("cudaMemPoolCreate", e);
     // Freed memory stays in the pool for the next upload instead of going
     // back to the device at every stream synchronisation.
     uint64_t keep_all = UINT64_MAX;
     if (cudaError_t e = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all);
         e != cudaSuccess) {
-      return CudaError("cudaMemPoolSetAttribute", e);
+      return CudaCallStatus("cudaMemPoolSetAttribute", e);
     }
     return absl::OkStatus();
   }
@@ -63,14 +61,14 @@ class CudaDeviceUpload final : public DeviceUpload,
   absl::StatusOr<UploadedRows> Upload(const void* host, size_t bytes,
                                       std::shared_ptr<const void> host_owner) override {
     // The calling thread's current device is per thread: set it every time.
-    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError("cudaSetDevice", e);
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaCallStatus("cudaSetDevice", e);
     ReapRetired();
     absl::StatusOr<cudaEvent_t> event = TakeEvent();
     if (!event.ok()) return event.status();
     void* data = nullptr;
     if (cudaError_t e = cudaMallocFromPoolAsync(&data, bytes, pool_, stream_); e != cudaSuccess) {
       ReturnEvent(*event);
-      return CudaError("cudaMallocFromPoolAsync", e);
+      return CudaCallStatus("cudaMallocFromPoolAsync", e);
     }
     // The event follows this copy in stream order (this thread's calls are
     // ordered; another thread's copy may land between them, which only
@@ -78,7 +76,7 @@ class CudaDeviceUpload final : public DeviceUpload,
     cudaError_t e = cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, stream_);
     if (e == cudaSuccess) e = cudaEventRecord(*event, stream_);
     auto owner = std::make_shared<UploadHold>(shared_from_this(), data, *event, std::move(host_owner));
-    if (e != cudaSuccess) return CudaError("an upload's cudaMemcpyAsync / cudaEventRecord", e);
+    if (e != cudaSuccess) return CudaCallStatus("an upload's cudaMemcpyAsync / cudaEventRecord", e);
     return UploadedRows{data, device_, *event, std::move(owner)};
   }
 
@@ -114,7 +112,7 @@ class CudaDeviceUpload final : public DeviceUpload,
     }
     cudaEvent_t e = nullptr;
     if (cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess) {
-      return CudaError("cudaEventCreateWithFlags", err);
+      return CudaCallStatus("cudaEventCreateWithFlags", err);
     }
     return e;
   }

@@ -52,12 +52,10 @@ namespace {
 using kernels::CudaWeightDType;
 using kernels::KernelStatus;
 
-absl::Status CudaError(const char* what, cudaError_t err) { return CudaCallStatus(what, err); }
-
 #define FS_RETURN_IF_CUDA_ERROR(expr)                          \
   do {                                                         \
     const cudaError_t fs_err = (expr);                         \
-    if (fs_err != cudaSuccess) return CudaError(#expr, fs_err); \
+    if (fs_err != cudaSuccess) return CudaCallStatus(#expr, fs_err); \
   } while (0)
 
 CudaWeightDType ToCudaDType(WeightDType d) {

@@ -185,6 +185,18 @@ class LocalChannelServer::Connection final : public SampleCall {
   bool answered_ = true;  // guarded by answer_mu_
 };
 
+bool UnixSocketServed(const std::string& path) {
+  sockaddr_un address{};
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) return false;
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool served = connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return served;
+}
+
 absl::StatusOr<std::unique_ptr<LocalChannelServer>> LocalChannelServer::Start(
     LocalChannelOptions options, SamplerService* service) {
   sockaddr_un address{};
@@ -213,10 +225,7 @@ absl::StatusOr<std::unique_ptr<LocalChannelServer>> LocalChannelServer::Start(
       return fail(absl::FailedPreconditionError(
           absl::StrCat("--local_socket ", options.path, " exists and is not a socket")));
     }
-    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool in_use = probe >= 0 && connect(probe, sa, sizeof(address)) == 0;
-    if (probe >= 0) close(probe);
-    if (in_use) {
+    if (UnixSocketServed(options.path)) {
       return fail(absl::FailedPreconditionError(
           absl::StrCat("another process listens on --local_socket ", options.path)));
     }

@@ -72,6 +72,12 @@ struct LocalChannelOptions {
   absl::Duration idle_poll = absl::ZeroDuration();
 };
 
+// Whether a process accepts connections on the Unix-domain socket file
+// `path` (a connect succeeds). The local channel replaces a socket file only
+// when nobody does; main refuses a unix: gRPC address that is in use, as gRPC
+// would replace the file. Thread-safe.
+bool UnixSocketServed(const std::string& path);
+
 class LocalChannelServer {
  public:
   // `service` must outlive the server. InvalidArgument for a path that does
