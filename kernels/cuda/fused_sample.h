@@ -153,6 +153,26 @@ bool WgmmaStage1Available();
 // Bytes per weight element (4 or 2); 0 for an unknown value.
 size_t CudaWeightDTypeBytes(CudaWeightDType dtype);
 
+// Rows of a launch's results that stage 2 also writes somewhere else
+// (FusedSampleArgs::output_spans): for rows [first_row, first_row + rows),
+// the token goes to token_ids[row - first_row], and log Z and the logprob to
+// logz / logprobs the same way where those are set. For a caller that wants
+// some rows' results in a buffer of its own (a serving engine's CUDA IPC
+// output region): the kernel that computes them writes them there, so no
+// copy follows the launch. Every pointer is device-accessible and 4-byte
+// aligned.
+struct OutputSpan {
+  int64_t first_row = 0;  // 0 .. batch - 1
+  int64_t rows = 0;       // >= 1, first_row + rows <= batch
+  int32_t* token_ids = nullptr;  // [rows], required
+  float* logz = nullptr;         // [rows], or null; set only with FusedSampleArgs::logz
+  float* logprobs = nullptr;     // [rows], or null; set only with FusedSampleArgs::logprobs
+};
+
+// Spans a launch takes (by value, in stage 2's kernel parameters: 8 x 40
+// bytes). A caller with more rows to place copies the rest itself.
+inline constexpr int kMaxOutputSpans = 8;
+
 struct FusedSampleArgs {
   const void* weight = nullptr;  // device [vocab, hidden_dim], row-major
   CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
@@ -162,9 +182,13 @@ struct FusedSampleArgs {
   int64_t vocab = 0;                   // rows of W, 1 .. INT32_MAX
   int64_t valid_vocab = 0;             // 1 .. vocab; tokens >= valid_vocab are never sampled
   int64_t hidden_dim = 0;              // >= 1
-  int32_t* token_ids = nullptr;        // device [batch]; required unless row_summaries
-  float* logz = nullptr;               // device [batch], optional
-  float* logprobs = nullptr;           // device [batch], optional
+  // The outputs are device-accessible: device memory, or pinned host memory
+  // mapped into the device's address space (stage 2 writes each word once
+  // and never reads it, so a serving engine's host buffers take the results
+  // straight from the kernel, with no copy after it).
+  int32_t* token_ids = nullptr;        // [batch]; required unless row_summaries
+  float* logz = nullptr;               // [batch], optional
+  float* logprobs = nullptr;           // [batch], optional
   void* workspace = nullptr;           // device, >= FusedSampleWorkspaceBytes, 16-byte aligned
   size_t workspace_bytes = 0;
   // Speculative verification (server/engine/engine.h's draft_tokens), optional.
@@ -205,6 +229,13 @@ struct FusedSampleArgs {
   // same bits (same operands, same K order on the same tensor-core datapath;
   // fused_sample_sm90_test checks it), and each is batch-invariant.
   Stage1Kernel stage1 = Stage1Kernel::kAuto;
+  // Rows whose results stage 2 also writes elsewhere (OutputSpan), the first
+  // num_output_spans of output_spans; 0 .. kMaxOutputSpans, each span inside
+  // the batch, else InvalidArgument. Spans may overlap (a row is written to
+  // each of its spans). Both samplers honour them (LaunchFusedSample and
+  // LaunchMaterializedSample, which share stage 2).
+  OutputSpan output_spans[kMaxOutputSpans] = {};
+  int32_t num_output_spans = 0;
 };
 
 // Device scratch a launch needs: one SampleSummary per (row, vocabulary tile),

@@ -194,7 +194,11 @@ struct Fp16Mma {
 // (hidden_dim % 16 == 0, so the 8 lie in one row). Hr row `at` holds row
 // chunk * chunk_rows + within of H, where at = chunk * block_rows + within
 // (HiddenChunks), or zeros where within >= chunk_rows or that row is past the
-// batch; the identity layout skips the divisions.
+// batch; the identity layout skips the divisions. Launched as a programmatic
+// dependent of whatever kernel precedes it on the stream (the serving
+// engine's widening lets it be scheduled early): it waits for that kernel's
+// writes before touching memory, and so for every earlier operation on the
+// stream.
 template <class T>
 __global__ void __launch_bounds__(256)
     ConvertHiddenKernel(const float* __restrict__ hidden, int64_t batch, int64_t hidden_dim,
@@ -202,6 +206,7 @@ __global__ void __launch_bounds__(256)
                         unsigned short* __restrict__ hidden_rounded,
                         uint32_t* __restrict__ zero_words) {
   AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
+  GridDependencyWait();
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   // batch words; the grid has filled / 8 >= batch * hidden_dim / 8 threads.
   if (zero_words != nullptr && thread < batch) zero_words[thread] = 0u;
@@ -516,10 +521,11 @@ cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden
   const int64_t filled = layout.rows_filled() * a.hidden_dim;  // a multiple of 16
   const int64_t convert_blocks = (filled / 8 + 255) / 256;
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  ConvertHiddenKernel<T><<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
-      a.hidden, a.batch, a.hidden_dim, layout.chunk_rows, layout.block_rows, filled,
-      hidden_rounded, zero_words);
-  return cudaGetLastError();
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      DependentLaunch(dim3(static_cast<unsigned>(convert_blocks)), dim3(256), 0, stream, &attribute);
+  return cudaLaunchKernelEx(&config, ConvertHiddenKernel<T>, a.hidden, a.batch, a.hidden_dim,
+                            layout.chunk_rows, layout.block_rows, filled, hidden_rounded, zero_words);
 }
 
 template <class T>

@@ -17,6 +17,21 @@
 // thread order; the atomic runs only for bad elements, never on a valid
 // payload.
 //
+// Reporting to the host (LaunchWidenHiddenStatesToHost): every block counts
+// itself done with one atomicAdd after a __threadfence, so the block that
+// draws the last ticket sees every other block's atomicMin; it moves the
+// index to the host's word (one 8-byte store over the bus) and puts the two
+// device words back to their start values for the next launch. So neither
+// a reset before the launch nor a copy after it is needed.
+//
+// The serving engine's form also carries the launch's row parameters when
+// no other copy would (RideAlongCopy: grid-stride 4-byte words from mapped
+// host memory, a few hundred bus reads in flight together), and lets the
+// next kernel be scheduled early (griddepcontrol.launch_dependents at the
+// top: the rounding kernel that follows waits in the kernel for these
+// writes instead of on the stream). Each of the two takes one operation's
+// latency off a decode step's critical path.
+//
 // Cost: memory-bound, one read of the payload and one fp32 write (2 MiB in,
 // 4 MiB out at 256 rows of D = 4096 bf16: a few microseconds on an H100).
 // When the source may be host memory mapped into the device (a shared-memory
@@ -29,6 +44,7 @@
 #include "kernels/cuda/hidden_states.h"
 
 #include "kernels/common/half_precision.h"
+#include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels {
 namespace {
@@ -76,10 +92,37 @@ __device__ __forceinline__ void WidenElement(const void* src, int64_t i, float* 
   if (bad) atomicMin(first_bad, static_cast<unsigned long long>(i));
 }
 
+// RideAlongCopy's words, grid-stride (a launch has at least `words` threads
+// or strides over them).
+__device__ __forceinline__ void CopyRideAlong(const uint32_t* ride_src, uint32_t* ride_dst, int64_t words) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += stride) {
+    ride_dst[w] = ride_src[w];
+  }
+}
+
+// With a host word to report to (blocks_done != null): the block counts
+// itself done, and the last one reports and resets (the top of this file).
+__device__ __forceinline__ void ReportWhenLast(unsigned long long* first_bad, unsigned int* blocks_done,
+                                               unsigned long long* first_bad_host) {
+  if (blocks_done == nullptr) return;
+  __syncthreads();  // every thread of the block has made its atomicMin
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(blocks_done, 1u) != gridDim.x - 1) return;
+  __threadfence();
+  *reinterpret_cast<volatile unsigned long long*>(first_bad_host) = atomicExch(first_bad, kNoBadHiddenElement);
+  atomicExch(blocks_done, 0u);
+}
+
 template <CudaWeightDType kSrc, CudaWeightDType kWeight>
 __global__ void __launch_bounds__(kWidenThreads)
     WidenHiddenStatesKernel(const void* __restrict__ src, int64_t count, float* __restrict__ dst,
-                            unsigned long long* __restrict__ first_bad) {
+                            unsigned long long* first_bad, unsigned int* blocks_done,
+                            unsigned long long* first_bad_host, const uint32_t* ride_src,
+                            uint32_t* ride_dst, int64_t ride_words) {
+  if (blocks_done != nullptr) cuda_internal::AllowDependentLaunch();
+  CopyRideAlong(ride_src, ride_dst, ride_words);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < count;
        base += stride * kWidenUnroll) {
@@ -90,6 +133,7 @@ __global__ void __launch_bounds__(kWidenThreads)
       WidenElement<kSrc, kWeight>(src, i, dst, first_bad);
     }
   }
+  ReportWhenLast(first_bad, blocks_done, first_bad_host);
 }
 
 // Elements of a 16-byte vector of the source dtype.
@@ -103,7 +147,11 @@ __host__ __device__ constexpr int VectorElements(CudaWeightDType src) { return s
 template <CudaWeightDType kSrc, CudaWeightDType kWeight>
 __global__ void __launch_bounds__(kWidenThreads)
     WidenVectorsKernel(const uint4* __restrict__ src, int64_t count, float* __restrict__ dst,
-                       unsigned long long* __restrict__ first_bad) {
+                       unsigned long long* first_bad, unsigned int* blocks_done,
+                       unsigned long long* first_bad_host, const uint32_t* ride_src, uint32_t* ride_dst,
+                       int64_t ride_words) {
+  if (blocks_done != nullptr) cuda_internal::AllowDependentLaunch();
+  CopyRideAlong(ride_src, ride_dst, ride_words);
   constexpr int kN = VectorElements(kSrc);
   const int64_t vectors = count / kN;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -137,6 +185,7 @@ __global__ void __launch_bounds__(kWidenThreads)
   }
   const int64_t tail = vectors * kN + first;
   if (tail < count) WidenElement<kSrc, kWeight>(src, tail, dst, first_bad);
+  ReportWhenLast(first_bad, blocks_done, first_bad_host);
 }
 
 template <CudaWeightDType kSrc, CudaWeightDType kWeight>
@@ -179,10 +228,13 @@ KernelStatus LaunchCopyDeviceBytes(const void* src, int bytes, void* dst, cudaSt
   return cudaGetLastError() == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
 }
 
-KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
-                                     CudaWeightDType weight_dtype, float* dst,
-                                     unsigned long long* first_bad, cudaStream_t stream,
-                                     FirstBadReset reset) {
+namespace {
+
+// Both launchers: blocks_done and first_bad_host null for the plain form.
+KernelStatus LaunchWiden(const void* src, CudaWeightDType src_dtype, int64_t count,
+                         CudaWeightDType weight_dtype, float* dst, unsigned long long* first_bad,
+                         unsigned int* blocks_done, unsigned long long* first_bad_host,
+                         const RideAlongCopy& ride, cudaStream_t stream, FirstBadReset reset) {
   if (src == nullptr || dst == nullptr || first_bad == nullptr || count < 1) {
     return KernelStatus::kInvalidArgument;
   }
@@ -209,11 +261,48 @@ KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype,
   const int64_t blocks = (units + per_block - 1) / per_block;
   const dim3 grid(static_cast<unsigned>(blocks < 1024 ? blocks : 1024));
   const dim3 block(kWidenThreads);
-  void* args[] = {const_cast<void**>(&src), &count, &dst, &first_bad};
+  const uint32_t* ride_src = static_cast<const uint32_t*>(ride.src);
+  uint32_t* ride_dst = static_cast<uint32_t*>(ride.dst);
+  int64_t ride_words = static_cast<int64_t>(ride.bytes / 4);
+  void* args[] = {const_cast<void**>(&src), &count, &dst, &first_bad, &blocks_done, &first_bad_host,
+                  &ride_src, &ride_dst, &ride_words};
   if (cudaLaunchKernel(kernel, grid, block, args, 0, stream) != cudaSuccess) {
     return KernelStatus::kDeviceError;
   }
   return KernelStatus::kOk;
+}
+
+}  // namespace
+
+KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype, int64_t count,
+                                     CudaWeightDType weight_dtype, float* dst,
+                                     unsigned long long* first_bad, cudaStream_t stream,
+                                     FirstBadReset reset) {
+  return LaunchWiden(src, src_dtype, count, weight_dtype, dst, first_bad, nullptr, nullptr, RideAlongCopy{},
+                     stream, reset);
+}
+
+KernelStatus LaunchWidenHiddenStatesToHost(const void* src, CudaWeightDType src_dtype, int64_t count,
+                                           CudaWeightDType weight_dtype, float* dst,
+                                           const FirstBadToHost& report, cudaStream_t stream,
+                                           const RideAlongCopy& ride) {
+  if (report.blocks_done == nullptr || report.first_bad_host == nullptr) return KernelStatus::kInvalidArgument;
+  if (ride.bytes != 0) {
+    const auto word_aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
+    const auto overlaps = [&ride](const void* p, size_t bytes) {
+      const char* a = static_cast<const char*>(ride.dst);
+      const char* b = static_cast<const char*>(p);
+      return a < b + bytes && b < a + ride.bytes;
+    };
+    const size_t src_bytes = static_cast<size_t>(count) * CudaWeightDTypeBytes(src_dtype);
+    if (ride.src == nullptr || ride.dst == nullptr || ride.bytes % 4 != 0 || !word_aligned(ride.src) ||
+        !word_aligned(ride.dst) || overlaps(ride.src, ride.bytes) || overlaps(src, src_bytes) ||
+        overlaps(dst, static_cast<size_t>(count) * sizeof(float))) {
+      return KernelStatus::kInvalidArgument;
+    }
+  }
+  return LaunchWiden(src, src_dtype, count, weight_dtype, dst, report.first_bad, report.blocks_done,
+                     report.first_bad_host, ride, stream, FirstBadReset::kByCaller);
 }
 
 }  // namespace flashsampler::kernels

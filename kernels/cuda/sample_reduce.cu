@@ -18,13 +18,20 @@ namespace {
 constexpr int kMergeThreads = 256;
 constexpr int kMergeWarps = kMergeThreads / 32;
 
+// FusedSampleArgs::output_spans by value: kernel parameters, read by one
+// thread a row.
+struct OutputSpans {
+  OutputSpan span[kMaxOutputSpans];
+  int32_t count;
+};
+
 __global__ void __launch_bounds__(kMergeThreads)
     MergeTileSummariesKernel(const SampleSummary* __restrict__ tile_summaries, int64_t num_tiles,
                              int64_t valid_vocab, int32_t* __restrict__ token_ids,
                              float* __restrict__ logz, float* __restrict__ logprobs,
                              const int32_t* __restrict__ draft_tokens,
                              float* __restrict__ draft_logprobs,
-                             SampleSummary* __restrict__ row_summaries) {
+                             SampleSummary* __restrict__ row_summaries, const OutputSpans spans) {
   __shared__ SampleSummary warp_results[kMergeWarps];
   // Launched as a programmatic dependent of stage 1: wait until its tile
   // summaries are written (a no-op for an ordinary launch).
@@ -48,8 +55,11 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (int w = 1; w < kMergeWarps; ++w) s = MergeSummaries(s, warp_results[w]);
     if (token_ids != nullptr) token_ids[row] = s.best_index;
     if (row_summaries != nullptr) row_summaries[row] = s;
+    // NaN stands in where log Z was not asked for: a span's logz / logprobs
+    // are set only when the launch's are (CheckSampleArgs), so it never lands.
+    float row_logz = __int_as_float(0x7fffffff);
     if (logz != nullptr || logprobs != nullptr || draft_tokens != nullptr) {
-      const float row_logz = SummaryLogZ(s);
+      row_logz = SummaryLogZ(s);
       if (logz != nullptr) logz[row] = row_logz;
       if (logprobs != nullptr) logprobs[row] = s.best_logit - row_logz;
       if (draft_tokens != nullptr) {
@@ -58,6 +68,14 @@ __global__ void __launch_bounds__(kMergeThreads)
         draft_logprobs[row] = x >= 0 && x < valid_vocab ? __fsub_rn(draft_logprobs[row], row_logz)
                                                         : __int_as_float(0x7fffffff);
       }
+    }
+    for (int k = 0; k < spans.count; ++k) {
+      const OutputSpan& span = spans.span[k];
+      const int64_t at = row - span.first_row;
+      if (at < 0 || at >= span.rows) continue;
+      span.token_ids[at] = s.best_index;
+      if (span.logz != nullptr) span.logz[at] = row_logz;
+      if (span.logprobs != nullptr) span.logprobs[at] = s.best_logit - row_logz;
     }
   }
 }
@@ -74,9 +92,12 @@ cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_
   const cudaLaunchConfig_t config =
       DependentLaunch(dim3(static_cast<unsigned>(args.batch)), dim3(kMergeThreads), 0, stream,
                       &attribute);
+  OutputSpans spans{};
+  spans.count = args.num_output_spans;  // 0 .. kMaxOutputSpans (CheckSampleArgs)
+  for (int k = 0; k < spans.count; ++k) spans.span[k] = args.output_spans[k];
   return cudaLaunchKernelEx(&config, MergeTileSummariesKernel, tile_summaries, num_tiles,
                             args.valid_vocab, args.token_ids, args.logz, args.logprobs,
-                            args.draft_tokens, args.draft_logprobs, args.row_summaries);
+                            args.draft_tokens, args.draft_logprobs, args.row_summaries, spans);
 }
 
 KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment) {
@@ -113,6 +134,19 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
   }
   if (args.draft_tokens != nullptr && (args.token_offset != 0 || args.row_summaries != nullptr)) {
     return KernelStatus::kInvalidArgument;
+  }
+  if (args.num_output_spans < 0 || args.num_output_spans > kMaxOutputSpans) {
+    return KernelStatus::kInvalidArgument;
+  }
+  for (int k = 0; k < args.num_output_spans; ++k) {
+    const OutputSpan& span = args.output_spans[k];
+    if (span.first_row < 0 || span.rows < 1 || span.first_row > args.batch - span.rows ||
+        span.token_ids == nullptr || !aligned(span.token_ids, alignof(int32_t)) ||
+        !aligned(span.logz, alignof(float)) || !aligned(span.logprobs, alignof(float)) ||
+        (span.logz != nullptr && args.logz == nullptr) ||
+        (span.logprobs != nullptr && args.logprobs == nullptr)) {
+      return KernelStatus::kInvalidArgument;
+    }
   }
   return KernelStatus::kOk;
 }

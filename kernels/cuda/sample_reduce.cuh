@@ -229,7 +229,9 @@ inline bool WantsLogSumExp(const FusedSampleArgs& args) {
 //   logprobs[row]  = best_logit - logz (when logprobs != nullptr),
 //   draft_logprobs[row] = (l'_x stored there by stage 1) - logz for a row with
 //                    a draft x in [0, valid_vocab), else NaN (when draft_tokens),
-//   row_summaries[row] = the merged summary (when row_summaries != nullptr).
+//   row_summaries[row] = the merged summary (when row_summaries != nullptr),
+// and the token, log Z and logprob of each row inside one of
+// args.output_spans again at its place there (OutputSpan).
 // The log-sum-exp parts (and the summaries' max_logit / sum_exp) are
 // meaningful only if stage 1 ran with WantsLogSumExp(args). Enqueues one
 // kernel on `stream`; returns the launch error, if any.

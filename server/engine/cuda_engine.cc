@@ -10,8 +10,10 @@
 // controlled path for the rows it serves and the materialized one for the
 // rest; plain ones the fused kernel up to --cuda_fused_max_rows rows, by
 // default every batch, so a row's bits do not depend on its batch; the
-// cuBLAS-materialized path above), the results come back through pinned memory
-// and the stream is synchronised. Speculative-verification rows
+// cuBLAS-materialized path above), the results come back in pinned host
+// memory that the sampler's last kernel writes itself (and a request's CUDA
+// IPC output region gets them from the same kernel, kernels::OutputSpan), and
+// the stream is synchronised: no copy follows a plain launch's kernels. Speculative-verification rows
 // (SampleBatch::draft_tokens) ride in the same launch on the fused and
 // materialized paths: their draft tokens are uploaded beside the params and
 // the kernels exclude / score them (FusedSampleArgs::draft_tokens); with
@@ -67,6 +69,14 @@ CudaWeightDType ToCudaDType(WeightDType d) {
   return CudaWeightDType::kBFloat16;
 }
 
+// Pinned host memory the device reads and writes over the bus (mapped into
+// its address space, for every device), and the device's address of it.
+cudaError_t AllocateMappedHost(void** host, void** device, size_t bytes) {
+  cudaError_t err = cudaHostAlloc(host, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (err == cudaSuccess) err = cudaHostGetDevicePointer(device, *host, 0);
+  return err;
+}
+
 class CudaEngine final : public Engine {
  public:
   CudaEngine(const ModelShape& shape, const CudaEngineOptions& options, int64_t max_rows)
@@ -77,12 +87,12 @@ class CudaEngine final : public Engine {
     cudaSetDevice(options_.device);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* p : {weight_, hidden_, wire_, params_, tokens_, logz_, logprobs_, drafts_,
-                    draft_logprobs_, first_bad_, workspace_}) {
+    for (void* p : {weight_, hidden_, wire_, params_, drafts_, draft_logprobs_, first_bad_, blocks_done_,
+                    error_bytes_, workspace_}) {
       cudaFree(p);
     }
     for (void* p : {host_hidden_, host_params_, host_tokens_, host_logz_, host_logprobs_,
-                    host_drafts_, host_draft_logprobs_, host_first_bad_, host_no_bad_}) {
+                    host_drafts_, host_draft_logprobs_, host_first_bad_}) {
       cudaFreeHost(p);
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -109,23 +119,29 @@ class CudaEngine final : public Engine {
     // Host wire rows land here before widening, at their fp32 rows' offsets.
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&wire_, hidden_bytes));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&params_, rows * sizeof(RowParams)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&tokens_, rows * sizeof(int32_t)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logz_, rows * sizeof(float)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&drafts_, rows * sizeof(int32_t)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&draft_logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_hidden_, hidden_bytes));
-    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_params_, rows * sizeof(RowParams)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_tokens_, rows * sizeof(int32_t)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logz_, rows * sizeof(float)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_logprobs_, rows * sizeof(float)));
+    // Read by the device itself when they ride with the widening (StageHidden).
+    FS_RETURN_IF_CUDA_ERROR(AllocateMappedHost(&host_params_, &device_host_params_, rows * sizeof(RowParams)));
+    // The kernels write these themselves (mapped into the device's address
+    // space), so no copy brings them back.
+    FS_RETURN_IF_CUDA_ERROR(AllocateMappedHost(&host_tokens_, &device_tokens_, rows * sizeof(int32_t)));
+    FS_RETURN_IF_CUDA_ERROR(AllocateMappedHost(&host_logz_, &device_logz_, rows * sizeof(float)));
+    FS_RETURN_IF_CUDA_ERROR(AllocateMappedHost(&host_logprobs_, &device_logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_drafts_, rows * sizeof(int32_t)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_draft_logprobs_, rows * sizeof(float)));
-    // One first-bad index per group of wire rows; a batch has at most one per row.
+    // One first-bad index per group of wire rows (a batch has at most one
+    // per row), with its block counter: set once here, and left so by every
+    // widening launch, which reports into host_first_bad_ itself
+    // (kernels::LaunchWidenHiddenStatesToHost).
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&first_bad_, rows * sizeof(unsigned long long)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_first_bad_, rows * sizeof(unsigned long long)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_no_bad_, rows * sizeof(unsigned long long)));
-    std::memset(host_no_bad_, 0xff, rows * sizeof(unsigned long long));  // kNoBadHiddenElement
+    FS_RETURN_IF_CUDA_ERROR(cudaMemset(first_bad_, 0xff, rows * sizeof(unsigned long long)));  // kNoBadHiddenElement
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&blocks_done_, rows * sizeof(unsigned int)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMemset(blocks_done_, 0, rows * sizeof(unsigned int)));
+    FS_RETURN_IF_CUDA_ERROR(
+        AllocateMappedHost(&host_first_bad_, &device_first_bad_host_, rows * sizeof(unsigned long long)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&error_bytes_, sizeof(unsigned long long)));
     if (options_.upload_min_bytes > 0) {
       absl::StatusOr<std::shared_ptr<DeviceUpload>> upload =
           MakeCudaDeviceUpload(options_.device, static_cast<size_t>(options_.upload_min_bytes));
@@ -211,14 +227,6 @@ class CudaEngine final : public Engine {
     // A device error is the launch's outcome: what the failed stream left in
     // the first-bad indices is not evidence about the rows.
     if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) return result;
-    // The controlled path and failed launches leave the first-bad indices
-    // to fetch here (the plain path fetches them with its outputs).
-    if (first_bad_pending_) {
-      FS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_first_bad_, first_bad_,
-                                              wire_groups_.size() * sizeof(unsigned long long),
-                                              cudaMemcpyDeviceToHost, stream_));
-      first_bad_pending_ = false;
-    }
     // A bad value in wire rows fails the batch whatever the sampler made of
     // it (its outputs are garbage then, never a crash).
     if (absl::Status s = CheckWireRows(batch.request_row_offset); !s.ok()) return s;
@@ -242,7 +250,7 @@ class CudaEngine final : public Engine {
   absl::Status StageHidden(const SampleBatch& batch) {
     const int64_t d = shape_.hidden_size;
     wire_groups_.clear();
-    first_bad_pending_ = false;
+    wire_groups_widened_ = false;
     // Copies a failed launch left behind (an argument error returns before
     // they are enqueued) must not reach this one.
     copy_dst_.clear();
@@ -307,28 +315,35 @@ class CudaEngine final : public Engine {
       AddCopy(const_cast<char*>(static_cast<const char*>(group.source)) + within, pinned, bytes);
     }
     if (absl::Status s = stage_host_rows(row, batch.rows); !s.ok()) return s;
-    // The rows' parameters (and draft tokens) ride in the same upload.
+    // The rows' parameters (and draft tokens) ride in the same upload; or,
+    // when there is nothing else to upload (every row already on the GPU: a
+    // CUDA IPC buffer, a mapped shared-memory region, a request thread's
+    // upload), with the first widening kernel, which copies them from mapped
+    // host memory: a decode step then starts with a kernel, not a copy.
     std::memcpy(host_params_, batch.params.data(), batch.rows * sizeof(RowParams));
-    AddCopy(params_, host_params_, batch.rows * sizeof(RowParams));
+    kernels::RideAlongCopy params_ride;
+    if (copy_dst_.empty() && !wire_groups_.empty() && batch.draft_tokens.empty()) {
+      params_ride = kernels::RideAlongCopy{device_host_params_, params_, batch.rows * sizeof(RowParams)};
+    } else {
+      AddCopy(params_, host_params_, batch.rows * sizeof(RowParams));
+    }
     if (!batch.draft_tokens.empty()) {
       std::memcpy(host_drafts_, batch.draft_tokens.data(), batch.rows * sizeof(int32_t));
       AddCopy(drafts_, host_drafts_, batch.rows * sizeof(int32_t));
     }
-    // The groups' first-bad indices start at kNoBadHiddenElement: set by the
-    // same upload rather than a memset per group.
-    if (!wire_groups_.empty()) {
-      AddCopy(first_bad_, host_no_bad_, wire_groups_.size() * sizeof(unsigned long long));
-    }
     if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
       const WireGroup& group = wire_groups_[g];
-      const KernelStatus status = kernels::LaunchWidenHiddenStates(
+      const kernels::FirstBadToHost report{static_cast<unsigned long long*>(first_bad_) + g,
+                                           static_cast<unsigned int*>(blocks_done_) + g,
+                                           static_cast<unsigned long long*>(device_first_bad_host_) + g};
+      const KernelStatus status = kernels::LaunchWidenHiddenStatesToHost(
           group.source, ToCudaDType(group.dtype), group.rows * d, ToCudaDType(shape_.weight_dtype),
-          static_cast<float*>(hidden_) + group.first_row * d, static_cast<unsigned long long*>(first_bad_) + g,
-          stream_, kernels::FirstBadReset::kByCaller);
+          static_cast<float*>(hidden_) + group.first_row * d, report, stream_,
+          g == 0 ? params_ride : kernels::RideAlongCopy{});
       if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "widening hidden states on the GPU");
     }
-    first_bad_pending_ = !wire_groups_.empty();
+    wire_groups_widened_ = true;
     return absl::OkStatus();
   }
 
@@ -366,9 +381,9 @@ class CudaEngine final : public Engine {
   // (its row counted from request_row_offset, SampleBatch), after the stream
   // has finished.
   absl::Status CheckWireRows(int64_t request_row_offset) {
-    // Still pending (its download never enqueued): host_first_bad_ holds an
+    // Not all widened (StageHidden failed): host_first_bad_ may hold an
     // earlier batch's indices, which must not be read as this one's.
-    if (wire_groups_.empty() || first_bad_pending_) return absl::OkStatus();
+    if (wire_groups_.empty() || !wire_groups_widened_) return absl::OkStatus();
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     const int64_t d = shape_.hidden_size;
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
@@ -376,13 +391,14 @@ class CudaEngine final : public Engine {
       if (bad == kernels::kNoBadHiddenElement) continue;
       const WireGroup& group = wire_groups_[g];
       // Read the element itself for the message (a few bytes, errors only)
-      // by a device thread into this group's first-bad slot, then to the
-      // host: the source may be host memory mapped into the device's
-      // address space (a shared-memory region), which the CPU never reads
-      // (cudaMemcpy from it would: a shrunk object would fault the server).
+      // by a device thread into device scratch, then to the host: the
+      // source may be host memory mapped into the device's address space (a
+      // shared-memory region), which the CPU never reads (cudaMemcpy from it
+      // would: a shrunk object would fault the server). Not into first_bad_,
+      // whose words the widening launches keep at kNoBadHiddenElement.
       const int64_t elem = WeightDTypeSize(group.dtype);
       uint32_t bits = 0;
-      unsigned long long* slot = static_cast<unsigned long long*>(first_bad_) + g;
+      void* slot = error_bytes_;
       if (kernels::LaunchCopyDeviceBytes(static_cast<const char*>(group.source) + bad * elem,
                                          static_cast<int>(elem), slot, stream_) != KernelStatus::kOk) {
         return absl::InternalError("reading a bad hidden-state element on the GPU: launch failed");
@@ -455,37 +471,46 @@ class CudaEngine final : public Engine {
     args.vocab = shape_.vocab_size;
     args.valid_vocab = shape_.valid_vocab;
     args.hidden_dim = shape_.hidden_size;
-    args.token_ids = static_cast<int32_t*>(tokens_);
-    args.logz = batch.want_logz ? static_cast<float*>(logz_) : nullptr;
-    args.logprobs = batch.want_logprobs ? static_cast<float*>(logprobs_) : nullptr;
+    args.token_ids = static_cast<int32_t*>(device_tokens_);
+    args.logz = batch.want_logz ? static_cast<float*>(device_logz_) : nullptr;
+    args.logprobs = batch.want_logprobs ? static_cast<float*>(device_logprobs_) : nullptr;
     args.workspace = workspace_;
     args.workspace_bytes = workspace_bytes_;
     args.draft_tokens = drafts ? static_cast<const int32_t*>(drafts_) : nullptr;
     args.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_) : nullptr;
+    // Results that stay on the device (a CUDA IPC output region): stage 2
+    // writes them there too, up to kMaxOutputSpans requests' worth; a launch
+    // of more such requests copies them from the host buffers afterwards.
+    const bool spans = batch.device_outputs.size() <= static_cast<size_t>(kernels::kMaxOutputSpans);
+    if (spans) {
+      for (const DeviceOutputRows& out : batch.device_outputs) {
+        kernels::OutputSpan& span = args.output_spans[args.num_output_spans++];
+        span.first_row = out.first_row;
+        span.rows = out.rows;
+        span.token_ids = out.token_ids;
+        span.logz = out.logz;
+        span.logprobs = out.logprobs;
+      }
+    }
     const KernelStatus status = path == CudaSamplerPath::kFused
                                     ? kernels::LaunchFusedSample(args, stream_)
                                     : kernels::LaunchMaterializedSample(args, cublas_, stream_);
     if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "cuda sampler launch");
-    // Results that stay on the device (a CUDA IPC output region) are copied
-    // there device to device; the outputs and the wire rows' first-bad
-    // indices come back to the host in the same call.
-    for (const DeviceOutputRows& out : batch.device_outputs) {
-      const size_t bytes = static_cast<size_t>(out.rows) * 4;
-      AddCopy(out.token_ids, static_cast<int32_t*>(tokens_) + out.first_row, bytes);
-      if (out.logz != nullptr) AddCopy(out.logz, static_cast<float*>(logz_) + out.first_row, bytes);
-      if (out.logprobs != nullptr) {
-        AddCopy(out.logprobs, static_cast<float*>(logprobs_) + out.first_row, bytes);
+    // Copies remain only for device results beyond the spans (from the host
+    // buffers stage 2 wrote, in stream order after it) and for draft
+    // log-probs, which stage 1 writes and stage 2 reads back in device memory.
+    if (!spans) {
+      for (const DeviceOutputRows& out : batch.device_outputs) {
+        const size_t bytes = static_cast<size_t>(out.rows) * 4;
+        AddCopy(out.token_ids, static_cast<int32_t*>(host_tokens_) + out.first_row, bytes);
+        if (out.logz != nullptr) AddCopy(out.logz, static_cast<float*>(host_logz_) + out.first_row, bytes);
+        if (out.logprobs != nullptr) {
+          AddCopy(out.logprobs, static_cast<float*>(host_logprobs_) + out.first_row, bytes);
+        }
       }
     }
-    AddCopy(host_tokens_, tokens_, rows * sizeof(int32_t));
-    if (batch.want_logz) AddCopy(host_logz_, logz_, rows * sizeof(float));
-    if (batch.want_logprobs) AddCopy(host_logprobs_, logprobs_, rows * sizeof(float));
     if (drafts) AddCopy(host_draft_logprobs_, draft_logprobs_, rows * sizeof(float));
-    if (first_bad_pending_) {
-      AddCopy(host_first_bad_, first_bad_, wire_groups_.size() * sizeof(unsigned long long));
-    }
     if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
-    first_bad_pending_ = false;  // downloaded with the outputs
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     // Controls that are all neutral reach here (details: one sample per row).
     SampleResult result = SampleResultFromHostOutputs(
@@ -507,12 +532,11 @@ class CudaEngine final : public Engine {
   void* hidden_ = nullptr;
   void* wire_ = nullptr;
   void* params_ = nullptr;
-  void* tokens_ = nullptr;
-  void* logz_ = nullptr;
-  void* logprobs_ = nullptr;
   void* drafts_ = nullptr;
   void* draft_logprobs_ = nullptr;
-  void* first_bad_ = nullptr;
+  void* first_bad_ = nullptr;    // [max_rows_], kNoBadHiddenElement between launches
+  void* blocks_done_ = nullptr;  // [max_rows_], 0 between launches
+  void* error_bytes_ = nullptr;  // 8 bytes: a bad element on its way to the host
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   void* host_hidden_ = nullptr;
@@ -523,7 +547,12 @@ class CudaEngine final : public Engine {
   void* host_drafts_ = nullptr;
   void* host_draft_logprobs_ = nullptr;
   void* host_first_bad_ = nullptr;
-  void* host_no_bad_ = nullptr;  // max_rows_ x kNoBadHiddenElement, never written after Init
+  // The device's addresses of the mapped host buffers the kernels read or write.
+  void* device_host_params_ = nullptr;
+  void* device_tokens_ = nullptr;
+  void* device_logz_ = nullptr;
+  void* device_logprobs_ = nullptr;
+  void* device_first_bad_host_ = nullptr;
   // Consecutive wire rows widened by one launch from `source` (device
   // memory: wire_ for host rows, `host`; else a CUDA IPC buffer in place),
   // with first_bad_[index in wire_groups_].
@@ -535,10 +564,10 @@ class CudaEngine final : public Engine {
     bool host;
   };
   // The current launch's groups, its copies in flight to one EnqueueCopies
-  // call (reused), and whether the groups' first-bad indices still have to
-  // be downloaded.
+  // call (reused), and whether every group's widening was enqueued (then
+  // each reports its first-bad index into host_first_bad_).
   std::vector<WireGroup> wire_groups_;
-  bool first_bad_pending_ = false;
+  bool wire_groups_widened_ = false;
   std::vector<void*> copy_dst_;
   std::vector<const void*> copy_src_;
   std::vector<size_t> copy_bytes_;

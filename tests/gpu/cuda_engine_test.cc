@@ -521,6 +521,81 @@ TEST(CudaEngine, DraftRowsAndResultsOnTheDeviceShareALaunch) {
   EXPECT_TRUE(cuda->healthy());
 }
 
+// Results a launch writes into GPU memory (CUDA IPC output regions), on both
+// paths: stage 2 writes them itself for up to kMaxOutputSpans requests, and a
+// launch of more copies them after it. Every layout gives the device rows
+// the host results of the same batch without device outputs, bit for bit,
+// and leaves the host results unchanged; rows outside every span are never
+// written.
+TEST(CudaEngine, ResultsOnTheDeviceFromStageTwoAndFromCopies) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.valid_vocab = kVocab - 7;
+  options.max_batch_rows = 64;
+  for (const int64_t fused_max_rows : {int64_t{64}, int64_t{0}}) {  // fused; materialized
+    SCOPED_TRACE(::testing::Message() << "fused_max_rows " << fused_max_rows);
+    options.cuda.fused_max_rows = fused_max_rows;
+    absl::StatusOr<std::unique_ptr<Engine>> made = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+    ASSERT_TRUE(made.ok()) << made.status();
+    Engine* const cuda = made->get();
+    for (const int64_t rows : {int64_t{3}, int64_t{12}, int64_t{40}}) {
+      SampleBatch batch = RandomBatch(rows, 700 + rows);
+      batch.want_logz = true;
+      batch.want_logprobs = true;
+      const absl::StatusOr<SampleResult> want = cuda->Sample(batch);
+      ASSERT_TRUE(want.ok()) << want.status();
+      // Each layout: runs of (first_row, rows) with results on the device.
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> layouts;
+      layouts.push_back({{0, rows}});
+      layouts.push_back({{1, 1}, {rows - 1, 1}});
+      std::vector<std::pair<int64_t, int64_t>> every_row;  // > kMaxOutputSpans from 12 rows: copies
+      for (int64_t r = 0; r < rows; ++r) every_row.push_back({r, 1});
+      layouts.push_back(every_row);
+      for (size_t l = 0; l < layouts.size(); ++l) {
+        SCOPED_TRACE(::testing::Message() << rows << " rows, layout " << l);
+        // One buffer for the batch's rows, three words a row, set to a
+        // pattern no result has; rows outside the runs must keep it.
+        const size_t words = static_cast<size_t>(rows) * 3;
+        std::vector<uint32_t> pattern(words, 0xdeadbeefu);
+        uint32_t* buffer = nullptr;
+        ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&buffer), words * 4), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(buffer, pattern.data(), words * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        SampleBatch on_device = batch;
+        std::vector<bool> placed(static_cast<size_t>(rows), false);
+        for (const auto& [first, n] : layouts[l]) {
+          // Logprobs only for the layout's second run, to cover both forms.
+          const bool logz = !(l == 1 && first != 1);
+          on_device.device_outputs.push_back(DeviceOutputRows{
+              first, n, reinterpret_cast<int32_t*>(buffer + first),
+              logz ? reinterpret_cast<float*>(buffer + rows + first) : nullptr,
+              reinterpret_cast<float*>(buffer + 2 * rows + first), 0, nullptr});
+          for (int64_t r = first; r < first + n; ++r) placed[static_cast<size_t>(r)] = true;
+        }
+        const absl::StatusOr<SampleResult> got = cuda->Sample(on_device);
+        ASSERT_TRUE(got.ok()) << got.status();
+        std::vector<uint32_t> device(words);
+        ASSERT_EQ(cudaMemcpy(device.data(), buffer, words * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        cudaFree(buffer);
+        for (int64_t r = 0; r < rows; ++r) {
+          uint32_t token_word, logz_word, logprob_word;
+          std::memcpy(&token_word, &want->token_ids[r], 4);
+          std::memcpy(&logz_word, &want->logz[r], 4);
+          std::memcpy(&logprob_word, &want->logprobs[r], 4);
+          const bool in = placed[static_cast<size_t>(r)];
+          const bool logz = in && !(l == 1 && r != 1);
+          EXPECT_EQ(device[r], in ? token_word : 0xdeadbeefu) << "token of row " << r;
+          EXPECT_EQ(device[rows + r], logz ? logz_word : 0xdeadbeefu) << "log Z of row " << r;
+          EXPECT_EQ(device[2 * rows + r], in ? logprob_word : 0xdeadbeefu) << "logprob of row " << r;
+        }
+        EXPECT_EQ(got->token_ids, want->token_ids);
+        EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), rows * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(got->logprobs.data(), want->logprobs.data(), rows * sizeof(float)), 0);
+      }
+    }
+    EXPECT_TRUE(cuda->healthy());
+  }
+}
+
 // Through the batcher, launches of at most 4 rows: a bad value in a later
 // part of a split request is named by its row in the request, when that part
 // runs alone and when it is re-run alone after a launch it shared failed.

@@ -442,6 +442,35 @@ TEST_F(FusedSampleTest, RejectsInvalidArguments) {
       {"cuda_core_tile 96", [](FusedSampleArgs& a) { a.cuda_core_tile = 96; }},
       {"cuda_core_tile -1", [](FusedSampleArgs& a) { a.cuda_core_tile = -1; }},
       {"mma_pipeline 7", [](FusedSampleArgs& a) { a.mma_pipeline = static_cast<MmaPipeline>(7); }},
+      // Output spans (OutputSpan): each inside the batch, with a token
+      // buffer, log Z / logprobs only where the launch computes them, at
+      // most kMaxOutputSpans.
+      {"span past the batch", [](FusedSampleArgs& a) { a.output_spans[0] = {kBatch - 1, 2, a.token_ids}; a.num_output_spans = 1; }},
+      {"span of 0 rows", [](FusedSampleArgs& a) { a.output_spans[0] = {0, 0, a.token_ids}; a.num_output_spans = 1; }},
+      {"span at -1", [](FusedSampleArgs& a) { a.output_spans[0] = {-1, 1, a.token_ids}; a.num_output_spans = 1; }},
+      {"span without tokens", [](FusedSampleArgs& a) { a.output_spans[0] = {0, 1, nullptr}; a.num_output_spans = 1; }},
+      {"misaligned span", [](FusedSampleArgs& a) {
+         a.output_spans[0] = {0, 1, reinterpret_cast<int32_t*>(reinterpret_cast<char*>(a.token_ids) + 2)};
+         a.num_output_spans = 1;
+       }},
+      {"span log Z without the launch's", [](FusedSampleArgs& a) {
+         a.output_spans[0] = {0, 1, a.token_ids, reinterpret_cast<float*>(a.token_ids)};
+         a.num_output_spans = 1;
+       }},
+      {"span logprobs without the launch's", [](FusedSampleArgs& a) {
+         a.output_spans[0] = {0, 1, a.token_ids, nullptr, reinterpret_cast<float*>(a.token_ids)};
+         a.num_output_spans = 1;
+       }},
+      {"second span past the batch", [](FusedSampleArgs& a) {
+         a.output_spans[0] = {0, 1, a.token_ids};
+         a.output_spans[1] = {kBatch, 1, a.token_ids};
+         a.num_output_spans = 2;
+       }},
+      {"spans -1", [](FusedSampleArgs& a) { a.num_output_spans = -1; }},
+      {"spans kMaxOutputSpans + 1", [](FusedSampleArgs& a) {
+         for (OutputSpan& span : a.output_spans) span = {0, 1, a.token_ids};
+         a.num_output_spans = kMaxOutputSpans + 1;
+       }},
   };
   for (const auto& [name, mutate] : cases) {
     FusedSampleArgs args = good;

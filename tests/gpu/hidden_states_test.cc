@@ -233,6 +233,170 @@ TEST(WidenHiddenStates, ACallersResetIsTheOnlyReset) {
   EXPECT_EQ(widen_after(kNoBadHiddenElement), kNoBadHiddenElement);
 }
 
+// LaunchWidenHiddenStatesToHost: each launch writes its own first bad index
+// (or kNoBadHiddenElement) into mapped host memory, with no reset before it
+// and no copy after it, and leaves the device words as it found them, so the
+// next launch starts clean. Many blocks (every grid size the launcher picks
+// up to its cap, both kernels), bad elements in the first and last blocks,
+// several per launch, and launches back to back on one stream with nothing
+// in between.
+TEST(WidenHiddenStates, ReportsEachLaunchsFirstBadIndexToTheHost) {
+  struct Case {
+    int64_t count;
+    size_t offset;  // 0: the vector kernel; 2: the element kernel
+    std::vector<int64_t> bad;
+  };
+  const std::vector<Case> cases = {
+      {4099, 0, {2050}},
+      {4099, 2, {4098, 5}},
+      {1 << 20, 0, {}},
+      {1 << 20, 0, {(1 << 20) - 1}},
+      {(1 << 22) + 3, 0, {(1 << 22) + 2, 1 << 21, 3 << 20}},
+      {(1 << 22) + 3, 2, {0}},
+      {17, 0, {}},
+      {300000, 2, {299999}},
+  };
+  size_t max_count = 0;
+  for (const Case& c : cases) max_count = std::max(max_count, static_cast<size_t>(c.count));
+  DeviceBuffers b;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.dst), max_count * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.first_bad), sizeof(unsigned long long)), cudaSuccess);
+  unsigned int* blocks_done = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&blocks_done), sizeof(unsigned int)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(b.first_bad, 0xff, sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(blocks_done, 0, sizeof(unsigned int)), cudaSuccess);
+  unsigned long long* host = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&host), cases.size() * sizeof(unsigned long long),
+                          cudaHostAllocMapped),
+            cudaSuccess);
+  unsigned long long* host_on_device = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_on_device), host, 0), cudaSuccess);
+  for (size_t k = 0; k < cases.size(); ++k) host[k] = 12345;  // every launch must overwrite its word
+
+  // Sources for all cases first (the copies are synchronous), then every
+  // launch back to back: one source buffer per case so none is overwritten
+  // while queued.
+  std::vector<void*> sources(cases.size(), nullptr);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    std::vector<uint16_t> src(static_cast<size_t>(c.count), 0x3f80);  // 1.0 in bf16
+    for (int64_t i : c.bad) src[static_cast<size_t>(i)] = i % 2 == 0 ? 0x7f80 : 0x7fc1;  // inf, NaN
+    ASSERT_EQ(cudaMalloc(&sources[k], src.size() * 2 + 16), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(static_cast<char*>(sources[k]) + c.offset, src.data(), src.size() * 2,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const FirstBadToHost report{b.first_bad, blocks_done, host_on_device + k};
+    EXPECT_EQ(LaunchWidenHiddenStatesToHost(static_cast<char*>(sources[k]) + cases[k].offset,
+                                            CudaWeightDType::kBFloat16, cases[k].count,
+                                            CudaWeightDType::kBFloat16, b.dst, report, stream),
+              KernelStatus::kOk);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const std::vector<int64_t>& bad = cases[k].bad;
+    const unsigned long long want =
+        bad.empty() ? kNoBadHiddenElement
+                    : static_cast<unsigned long long>(*std::min_element(bad.begin(), bad.end()));
+    EXPECT_EQ(host[k], want) << "case " << k;
+  }
+  unsigned long long device_first_bad = 0;
+  unsigned int device_blocks_done = 1;
+  ASSERT_EQ(cudaMemcpy(&device_first_bad, b.first_bad, sizeof(device_first_bad), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&device_blocks_done, blocks_done, sizeof(device_blocks_done), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(device_first_bad, kNoBadHiddenElement);
+  EXPECT_EQ(device_blocks_done, 0u);
+
+  const FirstBadToHost no_host{b.first_bad, blocks_done, nullptr};
+  EXPECT_EQ(LaunchWidenHiddenStatesToHost(sources[0], CudaWeightDType::kBFloat16, 1, CudaWeightDType::kBFloat16,
+                                          b.dst, no_host, stream),
+            KernelStatus::kInvalidArgument);
+  const FirstBadToHost no_counter{b.first_bad, nullptr, host_on_device};
+  EXPECT_EQ(LaunchWidenHiddenStatesToHost(sources[0], CudaWeightDType::kBFloat16, 1, CudaWeightDType::kBFloat16,
+                                          b.dst, no_counter, stream),
+            KernelStatus::kInvalidArgument);
+  for (void* p : sources) cudaFree(p);
+  cudaFree(blocks_done);
+  cudaFreeHost(host);
+  cudaStreamDestroy(stream);
+}
+
+// RideAlongCopy: the widening kernel's threads copy the caller's words from
+// mapped host memory to device memory, whatever the grid (one block, or
+// fewer threads than words), and the widening is unchanged beside it.
+TEST(WidenHiddenStates, CopiesRideAlongWords) {
+  const size_t kWords = 64 * 1024 + 3;  // more words than a 17-element launch's threads
+  uint32_t* host = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&host), kWords * 4, cudaHostAllocMapped), cudaSuccess);
+  void* host_on_device = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(&host_on_device, host, 0), cudaSuccess);
+  for (size_t w = 0; w < kWords; ++w) host[w] = static_cast<uint32_t>(w * 2654435761u);
+  DeviceBuffers b;
+  uint32_t* copied = nullptr;
+  unsigned int* blocks_done = nullptr;
+  unsigned long long* first_bad_host = nullptr;
+  const int64_t kMaxCount = 1 << 20;
+  ASSERT_EQ(cudaMalloc(&b.src, kMaxCount * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.dst), kMaxCount * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b.first_bad), sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&copied), kWords * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&blocks_done), sizeof(unsigned int)), cudaSuccess);
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&first_bad_host), sizeof(unsigned long long), cudaHostAllocMapped),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(b.first_bad, 0xff, sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(blocks_done, 0, sizeof(unsigned int)), cudaSuccess);
+  const std::vector<uint16_t> ones(kMaxCount, 0x3f80);  // 1.0 in bf16
+  ASSERT_EQ(cudaMemcpy(b.src, ones.data(), kMaxCount * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  const FirstBadToHost report{b.first_bad, blocks_done, first_bad_host};
+  for (const int64_t count : {int64_t{17}, kMaxCount}) {
+    for (const size_t words : {size_t{1}, size_t{8}, kWords}) {
+      SCOPED_TRACE(::testing::Message() << count << " elements, " << words << " words");
+      ASSERT_EQ(cudaMemset(copied, 0, kWords * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(b.dst, 0, kMaxCount * sizeof(float)), cudaSuccess);
+      EXPECT_EQ(LaunchWidenHiddenStatesToHost(b.src, CudaWeightDType::kBFloat16, count, CudaWeightDType::kBFloat16,
+                                              b.dst, report, nullptr, RideAlongCopy{host_on_device, copied, words * 4}),
+                KernelStatus::kOk);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint32_t> got(kWords);
+      ASSERT_EQ(cudaMemcpy(got.data(), copied, kWords * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      size_t wrong = 0;
+      for (size_t w = 0; w < kWords; ++w) wrong += got[w] != (w < words ? host[w] : 0u);
+      EXPECT_EQ(wrong, 0u);
+      std::vector<float> widened(static_cast<size_t>(count));
+      ASSERT_EQ(cudaMemcpy(widened.data(), b.dst, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(std::count(widened.begin(), widened.end(), 1.0f), count);
+      EXPECT_EQ(*first_bad_host, kNoBadHiddenElement);
+    }
+  }
+  // Refused: misaligned, not whole words, a null end, and a destination
+  // overlapping the widening's own buffers or the source.
+  const std::vector<std::pair<const char*, RideAlongCopy>> bad = {
+      {"misaligned src", RideAlongCopy{static_cast<char*>(host_on_device) + 2, copied, 8}},
+      {"misaligned dst", RideAlongCopy{host_on_device, reinterpret_cast<char*>(copied) + 2, 8}},
+      {"6 bytes", RideAlongCopy{host_on_device, copied, 6}},
+      {"null src", RideAlongCopy{nullptr, copied, 8}},
+      {"null dst", RideAlongCopy{host_on_device, nullptr, 8}},
+      {"into dst", RideAlongCopy{host_on_device, b.dst + 4, 8}},
+      {"into the source", RideAlongCopy{host_on_device, b.src, 8}},
+      {"onto itself", RideAlongCopy{copied, copied + 1, 8}},
+  };
+  for (const auto& [name, ride] : bad) {
+    EXPECT_EQ(LaunchWidenHiddenStatesToHost(b.src, CudaWeightDType::kBFloat16, 17, CudaWeightDType::kBFloat16,
+                                            b.dst, report, nullptr, ride),
+              KernelStatus::kInvalidArgument)
+        << name;
+  }
+  cudaFree(copied);
+  cudaFree(blocks_done);
+  cudaFreeHost(first_bad_host);
+  cudaFreeHost(host);
+}
+
 TEST(WidenHiddenStates, BadArgumentsAreRefused) {
   float dst = 0.0f;
   unsigned long long first_bad = 0;
