@@ -14,7 +14,8 @@
 // Prints one line per (rows, case): microseconds per call (CUDA events over
 // the iterations, after a warm-up) and the source bytes per second. A widening
 // call includes the launcher's reset of the first-bad index (an 8-byte memset,
-// FirstBadReset::kByLauncher), which the CUDA engine folds into its upload. A
+// FirstBadReset::kByLauncher), which the CUDA engine's form
+// (LaunchWidenHiddenStatesToHost) does without. A
 // program, not a test: nothing here is asserted.
 #include <cuda_runtime_api.h>
 

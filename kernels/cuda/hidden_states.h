@@ -28,8 +28,9 @@ inline constexpr unsigned long long kNoBadHiddenElement = ~0ull;
 
 // Who sets *first_bad to kNoBadHiddenElement before the kernel runs: the
 // launcher (one memset on the stream), or the caller, who enqueued that value
-// ahead of the launch on the same stream (a serving engine folds it into the
-// upload it makes anyway, one operation less per step).
+// ahead of the launch on the same stream (one operation less if it has a
+// copy to fold it into; the serving engine's LaunchWidenHiddenStatesToHost,
+// below, needs no reset at all).
 enum class FirstBadReset { kByLauncher, kByCaller };
 
 // dst[i] = the fp32 value of src[i] (`src_dtype`), rounded to `weight_dtype`
