@@ -50,6 +50,7 @@
 #include "server/telemetry/metrics.h"
 #include "server/api/sampler_service.h"
 #include "server/security/security_config.h"
+#include "server/security/token_file_watcher.h"
 #include "server/server_config.h"
 
 namespace {
@@ -228,10 +229,15 @@ int main(int argc, char** argv) {
   flashsampler::SamplerService service(&batcher, limits, &metrics, &regions);
   std::unique_ptr<flashsampler::BearerTokenAuth> token_auth;
   std::unique_ptr<flashsampler::AuthenticatedSamplerService> authenticated_service;
+  std::unique_ptr<flashsampler::TokenFileWatcher> token_watcher;  // stops before token_auth goes
   if (security->auth_token.has_value()) {
     token_auth = std::make_unique<flashsampler::BearerTokenAuth>(*security->auth_token);
     authenticated_service =
         std::make_unique<flashsampler::AuthenticatedSamplerService>(&service, token_auth.get());
+    if (security->credentials_refresh > absl::ZeroDuration()) {
+      token_watcher = std::make_unique<flashsampler::TokenFileWatcher>(
+          security->auth_token_file, token_auth.get(), security->credentials_refresh);
+    }
   }
 
   grpc::EnableDefaultHealthCheckService(true);

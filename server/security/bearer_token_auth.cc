@@ -21,6 +21,12 @@ std::array<unsigned char, 32> Sha256(absl::string_view text) {
 
 BearerTokenAuth::BearerTokenAuth(const std::string& token) : token_digest_(Sha256(token)) {}
 
+void BearerTokenAuth::Replace(const std::string& token) {
+  const std::array<unsigned char, 32> digest = Sha256(token);
+  absl::MutexLock lock(&mu_);
+  token_digest_ = digest;
+}
+
 absl::Status BearerTokenAuth::Check(
     const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
   // gRPC lower-cases metadata keys on the wire. A repeated header is refused:
@@ -36,7 +42,12 @@ absl::Status BearerTokenAuth::Check(
   }
   const std::array<unsigned char, 32> presented =
       Sha256(absl::StripAsciiWhitespace(header.substr(kScheme.size())));
-  if (CRYPTO_memcmp(presented.data(), token_digest_.data(), presented.size()) != 0) {
+  std::array<unsigned char, 32> expected;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    expected = token_digest_;
+  }
+  if (CRYPTO_memcmp(presented.data(), expected.data(), presented.size()) != 0) {
     return absl::UnauthenticatedError("invalid bearer token");
   }
   return absl::OkStatus();

@@ -6,9 +6,11 @@
 // neither a matching prefix nor the presented length changes the timing.
 // Neither token ever appears in a status message or a log.
 //
-// Immutable after construction; Check may be called from any number of
-// threads at once. Check returns OK, or Unauthenticated when the header is
-// missing, not a Bearer credential, or carries another token.
+// Thread safety: Check and Replace may be called from any number of threads
+// at once; a call checked while Replace runs sees the old token or the new
+// one, whole. Check returns OK, or Unauthenticated when the header is
+// missing, not a Bearer credential, or carries another token. Replace (a
+// rotated token file, TokenFileWatcher) makes `token` the only one accepted.
 #pragma once
 
 #include <array>
@@ -17,7 +19,9 @@
 
 #include <grpcpp/support/string_ref.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 
 namespace flashsampler {
 
@@ -26,9 +30,11 @@ class BearerTokenAuth {
   explicit BearerTokenAuth(const std::string& token);
 
   absl::Status Check(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  void Replace(const std::string& token);
 
  private:
-  std::array<unsigned char, 32> token_digest_;
+  mutable absl::Mutex mu_;
+  std::array<unsigned char, 32> token_digest_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace flashsampler

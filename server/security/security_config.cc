@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
@@ -24,6 +26,10 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token (trimmed); when set, every Sampler call must carry "
           "'authorization: Bearer <token>' (health and reflection stay open)");
+ABSL_FLAG(int32_t, credentials_refresh_s, 60,
+          "Seconds between re-reads of --tls_cert, --tls_key, --tls_client_ca and --auth_token_file "
+          "while serving (replace them atomically: a rename, or a Kubernetes Secret volume); "
+          "0 reads them once, at start");
 ABSL_FLAG(std::string, health_address, "",
           "HOST:PORT of a plaintext listener serving only grpc.health.v1 (for probes when TLS is on)");
 
@@ -76,12 +82,18 @@ SecurityOptions SecurityOptionsFromFlags() {
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.health_address = absl::GetFlag(FLAGS_health_address);
+  o.credentials_refresh_s = absl::GetFlag(FLAGS_credentials_refresh_s);
   return o;
 }
 
 absl::StatusOr<SecurityConfig> LoadSecurityConfig(const SecurityOptions& options) {
   SecurityConfig config;
   config.health_address = options.health_address;
+  if (options.credentials_refresh_s < 0) {
+    return absl::InvalidArgumentError("--credentials_refresh_s must be >= 0");
+  }
+  config.credentials_refresh = absl::Seconds(options.credentials_refresh_s);
+  config.auth_token_file = options.auth_token_file;
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::string> token = ReadBearerToken(options.auth_token_file, "auth_token_file");
     if (!token.ok()) return token.status();
@@ -113,16 +125,36 @@ absl::StatusOr<SecurityConfig> LoadSecurityConfig(const SecurityOptions& options
     return absl::InvalidArgumentError("--tls_key does not match the certificate in --tls_cert");
   }
 
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  std::string ca_pem;
   if (!options.tls_client_ca.empty()) {
-    absl::StatusOr<std::string> ca_pem = ReadCertificateFile(options.tls_client_ca, "tls_client_ca");
-    if (!ca_pem.ok()) return ca_pem.status();
-    ssl.pem_root_certs = *std::move(ca_pem);
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    absl::StatusOr<std::string> ca = ReadCertificateFile(options.tls_client_ca, "tls_client_ca");
+    if (!ca.ok()) return ca.status();
+    ca_pem = *std::move(ca);
     config.mtls = true;
   }
-  ssl.pem_key_cert_pairs.push_back({*std::move(key_pem), *std::move(cert_pem)});
-  config.credentials = grpc::SslServerCredentials(ssl);
+  // gRPC's TLS credentials with a certificate provider: the files as read
+  // here, or, with a refresh interval, gRPC's own watcher of the files, which
+  // re-reads them every interval and serves new handshakes with what it
+  // found (connections already open keep theirs).
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  if (options.credentials_refresh_s > 0) {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        options.tls_key, options.tls_cert, options.tls_client_ca,
+        static_cast<unsigned int>(options.credentials_refresh_s));
+  } else {
+    provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+        ca_pem, std::vector<grpc::experimental::IdentityKeyCertPair>{
+                    {*std::move(key_pem), *std::move(cert_pem)}});
+  }
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (config.mtls) {
+    tls.watch_root_certs();
+    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  config.credentials = grpc::experimental::TlsServerCredentials(tls);
   config.tls = true;
   return config;
 }

@@ -12,6 +12,15 @@
 // and CA parse and that the key belongs to the certificate, so a mistake is
 // an InvalidArgument naming the flag at start-up rather than failed
 // handshakes later. Call from one thread at start-up; the result is immutable.
+//
+// Rotation (--credentials_refresh_s, default 60 s; 0: read once): the TLS
+// credentials come from gRPC's FileWatcherCertificateProvider, which re-reads
+// the certificate, key and CA every interval, so new handshakes get the
+// files' current contents; the token file is followed by TokenFileWatcher
+// (token_file_watcher.h), which the server starts. Files must be replaced
+// atomically (a rename, or a Kubernetes Secret volume's symlink swap): a
+// certificate read beside the previous key fails the handshakes until the
+// next read.
 #pragma once
 
 #include <memory>
@@ -21,6 +30,7 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace flashsampler {
 
@@ -30,6 +40,7 @@ struct SecurityOptions {
   std::string tls_client_ca = {};    // PEM CA for client certificates; set: mTLS
   std::string auth_token_file = {};  // bearer token file; empty: no token check
   std::string health_address = {};   // HOST:PORT of the plaintext health-only port; empty: none
+  int credentials_refresh_s = 60;    // >= 0; 0: the files are read once
 };
 
 struct SecurityConfig {
@@ -37,6 +48,8 @@ struct SecurityConfig {
   bool tls = false;
   bool mtls = false;
   std::optional<std::string> auth_token;  // set: every Sampler call needs it
+  std::string auth_token_file;            // where auth_token came from
+  absl::Duration credentials_refresh;     // zero: the files are not re-read
   std::string health_address;
 
   // One line for the start-up log (never the token): "TLS, mTLS, bearer token".

@@ -3,7 +3,9 @@
 #   ca.pem            CA that signs server.pem and client.pem
 #   server.{pem,key}  server certificate, SAN DNS:localhost and IP:127.0.0.1
 #   client.{pem,key}  client certificate (extendedKeyUsage clientAuth)
-#   other_ca.pem      an unrelated CA; other_client.{pem,key} is signed by it
+#   other_ca.pem      an unrelated CA; other_client.{pem,key} and
+#                     other_server.{pem,key} (a rotated-in server certificate,
+#                     same names as server.pem) are signed by it
 # EC P-256 keys keep it fast; everything is valid for one day.
 set -euo pipefail
 dir=$1
@@ -29,3 +31,5 @@ make_leaf server ca "subjectAltName=DNS:localhost,IP:127.0.0.1
 extendedKeyUsage=serverAuth"
 make_leaf client ca "extendedKeyUsage=clientAuth"
 make_leaf other_client other_ca "extendedKeyUsage=clientAuth"
+make_leaf other_server other_ca "subjectAltName=DNS:localhost,IP:127.0.0.1
+extendedKeyUsage=serverAuth"

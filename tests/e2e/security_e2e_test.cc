@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +15,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/sampler_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -226,6 +230,60 @@ TEST_F(SecurityE2E, MutualTlsWithTokenNeedsBoth) {
   EXPECT_EQ(SampleCode(Security(token_only), server.address()), absl::StatusCode::kUnavailable);
 }
 
+// Copies `from` to `to` through a new file renamed over `to`: an atomic
+// replacement, as a rotation should be.
+void ReplaceFile(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(content.empty()) << from;
+  std::ofstream(to + ".next", std::ios::binary) << content;
+  ASSERT_EQ(std::rename((to + ".next").c_str(), to.c_str()), 0);
+}
+
+// Polls until a call with `security` gets `want` (the server re-reads its
+// files every --credentials_refresh_s): true once it does, false at the
+// deadline. Each call opens a new channel, so a new handshake.
+bool EventuallySampleCode(const ChannelSecurity& security, const std::string& address, absl::StatusCode want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (absl::Now() < deadline) {
+    if (SampleCode(security, address) == want) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+// --credentials_refresh_s: a rotated token and a rotated server certificate
+// (another CA's) take effect while the server runs, and the old ones stop
+// working; no restart.
+TEST_F(SecurityE2E, RotatedTokenAndCertificateTakeEffectWithoutARestart) {
+  ReplaceFile(File("server.pem"), File("rotating.pem"));
+  ReplaceFile(File("server.key"), File("rotating.key"));
+  ReplaceFile(File("token"), File("rotating_token"));
+  ServerProcess server(Flags({Flag("tls_cert", "rotating.pem"), Flag("tls_key", "rotating.key"),
+                              Flag("auth_token_file", "rotating_token"), "--credentials_refresh_s=1"}),
+                       Security(TrustingCa()));
+  ASSERT_TRUE(server.Start().ok());
+  ChannelSecurityOptions old_ca_old_token = TrustingCa();
+  old_ca_old_token.auth_token_file = File("token");
+  EXPECT_EQ(SampleCode(Security(old_ca_old_token), server.address()), absl::StatusCode::kOk);
+
+  std::ofstream(File("new_token")) << "rotated-token-42\n";
+  ReplaceFile(File("new_token"), File("rotating_token"));
+  ChannelSecurityOptions old_ca_new_token = TrustingCa();
+  old_ca_new_token.auth_token_file = File("new_token");
+  EXPECT_TRUE(EventuallySampleCode(Security(old_ca_new_token), server.address(), absl::StatusCode::kOk));
+  EXPECT_EQ(SampleCode(Security(old_ca_old_token), server.address()), absl::StatusCode::kUnauthenticated);
+
+  // The key first, then its certificate: between the two renames the files
+  // disagree, and a read then fails handshakes until the next one.
+  ReplaceFile(File("other_server.key"), File("rotating.key"));
+  ReplaceFile(File("other_server.pem"), File("rotating.pem"));
+  ChannelSecurityOptions new_ca_new_token = {.tls_ca = File("other_ca.pem")};
+  new_ca_new_token.auth_token_file = File("new_token");
+  EXPECT_TRUE(EventuallySampleCode(Security(new_ca_new_token), server.address(), absl::StatusCode::kOk));
+  EXPECT_EQ(SampleCode(Security(old_ca_new_token), server.address()), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(SecurityE2E, BadSecurityFilesStopTheStartWithTheFlagNamed) {
   struct Case {
     std::vector<std::string> flags;
@@ -240,6 +298,7 @@ TEST_F(SecurityE2E, BadSecurityFilesStopTheStartWithTheFlagNamed) {
       {{Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"), Flag("tls_client_ca", "token")},
        "--tls_client_ca"},
       {{"--auth_token_file=/nonexistent/token"}, "--auth_token_file"},
+      {{Flag("auth_token_file", "token"), "--credentials_refresh_s=-1"}, "--credentials_refresh_s"},
   };
   for (const Case& c : cases) {
     std::string command = testing::ServerBinary() + " --address=127.0.0.1:0";

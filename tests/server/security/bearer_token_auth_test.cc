@@ -1,6 +1,8 @@
 #include "server/security/bearer_token_auth.h"
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -50,6 +52,43 @@ TEST(BearerTokenAuth, StatusNeverEchoesEitherToken) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(std::string(status.message()).find("secret"), std::string::npos);
   EXPECT_EQ(std::string(status.message()).find("guess"), std::string::npos);
+}
+
+// Replace makes the new token the only one accepted, also while other threads
+// check calls: a checker that tries the old token and then the new one across
+// the one replacement finds one of them accepted, never neither (each check
+// sees one whole token). TSan runs this too.
+TEST(BearerTokenAuth, ReplaceSwapsTheTokenWhileCallsAreChecked) {
+  BearerTokenAuth auth("old-token");
+  using H = std::vector<std::pair<std::string, std::string>>;
+  const H old_header{{"authorization", "Bearer old-token"}};
+  const H new_header{{"authorization", "Bearer new-token"}};
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> checks{0};
+  std::atomic<int> neither{0};
+  std::vector<std::thread> checkers;
+  for (int t = 0; t < 4; ++t) {
+    checkers.emplace_back([&] {
+      while (!done.load()) {
+        const bool old_ok = CheckHeaders(auth, old_header) == absl::StatusCode::kOk;
+        const bool new_ok = CheckHeaders(auth, new_header) == absl::StatusCode::kOk;
+        if (!old_ok && !new_ok) neither.fetch_add(1);
+        checks.fetch_add(1);
+      }
+    });
+  }
+  const auto await_checks = [&](int64_t n) {
+    while (checks.load() < n) std::this_thread::yield();
+  };
+  await_checks(1000);
+  auth.Replace("new-token");
+  const int64_t at_replace = checks.load();
+  await_checks(at_replace + 1000);
+  done.store(true);
+  for (std::thread& t : checkers) t.join();
+  EXPECT_EQ(CheckHeaders(auth, new_header), absl::StatusCode::kOk);
+  EXPECT_EQ(CheckHeaders(auth, old_header), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(neither.load(), 0);
 }
 
 }  // namespace
