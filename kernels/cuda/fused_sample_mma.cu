@@ -198,15 +198,18 @@ struct Fp16Mma {
 // dependent of whatever kernel precedes it on the stream (the serving
 // engine's widening lets it be scheduled early): it waits for that kernel's
 // writes before touching memory, and so for every earlier operation on the
-// stream.
+// stream. Only then does it let stage 1 be scheduled: stage 1 reads the
+// params, draft tokens and H of earlier operations (a widening may write the
+// params) after a wait that covers this kernel alone, so none of them may
+// still be running when stage 1 starts.
 template <class T>
 __global__ void __launch_bounds__(256)
     ConvertHiddenKernel(const float* __restrict__ hidden, int64_t batch, int64_t hidden_dim,
                         int64_t chunk_rows, int64_t block_rows, int64_t filled,
                         unsigned short* __restrict__ hidden_rounded,
                         uint32_t* __restrict__ zero_words) {
-  AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
   GridDependencyWait();
+  AllowDependentLaunch();  // stage 1 may start streaming W meanwhile
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   // batch words; the grid has filled / 8 >= batch * hidden_dim / 8 threads.
   if (zero_words != nullptr && thread < batch) zero_words[thread] = 0u;

@@ -47,8 +47,10 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
 // hidden_dim]) rounded to the weight dtype (round to nearest even, as the
 // host's conversions) into hidden_rounded (layout.rows_filled() *
 // hidden_dim 16-bit elements, 16-byte aligned; hidden_dim % 16 == 0), laid
-// out as `layout` says. The kernel allows a programmatic dependent launch
-// (DependentLaunch) to start before it ends; the dependent must
+// out as `layout` says. The kernel is itself launched as a programmatic
+// dependent of the kernel before it on the stream and waits for it at its
+// top, before touching memory; then it allows its own programmatic
+// dependent (DependentLaunch) to start before it ends, which must
 // GridDependencyWait before reading hidden_rounded. Shared with the WGMMA
 // stage 1 (fused_sample_sm90.cu), so both GEMMs see the same bits.
 // zero_words: null, or args.batch words the kernel sets to 0 (the WGMMA

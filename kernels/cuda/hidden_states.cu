@@ -297,7 +297,10 @@ KernelStatus LaunchWidenHiddenStatesToHost(const void* src, CudaWeightDType src_
     const size_t src_bytes = static_cast<size_t>(count) * CudaWeightDTypeBytes(src_dtype);
     if (ride.src == nullptr || ride.dst == nullptr || ride.bytes % 4 != 0 || !word_aligned(ride.src) ||
         !word_aligned(ride.dst) || overlaps(ride.src, ride.bytes) || overlaps(src, src_bytes) ||
-        overlaps(dst, static_cast<size_t>(count) * sizeof(float))) {
+        overlaps(dst, static_cast<size_t>(count) * sizeof(float)) ||
+        overlaps(report.first_bad, sizeof(*report.first_bad)) ||
+        overlaps(report.blocks_done, sizeof(*report.blocks_done)) ||
+        overlaps(report.first_bad_host, sizeof(*report.first_bad_host))) {
       return KernelStatus::kInvalidArgument;
     }
   }

@@ -58,7 +58,8 @@ KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype,
 // `ride`: bytes the same launch copies besides (RideAlongCopy), or none.
 // The kernel also lets the next kernel on the stream be scheduled while it
 // runs (programmatic dependent launch); such a kernel must wait for this
-// one's writes (griddepcontrol.wait) before it reads dst, as
+// one's writes (griddepcontrol.wait) before it reads dst or ride.dst, and
+// must not let its own dependents start before that wait, as
 // LaunchFusedSample's first kernel does.
 struct FirstBadToHost {
   unsigned long long* first_bad = nullptr;       // device
@@ -72,8 +73,8 @@ struct FirstBadToHost {
 // (device memory): they are there once the stream has passed the launch,
 // with no copy operation of their own on the stream. bytes == 0: nothing;
 // else both pointers non-null and 4-byte aligned, bytes a multiple of 4,
-// and dst overlapping neither src nor the widening's buffers (else
-// kInvalidArgument).
+// and dst overlapping neither src nor the widening's buffers and report
+// words (else kInvalidArgument).
 struct RideAlongCopy {
   const void* src = nullptr;
   void* dst = nullptr;

@@ -69,10 +69,13 @@ __global__ void __launch_bounds__(kMergeThreads)
                                                         : __int_as_float(0x7fffffff);
       }
     }
-    for (int k = 0; k < spans.count; ++k) {
+    // Unrolled with constant indices, so the spans stay in the parameter
+    // space instead of a local copy.
+#pragma unroll
+    for (int k = 0; k < kMaxOutputSpans; ++k) {
       const OutputSpan& span = spans.span[k];
       const int64_t at = row - span.first_row;
-      if (at < 0 || at >= span.rows) continue;
+      if (k >= spans.count || at < 0 || at >= span.rows) continue;
       span.token_ids[at] = s.best_index;
       if (span.logz != nullptr) span.logz[at] = row_logz;
       if (span.logprobs != nullptr) span.logprobs[at] = s.best_logit - row_logz;
@@ -135,7 +138,9 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
   if (args.draft_tokens != nullptr && (args.token_offset != 0 || args.row_summaries != nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
-  if (args.num_output_spans < 0 || args.num_output_spans > kMaxOutputSpans) {
+  // Spans take a whole head's results: a shard's are its local winners.
+  if (args.num_output_spans < 0 || args.num_output_spans > kMaxOutputSpans ||
+      (args.num_output_spans > 0 && (args.token_offset != 0 || args.row_summaries != nullptr))) {
     return KernelStatus::kInvalidArgument;
   }
   for (int k = 0; k < args.num_output_spans; ++k) {

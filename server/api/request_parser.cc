@@ -443,9 +443,9 @@ absl::Status ParseSampleRequestInto(const v1::SampleRequest& request, const Mode
     batch.controls.resize(rows);
     for (int64_t r = 0; r < rows; ++r) batch.controls[r] = entry_controls[num_params == 1 ? 0 : r];
   }
-  // Results for a CUDA IPC buffer on the engine's GPU: the engine copies
-  // them there device to device (a plain batch's outputs are on the device;
-  // the controlled paths assemble theirs on the host, which writes them).
+  // Results for a CUDA IPC buffer on the engine's GPU: the engine writes
+  // them there from the GPU (for a plain batch; the controlled paths
+  // assemble theirs on the host, which writes them).
   if (parsed.output.has_value() && !any_controls && wire != nullptr) {
     const MemoryRegion::DeviceAddress device =
         parsed.output->region->DeviceWritableAddressOf(parsed.output->offset);

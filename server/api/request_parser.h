@@ -27,7 +27,7 @@
 // do not fit INVALID_ARGUMENT. With `wire`, a request without sampling
 // controls whose output slice is GPU memory on
 // MemoryRegions::in_place_device has its results written by the engine
-// itself, device to device (batch.device_outputs).
+// itself, from the GPU (batch.device_outputs).
 //
 // Thread safety: ParseSampleRequest is reentrant as long as `draw_seed` is.
 #pragma once

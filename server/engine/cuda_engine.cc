@@ -2,10 +2,11 @@
 //
 // Per batch: the fp32 hidden states and RowParams are copied into pinned
 // buffers and uploaded asynchronously, every host-to-device copy of the batch
-// in one cudaMemcpyBatchAsync and every result in one more (wire rows, SampleBatch::wire_hidden,
-// cross the bus in the caller's dtype, or not at all for a CUDA IPC buffer on
-// this GPU, and are widened, rounded and checked on the device), one sampler
-// launch runs (PlanCudaSamplerPath,
+// in one cudaMemcpyBatchAsync (wire rows, SampleBatch::wire_hidden, cross the
+// bus in the caller's dtype, or not at all for a CUDA IPC buffer on this GPU,
+// and are widened, rounded and checked on the device; when no row needs a
+// copy, the RowParams ride with the first widening kernel instead), one
+// sampler launch runs (PlanCudaSamplerPath,
 // cuda_controlled_runner.h: batches with sampling controls take the fused
 // controlled path for the rows it serves and the materialized one for the
 // rest; plain ones the fused kernel up to --cuda_fused_max_rows rows, by
@@ -68,6 +69,12 @@ CudaWeightDType ToCudaDType(WeightDType d) {
   }
   return CudaWeightDType::kBFloat16;
 }
+
+// What the host writes into a group's first-bad word before its widening:
+// no element index (a batch has at most max_rows x hidden_size elements)
+// and not kNoBadHiddenElement, so a report the launch failed to write is
+// seen as such, not read as an element.
+constexpr unsigned long long kFirstBadNotReported = kernels::kNoBadHiddenElement - 1;
 
 // Pinned host memory the device reads and writes over the bus (mapped into
 // its address space, for every device), and the device's address of it.
@@ -136,9 +143,12 @@ class CudaEngine final : public Engine {
     // widening launch, which reports into host_first_bad_ itself
     // (kernels::LaunchWidenHiddenStatesToHost).
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&first_bad_, rows * sizeof(unsigned long long)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMemset(first_bad_, 0xff, rows * sizeof(unsigned long long)));  // kNoBadHiddenElement
+    // On stream_, so every widening finds them set (a plain cudaMemset goes
+    // on the legacy stream, which this non-blocking stream does not wait for).
+    FS_RETURN_IF_CUDA_ERROR(
+        cudaMemsetAsync(first_bad_, 0xff, rows * sizeof(unsigned long long), stream_));  // kNoBadHiddenElement
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&blocks_done_, rows * sizeof(unsigned int)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMemset(blocks_done_, 0, rows * sizeof(unsigned int)));
+    FS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(blocks_done_, 0, rows * sizeof(unsigned int), stream_));
     FS_RETURN_IF_CUDA_ERROR(
         AllocateMappedHost(&host_first_bad_, &device_first_bad_host_, rows * sizeof(unsigned long long)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&error_bytes_, sizeof(unsigned long long)));
@@ -334,6 +344,9 @@ class CudaEngine final : public Engine {
     if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
       const WireGroup& group = wire_groups_[g];
+      // Overwritten by the launch's report; still there after the stream has
+      // passed the launch means the report was lost (CheckWireRows).
+      static_cast<unsigned long long*>(host_first_bad_)[g] = kFirstBadNotReported;
       const kernels::FirstBadToHost report{static_cast<unsigned long long*>(first_bad_) + g,
                                            static_cast<unsigned int*>(blocks_done_) + g,
                                            static_cast<unsigned long long*>(device_first_bad_host_) + g};
@@ -389,6 +402,9 @@ class CudaEngine final : public Engine {
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
       const unsigned long long bad = static_cast<const unsigned long long*>(host_first_bad_)[g];
       if (bad == kernels::kNoBadHiddenElement) continue;
+      if (bad == kFirstBadNotReported) {
+        return absl::InternalError("a widening launch did not report its first bad hidden-state element");
+      }
       const WireGroup& group = wire_groups_[g];
       // Read the element itself for the message (a few bytes, errors only)
       // by a device thread into device scratch, then to the host: the
@@ -479,18 +495,17 @@ class CudaEngine final : public Engine {
     args.draft_tokens = drafts ? static_cast<const int32_t*>(drafts_) : nullptr;
     args.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_) : nullptr;
     // Results that stay on the device (a CUDA IPC output region): stage 2
-    // writes them there too, up to kMaxOutputSpans requests' worth; a launch
-    // of more such requests copies them from the host buffers afterwards.
-    const bool spans = batch.device_outputs.size() <= static_cast<size_t>(kernels::kMaxOutputSpans);
-    if (spans) {
-      for (const DeviceOutputRows& out : batch.device_outputs) {
-        kernels::OutputSpan& span = args.output_spans[args.num_output_spans++];
-        span.first_row = out.first_row;
-        span.rows = out.rows;
-        span.token_ids = out.token_ids;
-        span.logz = out.logz;
-        span.logprobs = out.logprobs;
-      }
+    // writes the first kMaxOutputSpans requests' there too; the rest are
+    // copied from the host buffers afterwards.
+    const size_t spans = std::min(batch.device_outputs.size(), static_cast<size_t>(kernels::kMaxOutputSpans));
+    for (size_t i = 0; i < spans; ++i) {
+      const DeviceOutputRows& out = batch.device_outputs[i];
+      kernels::OutputSpan& span = args.output_spans[args.num_output_spans++];
+      span.first_row = out.first_row;
+      span.rows = out.rows;
+      span.token_ids = out.token_ids;
+      span.logz = out.logz;
+      span.logprobs = out.logprobs;
     }
     const KernelStatus status = path == CudaSamplerPath::kFused
                                     ? kernels::LaunchFusedSample(args, stream_)
@@ -499,14 +514,13 @@ class CudaEngine final : public Engine {
     // Copies remain only for device results beyond the spans (from the host
     // buffers stage 2 wrote, in stream order after it) and for draft
     // log-probs, which stage 1 writes and stage 2 reads back in device memory.
-    if (!spans) {
-      for (const DeviceOutputRows& out : batch.device_outputs) {
-        const size_t bytes = static_cast<size_t>(out.rows) * 4;
-        AddCopy(out.token_ids, static_cast<int32_t*>(host_tokens_) + out.first_row, bytes);
-        if (out.logz != nullptr) AddCopy(out.logz, static_cast<float*>(host_logz_) + out.first_row, bytes);
-        if (out.logprobs != nullptr) {
-          AddCopy(out.logprobs, static_cast<float*>(host_logprobs_) + out.first_row, bytes);
-        }
+    for (size_t i = spans; i < batch.device_outputs.size(); ++i) {
+      const DeviceOutputRows& out = batch.device_outputs[i];
+      const size_t bytes = static_cast<size_t>(out.rows) * 4;
+      AddCopy(out.token_ids, static_cast<int32_t*>(host_tokens_) + out.first_row, bytes);
+      if (out.logz != nullptr) AddCopy(out.logz, static_cast<float*>(host_logz_) + out.first_row, bytes);
+      if (out.logprobs != nullptr) {
+        AddCopy(out.logprobs, static_cast<float*>(host_logprobs_) + out.first_row, bytes);
       }
     }
     if (drafts) AddCopy(host_draft_logprobs_, draft_logprobs_, rows * sizeof(float));

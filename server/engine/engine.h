@@ -109,8 +109,9 @@ struct WireHiddenRows {
 // region in a CUDA IPC buffer on the engine's GPU. Rows [first_row,
 // first_row + rows) of the batch go to token_ids (int32), and to logz and
 // logprobs (fp32) where those are set, each `rows` long. The engine writes
-// them before Sample returns, on its device, with no host round trip; its
-// result still holds every row too.
+// them before Sample returns, from its device (the CUDA engine: its sampler's
+// last kernel for up to kernels::kMaxOutputSpans runs a launch, a copy for
+// more); its result still holds every row too.
 struct DeviceOutputRows {
   int64_t first_row = 0;  // within the batch
   int64_t rows = 0;       // >= 1

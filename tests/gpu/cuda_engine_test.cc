@@ -563,7 +563,8 @@ TEST(CudaEngine, ResultsOnTheDeviceFromStageTwoAndFromCopies) {
         SampleBatch on_device = batch;
         std::vector<bool> placed(static_cast<size_t>(rows), false);
         for (const auto& [first, n] : layouts[l]) {
-          // Logprobs only for the layout's second run, to cover both forms.
+          // In the layout of two runs log Z only for the first, to cover
+          // runs with and without it.
           const bool logz = !(l == 1 && first != 1);
           on_device.device_outputs.push_back(DeviceOutputRows{
               first, n, reinterpret_cast<int32_t*>(buffer + first),
@@ -594,6 +595,55 @@ TEST(CudaEngine, ResultsOnTheDeviceFromStageTwoAndFromCopies) {
     }
     EXPECT_TRUE(cuda->healthy());
   }
+}
+
+// Every row on the GPU in two runs (a CUDA IPC buffer, a request thread's
+// upload): nothing to copy, so the rows' parameters ride with the first
+// widening kernel; with results on the device as well. Each row has its own
+// temperature and seed, so a parameter in the wrong place changes tokens:
+// the results must be the fp32 path's bit for bit, on the host and on the
+// device, on both paths.
+TEST(CudaEngine, RowsOnTheGpuTakeTheirParametersWithTheWidening) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  const EnginePair engines = MakeEnginePair();
+  ASSERT_NE(engines.cuda, nullptr);
+  Engine* const cuda = engines.cuda.get();
+  for (int64_t rows : {4, 40}) {  // fused; materialized
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    const SampleBatch original = RandomBatch(rows, 800 + rows);
+    SampleBatch fp32 = original;
+    fp32.hidden_in_weight_dtype = false;
+    fp32.want_logz = true;
+    SampleBatch wire = fp32;
+    WireCopy first, second;
+    const int64_t half = rows / 2;
+    wire.wire_hidden.push_back(ToWire(original.hidden, 0, half, WeightDType::kBFloat16, Place::kGpu, &first,
+                                      &fp32.hidden, cuda));
+    wire.wire_hidden.push_back(ToWire(original.hidden, half, rows - half, WeightDType::kBFloat16,
+                                      Place::kUploaded, &second, &fp32.hidden, cuda));
+    std::fill(wire.hidden.begin(), wire.hidden.end(), std::nanf(""));  // never read
+    const absl::StatusOr<SampleResult> want = cuda->Sample(fp32);
+    ASSERT_TRUE(want.ok()) << want.status();
+    int32_t* tokens = nullptr;
+    float* logz = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&tokens), rows * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&logz), rows * sizeof(float)), cudaSuccess);
+    wire.device_outputs.push_back(DeviceOutputRows{0, 1, tokens, logz, nullptr, 0, nullptr});
+    wire.device_outputs.push_back(DeviceOutputRows{1, rows - 1, tokens + 1, logz + 1, nullptr, 0, nullptr});
+    const absl::StatusOr<SampleResult> got = cuda->Sample(wire);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<int32_t> device_tokens(static_cast<size_t>(rows));
+    std::vector<float> device_logz(static_cast<size_t>(rows));
+    ASSERT_EQ(cudaMemcpy(device_tokens.data(), tokens, rows * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(device_logz.data(), logz, rows * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(tokens);
+    cudaFree(logz);
+    EXPECT_EQ(got->token_ids, want->token_ids);
+    EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), rows * sizeof(float)), 0);
+    EXPECT_EQ(device_tokens, want->token_ids);
+    EXPECT_EQ(std::memcmp(device_logz.data(), want->logz.data(), rows * sizeof(float)), 0);
+  }
+  EXPECT_TRUE(cuda->healthy());
 }
 
 // Through the batcher, launches of at most 4 rows: a bad value in a later

@@ -467,6 +467,12 @@ TEST_F(FusedSampleTest, RejectsInvalidArguments) {
          a.num_output_spans = 2;
        }},
       {"spans -1", [](FusedSampleArgs& a) { a.num_output_spans = -1; }},
+      {"span on a shard", [](FusedSampleArgs& a) {
+         a.output_spans[0] = {0, 1, a.token_ids};
+         a.num_output_spans = 1;
+         a.token_offset = 4;
+         a.vocab = a.valid_vocab = kVocab - 4;
+       }},
       {"spans kMaxOutputSpans + 1", [](FusedSampleArgs& a) {
          for (OutputSpan& span : a.output_spans) span = {0, 1, a.token_ids};
          a.num_output_spans = kMaxOutputSpans + 1;

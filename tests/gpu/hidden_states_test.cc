@@ -236,8 +236,8 @@ TEST(WidenHiddenStates, ACallersResetIsTheOnlyReset) {
 // LaunchWidenHiddenStatesToHost: each launch writes its own first bad index
 // (or kNoBadHiddenElement) into mapped host memory, with no reset before it
 // and no copy after it, and leaves the device words as it found them, so the
-// next launch starts clean. Many blocks (every grid size the launcher picks
-// up to its cap, both kernels), bad elements in the first and last blocks,
+// next launch starts clean. Grids of 1 to 1024 blocks (the launcher's cap),
+// both kernels, bad elements in the first and last blocks,
 // several per launch, and launches back to back on one stream with nothing
 // in between.
 TEST(WidenHiddenStates, ReportsEachLaunchsFirstBadIndexToTheHost) {
