@@ -197,7 +197,9 @@ struct FusedSampleArgs {
   // excludes x: token = argmax_{i != x} (l'_i + g_i), a sample of the residual
   // softmax(l') restricted to i != x (the Gumbel-max argument over the other
   // tokens), while log Z still counts x. Greedy rows sample as without a draft.
-  // draft_logprobs: device [batch], required exactly when draft_tokens is set:
+  // draft_logprobs: device-accessible [batch] (stage 1 stores l'_x there and
+  // stage 2 reads it back, so mapped host memory costs a word each way),
+  // required exactly when draft_tokens is set:
   // l'_x - log Z (greedy rows: at T = 1), NaN for rows without a valid draft.
   // Rows without a draft are unaffected bit for bit. A row whose only token is
   // its draft gets token -1 (no residual exists; its p(x) is 1). Not with

@@ -94,7 +94,7 @@ class CudaEngine final : public Engine {
     cudaSetDevice(options_.device);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* p : {weight_, hidden_, wire_, params_, drafts_, draft_logprobs_, first_bad_, blocks_done_,
+    for (void* p : {weight_, hidden_, wire_, params_, drafts_, first_bad_, blocks_done_,
                     error_bytes_, workspace_}) {
       cudaFree(p);
     }
@@ -127,7 +127,6 @@ class CudaEngine final : public Engine {
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&wire_, hidden_bytes));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&params_, rows * sizeof(RowParams)));
     FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&drafts_, rows * sizeof(int32_t)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMalloc(&draft_logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_hidden_, hidden_bytes));
     // Read by the device itself when they ride with the widening (StageHidden).
     FS_RETURN_IF_CUDA_ERROR(AllocateMappedHost(&host_params_, &device_host_params_, rows * sizeof(RowParams)));
@@ -137,7 +136,10 @@ class CudaEngine final : public Engine {
     FS_RETURN_IF_CUDA_ERROR(AllocateMappedHost(&host_logz_, &device_logz_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(AllocateMappedHost(&host_logprobs_, &device_logprobs_, rows * sizeof(float)));
     FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_drafts_, rows * sizeof(int32_t)));
-    FS_RETURN_IF_CUDA_ERROR(cudaMallocHost(&host_draft_logprobs_, rows * sizeof(float)));
+    // Stage 1 stores a draft row's l'_x here and stage 2 reads it back and
+    // writes the log-prob: one word a draft row each way over the bus.
+    FS_RETURN_IF_CUDA_ERROR(
+        AllocateMappedHost(&host_draft_logprobs_, &device_draft_logprobs_, rows * sizeof(float)));
     // One first-bad index per group of wire rows (a batch has at most one
     // per row), with its block counter: set once here, and left so by every
     // widening launch, which reports into host_first_bad_ itself
@@ -493,7 +495,7 @@ class CudaEngine final : public Engine {
     args.workspace = workspace_;
     args.workspace_bytes = workspace_bytes_;
     args.draft_tokens = drafts ? static_cast<const int32_t*>(drafts_) : nullptr;
-    args.draft_logprobs = drafts ? static_cast<float*>(draft_logprobs_) : nullptr;
+    args.draft_logprobs = drafts ? static_cast<float*>(device_draft_logprobs_) : nullptr;
     // Results that stay on the device (a CUDA IPC output region): stage 2
     // writes the first kMaxOutputSpans requests' there too; the rest are
     // copied from the host buffers afterwards.
@@ -512,8 +514,7 @@ class CudaEngine final : public Engine {
                                     : kernels::LaunchMaterializedSample(args, cublas_, stream_);
     if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "cuda sampler launch");
     // Copies remain only for device results beyond the spans (from the host
-    // buffers stage 2 wrote, in stream order after it) and for draft
-    // log-probs, which stage 1 writes and stage 2 reads back in device memory.
+    // buffers stage 2 wrote, in stream order after it).
     for (size_t i = spans; i < batch.device_outputs.size(); ++i) {
       const DeviceOutputRows& out = batch.device_outputs[i];
       const size_t bytes = static_cast<size_t>(out.rows) * 4;
@@ -523,7 +524,6 @@ class CudaEngine final : public Engine {
         AddCopy(out.logprobs, static_cast<float*>(host_logprobs_) + out.first_row, bytes);
       }
     }
-    if (drafts) AddCopy(host_draft_logprobs_, draft_logprobs_, rows * sizeof(float));
     if (absl::Status s = EnqueueCopies(); !s.ok()) return s;
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     // Controls that are all neutral reach here (details: one sample per row).
@@ -547,7 +547,6 @@ class CudaEngine final : public Engine {
   void* wire_ = nullptr;
   void* params_ = nullptr;
   void* drafts_ = nullptr;
-  void* draft_logprobs_ = nullptr;
   void* first_bad_ = nullptr;    // [max_rows_], kNoBadHiddenElement between launches
   void* blocks_done_ = nullptr;  // [max_rows_], 0 between launches
   void* error_bytes_ = nullptr;  // 8 bytes: a bad element on its way to the host
@@ -566,6 +565,7 @@ class CudaEngine final : public Engine {
   void* device_tokens_ = nullptr;
   void* device_logz_ = nullptr;
   void* device_logprobs_ = nullptr;
+  void* device_draft_logprobs_ = nullptr;
   void* device_first_bad_host_ = nullptr;
   // Consecutive wire rows widened by one launch from `source` (device
   // memory: wire_ for host rows, `host`; else a CUDA IPC buffer in place),

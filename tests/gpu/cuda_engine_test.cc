@@ -480,7 +480,8 @@ TEST(CudaEngine, ManySmallWireRunsGiveTheFp32PathsResults) {
 // A launch the batcher forms from a Verify request (draft rows) and a Sample
 // request whose results go to GPU memory (a CUDA IPC output region): one
 // launch, and the device rows' tokens and log Z are the host results of the
-// same batch, bit for bit, as are the draft rows' results.
+// same batch, bit for bit, as are the draft rows' results; the draft
+// log-probs agree with the CPU engine's.
 TEST(CudaEngine, DraftRowsAndResultsOnTheDeviceShareALaunch) {
   ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
   const EnginePair engines = MakeEnginePair();
@@ -496,6 +497,17 @@ TEST(CudaEngine, DraftRowsAndResultsOnTheDeviceShareALaunch) {
     for (int64_t r = 0; r < first; ++r) batch.draft_tokens[r] = static_cast<int32_t>((r * 37 + 5) % (kVocab - 7));
     const absl::StatusOr<SampleResult> want = cuda->Sample(batch);
     ASSERT_TRUE(want.ok()) << want.status();
+    // The draft log-probs (stage 1 stores l'_x, stage 2 turns it into the
+    // log-prob, through the engine's mapped host buffer) against the CPU
+    // engine's, to the tolerance of the dot products' summation order.
+    const absl::StatusOr<SampleResult> cpu = engines.cpu->Sample(batch);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    for (int64_t r = 0; r < first; ++r) {
+      EXPECT_TRUE(std::isfinite(want->draft_logprobs[r])) << "row " << r;
+      EXPECT_NEAR(want->draft_logprobs[r], cpu->draft_logprobs[r], 1e-4f * std::max(1.0f, std::abs(cpu->logz[r])))
+          << "row " << r;
+    }
+    for (int64_t r = first; r < rows; ++r) EXPECT_TRUE(std::isnan(want->draft_logprobs[r])) << "row " << r;
     const int64_t n = rows - first;
     int32_t* tokens = nullptr;
     float* logz = nullptr;
