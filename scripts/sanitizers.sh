@@ -5,7 +5,7 @@
 #         same folder also builds the fuzz targets for scripts/fuzz.sh).
 #   tsan: build-tsan/, the tests of our threaded components (dynamic batcher, worker
 #         pool, tiled sampler, CPU engine, the local channel's server in one
-#         process) under TSan. The gRPC server paths
+#         process, the bearer token's swap and its file watcher) under TSan. The gRPC server paths
 #         (server_e2e_test, hostile_client_test) are not run under TSan: Debian's
 #         gRPC is not instrumented, and its call objects, allocated and handed
 #         between threads inside libgrpc, produce dozens of reports per run that
@@ -57,7 +57,7 @@ run_asan() {
 run_tsan() {
   cmake -S . -B build-tsan "${common[@]}" -DFLASHSAMPLER_FUZZ=OFF -DFLASHSAMPLER_SANITIZE=thread
   local tests=(dynamic_batcher_test completion_pool_test worker_pool_test tiled_sampler_test cpu_engine_test
-               local_channel_server_test)
+               local_channel_server_test bearer_token_auth_test token_file_watcher_test)
   phase tsan-build cmake --build build-tsan -j"$jobs" --target "${tests[@]}"
   local pattern
   pattern="^($(IFS='|'; echo "${tests[*]}"))\$"
