@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
         std::make_unique<flashsampler::AuthenticatedSamplerService>(&service, token_auth.get());
     if (security->credentials_refresh > absl::ZeroDuration()) {
       token_watcher = std::make_unique<flashsampler::TokenFileWatcher>(
-          security->auth_token_file, token_auth.get(), security->credentials_refresh);
+          security->auth_token_file, token_auth.get(), security->credentials_refresh, *security->auth_token);
     }
   }
 

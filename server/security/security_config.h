@@ -18,9 +18,10 @@
 // the certificate, key and CA every interval, so new handshakes get the
 // files' current contents; the token file is followed by TokenFileWatcher
 // (token_file_watcher.h), which the server starts. Files must be replaced
-// atomically (a rename, or a Kubernetes Secret volume's symlink swap): a
-// certificate read beside the previous key fails the handshakes until the
-// next read.
+// atomically (a rename, or a Kubernetes Secret volume's symlink swap): TLS
+// files read while wrong (a certificate beside the previous key, a
+// truncated PEM) fail every new handshake until the next read finds them
+// right; missing ones keep the current credentials.
 #pragma once
 
 #include <memory>

@@ -7,16 +7,9 @@
 
 namespace flashsampler {
 
-TokenFileWatcher::TokenFileWatcher(std::string path, BearerTokenAuth* auth, absl::Duration interval)
-    : path_(std::move(path)), auth_(auth), interval_(interval) {
-  // The server was built with the file's token: remember it, so the first
-  // refresh that finds it unchanged neither replaces nor logs anything.
-  absl::StatusOr<std::string> token = ReadBearerToken(path_, "auth_token_file");
-  if (token.ok()) {
-    absl::MutexLock lock(&mu_);
-    current_ = *std::move(token);
-    have_current_ = true;
-  }
+TokenFileWatcher::TokenFileWatcher(std::string path, BearerTokenAuth* auth, absl::Duration interval,
+                                   std::string token_in_use)
+    : path_(std::move(path)), auth_(auth), interval_(interval), current_(std::move(token_in_use)) {
   if (interval_ > absl::ZeroDuration()) thread_ = std::thread([this] { Run(); });
 }
 
@@ -40,10 +33,9 @@ absl::Status TokenFileWatcher::RefreshNow() {
     return token.status();
   }
   last_error_.clear();
-  if (have_current_ && *token == current_) return absl::OkStatus();
+  if (*token == current_) return absl::OkStatus();
   auth_->Replace(*token);
   current_ = *std::move(token);
-  have_current_ = true;
   std::fprintf(stderr, "flashsampler-server: a new bearer token from --auth_token_file is in use\n");
   return absl::OkStatus();
 }

@@ -4,11 +4,12 @@
 // Every `interval` a background thread reads the file again
 // (ReadBearerToken: trimmed, non-empty) and, when it holds another token,
 // makes that the only one BearerTokenAuth accepts. A file that cannot be read
-// or holds no token (missing, empty, mid-rewrite) changes nothing: the
-// current token stays, and the failure is logged once until it changes.
-// Writers should replace the file atomically (write a new file, rename it
-// over the old; a Kubernetes Secret volume does so), so a read never sees
-// half a token.
+// or holds no valid token (missing, empty) changes nothing: the current
+// token stays, and the failure is logged once until it changes. Writers must
+// replace the file atomically (write a new file, rename it over the old; a
+// Kubernetes Secret volume does so): a read in the middle of an in-place
+// rewrite can see a valid-looking prefix of the new token and install it
+// until the next read.
 //
 // Thread safety: RefreshNow may be called from any thread, also while the
 // background thread runs; the destructor stops that thread and waits for it.
@@ -29,9 +30,12 @@ namespace flashsampler {
 
 class TokenFileWatcher {
  public:
-  // `auth` must outlive the watcher and be built from the file's token.
+  // `auth` must outlive the watcher and accept `token_in_use` (the token it
+  // was built from, the server's start-up read): the first read that finds
+  // another token in the file replaces it, also when the file changed
+  // between that start-up read and this constructor.
   // interval <= 0: no background thread; only RefreshNow reads the file.
-  TokenFileWatcher(std::string path, BearerTokenAuth* auth, absl::Duration interval);
+  TokenFileWatcher(std::string path, BearerTokenAuth* auth, absl::Duration interval, std::string token_in_use);
   ~TokenFileWatcher();
   TokenFileWatcher(const TokenFileWatcher&) = delete;
   TokenFileWatcher& operator=(const TokenFileWatcher&) = delete;
@@ -46,10 +50,9 @@ class TokenFileWatcher {
   const absl::Duration interval_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  // The last token read (to log a change once) and the last failure logged.
+  // The token `auth_` accepts, and the last failure logged.
   std::string current_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
-  bool have_current_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -160,16 +160,21 @@ TEST_F(SecurityE2E, TlsServesTrustingClientsAndRefusesOthers) {
   EXPECT_EQ(*exit_code, 0);
 }
 
+// Both certificate providers: the files watched (the default refresh) and
+// read once (--credentials_refresh_s=0).
 TEST_F(SecurityE2E, MutualTlsRequiresAClientCertificateFromTheConfiguredCa) {
-  ServerProcess server(Flags({Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"),
-                              Flag("tls_client_ca", "ca.pem")}),
-                       Security(WithClientCert("client")));
-  ASSERT_TRUE(server.Start().ok());
-  EXPECT_EQ(SampleCode(Security(WithClientCert("client")), server.address()), absl::StatusCode::kOk);
-  EXPECT_EQ(SampleCode(Security(TrustingCa()), server.address()), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(SampleCode(Security(WithClientCert("other_client")), server.address()),
-            absl::StatusCode::kUnavailable);
-  EXPECT_EQ(SampleCode(ChannelSecurity(), server.address()), absl::StatusCode::kUnavailable);
+  for (const char* refresh : {"--credentials_refresh_s=60", "--credentials_refresh_s=0"}) {
+    SCOPED_TRACE(refresh);
+    ServerProcess server(Flags({Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"),
+                                Flag("tls_client_ca", "ca.pem"), refresh}),
+                         Security(WithClientCert("client")));
+    ASSERT_TRUE(server.Start().ok());
+    EXPECT_EQ(SampleCode(Security(WithClientCert("client")), server.address()), absl::StatusCode::kOk);
+    EXPECT_EQ(SampleCode(Security(TrustingCa()), server.address()), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(SampleCode(Security(WithClientCert("other_client")), server.address()),
+              absl::StatusCode::kUnavailable);
+    EXPECT_EQ(SampleCode(ChannelSecurity(), server.address()), absl::StatusCode::kUnavailable);
+  }
 }
 
 TEST_F(SecurityE2E, BearerTokenGuardsEverySamplerRpcButNotHealth) {

@@ -43,7 +43,7 @@ TEST(TokenFileWatcher, FollowsTheFileAndKeepsTheTokenWhenTheFileIsBad) {
   ScopedTempDir dir("token_watcher");
   const std::string path = dir.Path("token");
   BearerTokenAuth auth = AuthFromNewFile(path, "first-token");
-  TokenFileWatcher watcher(path, &auth, absl::ZeroDuration());  // no thread: only RefreshNow reads
+  TokenFileWatcher watcher(path, &auth, absl::ZeroDuration(), "first-token");  // no thread: only RefreshNow reads
 
   EXPECT_TRUE(watcher.RefreshNow().ok());
   EXPECT_EQ(CheckToken(auth, "first-token"), absl::StatusCode::kOk);
@@ -67,6 +67,20 @@ TEST(TokenFileWatcher, FollowsTheFileAndKeepsTheTokenWhenTheFileIsBad) {
   EXPECT_EQ(CheckToken(auth, "second-token"), absl::StatusCode::kUnauthenticated);
 }
 
+// The file was rotated between the server's start-up read and the watcher's
+// start (the server loads its weights in between): the first read replaces
+// the start-up token, which then stops working.
+TEST(TokenFileWatcher, ARotationBeforeItStartsIsPickedUp) {
+  ScopedTempDir dir("token_watcher_early");
+  const std::string path = dir.Path("token");
+  BearerTokenAuth auth = AuthFromNewFile(path, "start-up-token");
+  ReplaceFile(path, "rotated-token");
+  TokenFileWatcher watcher(path, &auth, absl::ZeroDuration(), "start-up-token");
+  EXPECT_TRUE(watcher.RefreshNow().ok());
+  EXPECT_EQ(CheckToken(auth, "rotated-token"), absl::StatusCode::kOk);
+  EXPECT_EQ(CheckToken(auth, "start-up-token"), absl::StatusCode::kUnauthenticated);
+}
+
 // With an interval the watcher's own thread picks the new token up. The test
 // waits on the new token being accepted (bounded by a deadline), never on a
 // fixed sleep.
@@ -74,7 +88,7 @@ TEST(TokenFileWatcher, ItsThreadPicksUpANewToken) {
   ScopedTempDir dir("token_watcher_thread");
   const std::string path = dir.Path("token");
   BearerTokenAuth auth = AuthFromNewFile(path, "first-token");
-  TokenFileWatcher watcher(path, &auth, absl::Milliseconds(20));
+  TokenFileWatcher watcher(path, &auth, absl::Milliseconds(20), "first-token");
   ReplaceFile(path, "second-token");
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (CheckToken(auth, "second-token") != absl::StatusCode::kOk && absl::Now() < deadline) {
@@ -90,7 +104,7 @@ TEST(TokenFileWatcher, ItsThreadPicksUpANewToken) {
 TEST(TokenFileWatcher, StopsWithoutWaitingForItsInterval) {
   ScopedTempDir dir("token_watcher_stop");
   BearerTokenAuth auth = AuthFromNewFile(dir.Path("token"), "token");
-  { TokenFileWatcher watcher(dir.Path("token"), &auth, absl::Hours(1)); }
+  { TokenFileWatcher watcher(dir.Path("token"), &auth, absl::Hours(1), "token"); }
   EXPECT_EQ(CheckToken(auth, "token"), absl::StatusCode::kOk);
 }
 
