@@ -262,7 +262,6 @@ class CudaEngine final : public Engine {
   absl::Status StageHidden(const SampleBatch& batch) {
     const int64_t d = shape_.hidden_size;
     wire_groups_.clear();
-    wire_groups_widened_ = false;
     // Copies a failed launch left behind (an argument error returns before
     // they are enqueued) must not reach this one.
     copy_dst_.clear();
@@ -358,7 +357,6 @@ class CudaEngine final : public Engine {
           g == 0 ? params_ride : kernels::RideAlongCopy{});
       if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "widening hidden states on the GPU");
     }
-    wire_groups_widened_ = true;
     return absl::OkStatus();
   }
 
@@ -396,9 +394,9 @@ class CudaEngine final : public Engine {
   // (its row counted from request_row_offset, SampleBatch), after the stream
   // has finished.
   absl::Status CheckWireRows(int64_t request_row_offset) {
-    // Not all widened (StageHidden failed): host_first_bad_ may hold an
-    // earlier batch's indices, which must not be read as this one's.
-    if (wire_groups_.empty() || !wire_groups_widened_) return absl::OkStatus();
+    // Called only after StageHidden enqueued every group's widening; a
+    // report a launch failed to write still holds kFirstBadNotReported.
+    if (wire_groups_.empty()) return absl::OkStatus();
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     const int64_t d = shape_.hidden_size;
     for (size_t g = 0; g < wire_groups_.size(); ++g) {
@@ -577,11 +575,10 @@ class CudaEngine final : public Engine {
     const void* source;
     bool host;
   };
-  // The current launch's groups, its copies in flight to one EnqueueCopies
-  // call (reused), and whether every group's widening was enqueued (then
-  // each reports its first-bad index into host_first_bad_).
+  // The current launch's groups (each reports its first-bad index into
+  // host_first_bad_) and its copies in flight to one EnqueueCopies call
+  // (reused).
   std::vector<WireGroup> wire_groups_;
-  bool wire_groups_widened_ = false;
   std::vector<void*> copy_dst_;
   std::vector<const void*> copy_src_;
   std::vector<size_t> copy_bytes_;
