@@ -549,6 +549,12 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
 
 }  // namespace cuda_internal
 
+bool FusedSampleReadsHiddenInWeightDType(const FusedSampleArgs& args) {
+  cuda_internal::Stage1Choice choice;
+  return CudaWeightDTypeBytes(args.weight_dtype) == 2 && cuda_internal::ChooseStage1(args, args.stage1, &choice) &&
+         choice.family != cuda_internal::Stage1Choice::kCudaCore;
+}
+
 KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream) {
   // ---- Arguments (nothing is enqueued when they are wrong).
   if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 16); s != KernelStatus::kOk) return s;
@@ -570,6 +576,8 @@ KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream)
   if (!cuda_internal::ChooseStage1(args, args.stage1, &choice)) return KernelStatus::kInvalidArgument;
   const bool mma_sync = choice.family == cuda_internal::Stage1Choice::kMmaSync;
   const bool wgmma = choice.family == cuda_internal::Stage1Choice::kWgmma;
+  // Only the tensor-core path's first kernel reads H in the weights' dtype.
+  if (args.hidden_in_weight_dtype.rows != nullptr && !mma_sync && !wgmma) return KernelStatus::kInvalidArgument;
 
   const bool want_lse = cuda_internal::WantsLogSumExp(args);
   SampleSummary* tile_summaries = static_cast<SampleSummary*>(args.workspace);

@@ -81,6 +81,7 @@
 #include "kernels/common/kernel_status.h"
 #include "kernels/common/row_params.h"
 #include "kernels/common/sample_summary.h"
+#include "kernels/cuda/hidden_check.h"
 
 namespace flashsampler::kernels {
 
@@ -173,10 +174,33 @@ struct OutputSpan {
 // bytes). A caller with more rows to place copies the rest itself.
 inline constexpr int kMaxOutputSpans = 8;
 
+// H in the weights' own 16-bit dtype, read where it lies (a serving engine's
+// rows already on the GPU: a CUDA IPC buffer, an upload), instead of fp32
+// rows a widening kernel wrote first. The tensor-core path's first kernel,
+// which rounds fp32 H to the weights' dtype into the workspace, then copies
+// these rows there instead (a 16-bit value is its own rounding, so every
+// output is the one the widened fp32 rows give, bit for bit) and checks them
+// on the way: the smallest index of a NaN or infinite element (row * hidden_dim
+// + column) reaches the host through `report` (hidden_check.h), and `ride`'s
+// bytes are copied by the same kernel, in place of a widening launch's.
+// Stage 1 waits for that kernel, so the ride may carry the launch's params.
+// A launch with bad rows still runs to the end, its outputs garbage (never a
+// fault); the caller reads the report after the stream has passed the
+// launch and discards them.
+struct HiddenInWeightDType {
+  const void* rows = nullptr;  // device [batch, hidden_dim] of weight_dtype, 16-byte aligned
+  FirstBadToHost report;       // every pointer required
+  RideAlongCopy ride;          // optional; its dst overlaps none of the launch's buffers
+};
+
 struct FusedSampleArgs {
   const void* weight = nullptr;  // device [vocab, hidden_dim], row-major
   CudaWeightDType weight_dtype = CudaWeightDType::kBFloat16;
+  // Exactly one of the two: fp32 rows, or (LaunchFusedSample only, on the
+  // tensor-core path: FusedSampleReadsHiddenInWeightDType; else
+  // InvalidArgument) rows in the weights' 16-bit dtype.
   const float* hidden = nullptr;       // device [batch, hidden_dim] fp32, row-major
+  HiddenInWeightDType hidden_in_weight_dtype;
   const RowParams* params = nullptr;   // device [batch]
   int64_t batch = 0;                   // 1 .. INT32_MAX
   int64_t vocab = 0;                   // rows of W, 1 .. INT32_MAX
@@ -249,5 +273,10 @@ size_t FusedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hidden_di
 
 // Enqueues stage 1 and stage 2 on `stream` (see the top of this file).
 KernelStatus LaunchFusedSample(const FusedSampleArgs& args, cudaStream_t stream);
+
+// Whether LaunchFusedSample would take these args' H from
+// hidden_in_weight_dtype: 16-bit weights and a tensor-core stage 1 for the
+// batch (args.stage1, the shape, W's alignment). Reads no pointer but weight.
+bool FusedSampleReadsHiddenInWeightDType(const FusedSampleArgs& args);
 
 }  // namespace flashsampler::kernels

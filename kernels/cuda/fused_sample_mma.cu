@@ -24,7 +24,8 @@
 //   1. ConvertHiddenKernel: H (fp32) -> Hr (16-bit) in the workspace, once per
 //      launch (B * D * 6 bytes of traffic, a few microseconds), so the GEMM
 //      blocks stream 16-bit H tiles like W tiles instead of converting H again
-//      in every block.
+//      in every block; or CopyCheckedHiddenKernel, for H that arrives in the
+//      weights' dtype (a copy and a check, B * D * 4 bytes).
 //   2. MmaTileKernel<T, Cfg>: block = 8 warps, block tile = 128 tokens (one
 //      workspace tile) x Cfg::kRows rows, K in steps of Cfg::kKStep (64 or 128):
 //      - W and H tiles of a step go global -> shared with 16-byte cp.async
@@ -59,6 +60,7 @@
 #include "kernels/common/gumbel_noise.h"
 #include "kernels/common/sample_summary.h"
 #include "kernels/cuda/fused_controls.cuh"
+#include "kernels/cuda/hidden_check.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 #include "kernels/cuda/stage1_shape.h"
 
@@ -162,6 +164,8 @@ __device__ __forceinline__ void LdMatrixX2(uint32_t (&r)[2], uint32_t smem_addr)
 }
 
 struct Bf16Mma {
+  // Exponent bits of a 16-bit value that is infinite or NaN when all set.
+  static constexpr uint32_t kNonFiniteExponent = 0x7f80u;
   __device__ static uint32_t Pack(float lo, float hi) {
     return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
            (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
@@ -176,6 +180,7 @@ struct Bf16Mma {
 };
 
 struct Fp16Mma {
+  static constexpr uint32_t kNonFiniteExponent = 0x7c00u;
   __device__ static uint32_t Pack(float lo, float hi) {
     return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(lo))) |
            (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
@@ -202,6 +207,19 @@ struct Fp16Mma {
 // params, draft tokens and H of earlier operations (a widening may write the
 // params) after a wait that covers this kernel alone, so none of them may
 // still be running when stage 1 starts.
+// The element of H that Hr's element i (a multiple of 8) holds, or -1 for a
+// zero (HiddenChunks; the identity layout skips the divisions).
+__device__ __forceinline__ int64_t HiddenSourceOf(int64_t i, int64_t batch, int64_t hidden_dim,
+                                                  int64_t chunk_rows, int64_t block_rows) {
+  if (chunk_rows != block_rows) {
+    const int64_t at = i / hidden_dim;
+    const int64_t within = at % block_rows;
+    const int64_t row = at / block_rows * chunk_rows + within;
+    return within < chunk_rows && row < batch ? row * hidden_dim + i % hidden_dim : -1;
+  }
+  return i < batch * hidden_dim ? i : -1;
+}
+
 template <class T>
 __global__ void __launch_bounds__(256)
     ConvertHiddenKernel(const float* __restrict__ hidden, int64_t batch, int64_t hidden_dim,
@@ -215,15 +233,7 @@ __global__ void __launch_bounds__(256)
   if (zero_words != nullptr && thread < batch) zero_words[thread] = 0u;
   const int64_t i = thread * 8;
   if (i >= filled) return;
-  int64_t from = i;  // the element of H, or -1 for a zero
-  if (chunk_rows != block_rows) {
-    const int64_t at = i / hidden_dim;
-    const int64_t within = at % block_rows;
-    const int64_t row = at / block_rows * chunk_rows + within;
-    from = within < chunk_rows && row < batch ? row * hidden_dim + i % hidden_dim : -1;
-  } else if (i >= batch * hidden_dim) {
-    from = -1;
-  }
+  const int64_t from = HiddenSourceOf(i, batch, hidden_dim, chunk_rows, block_rows);
   if (from < 0) {
     *reinterpret_cast<uint4*>(hidden_rounded + i) = make_uint4(0, 0, 0, 0);
     return;
@@ -232,6 +242,50 @@ __global__ void __launch_bounds__(256)
   const float4 b = __ldg(reinterpret_cast<const float4*>(hidden + from + 4));
   *reinterpret_cast<uint4*>(hidden_rounded + i) =
       make_uint4(T::Pack(a.x, a.y), T::Pack(a.z, a.w), T::Pack(b.x, b.y), T::Pack(b.z, b.w));
+}
+
+// Kernel 1 for H already in the weights' 16-bit dtype
+// (FusedSampleArgs::hidden_in_weight_dtype): the same layout and the same
+// place in the stream as ConvertHiddenKernel, with a copy where that kernel
+// rounds (a 16-bit value rounds to itself, so Hr holds the same bits either
+// way), and with the serving engine's widening kernel's other two jobs
+// (hidden_check.h): each element's check (all-ones exponent: infinite or
+// NaN; a 16-bit value in the weights' dtype cannot leave their range), with
+// the smallest bad index of H reported to the host by the last block, and
+// the ride-along copy. The ride is made after GridDependencyWait (the launch
+// before may still read what it overwrites, the params) and stage 1 reads
+// it after its own wait, which covers this whole grid. Every thread reaches
+// the report (it has a __syncthreads): no early return.
+template <class T>
+__global__ void __launch_bounds__(256)
+    CopyCheckedHiddenKernel(const unsigned short* __restrict__ rows, int64_t batch, int64_t hidden_dim,
+                            int64_t chunk_rows, int64_t block_rows, int64_t filled,
+                            unsigned short* __restrict__ hidden_rounded, uint32_t* __restrict__ zero_words,
+                            FirstBadToHost report, const uint32_t* ride_src, uint32_t* ride_dst,
+                            int64_t ride_words) {
+  GridDependencyWait();
+  AllowDependentLaunch();
+  CopyRideAlong(ride_src, ride_dst, ride_words);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (zero_words != nullptr && thread < batch) zero_words[thread] = 0u;
+  const int64_t i = thread * 8;
+  if (i < filled) {
+    const int64_t from = HiddenSourceOf(i, batch, hidden_dim, chunk_rows, block_rows);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (from >= 0) v = __ldg(reinterpret_cast<const uint4*>(rows + from));
+    *reinterpret_cast<uint4*>(hidden_rounded + i) = v;
+    if (from >= 0) {
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+      int bad_at = 8;  // the first of the 8 that is refused
+#pragma unroll
+      for (int j = 7; j >= 0; --j) {
+        const uint32_t bits = (words[j / 2] >> (16 * (j % 2))) & 0xffffu;
+        if ((bits & T::kNonFiniteExponent) == T::kNonFiniteExponent) bad_at = j;
+      }
+      if (bad_at < 8) atomicMin(report.first_bad, static_cast<unsigned long long>(from + bad_at));
+    }
+  }
+  ReportWhenLast(report.first_bad, report.blocks_done, report.first_bad_host);
 }
 
 // ---- Kernel 2: the GEMM with the sampling epilogue ---------------------------------
@@ -521,12 +575,23 @@ cudaError_t LaunchConvertHidden(const FusedSampleArgs& a, unsigned short* hidden
       layout.num_chunks * layout.chunk_rows < a.batch) {
     return cudaErrorInvalidValue;
   }
-  const int64_t filled = layout.rows_filled() * a.hidden_dim;  // a multiple of 16
+  // One thread per 8 elements of Hr (a 16-byte store): the grid covers the
+  // filled rows, which a multiple of 16 elements each.
+  const int64_t filled = layout.rows_filled() * a.hidden_dim;
   const int64_t convert_blocks = (filled / 8 + 255) / 256;
   if (convert_blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
       DependentLaunch(dim3(static_cast<unsigned>(convert_blocks)), dim3(256), 0, stream, &attribute);
+  const HiddenInWeightDType& in = a.hidden_in_weight_dtype;
+  if (in.rows != nullptr) {
+    const auto* ride_src = static_cast<const uint32_t*>(in.ride.src);
+    auto* ride_dst = static_cast<uint32_t*>(in.ride.dst);
+    const int64_t ride_words = static_cast<int64_t>(in.ride.bytes / 4);
+    return cudaLaunchKernelEx(&config, CopyCheckedHiddenKernel<T>, static_cast<const unsigned short*>(in.rows),
+                              a.batch, a.hidden_dim, layout.chunk_rows, layout.block_rows, filled,
+                              hidden_rounded, zero_words, in.report, ride_src, ride_dst, ride_words);
+  }
   return cudaLaunchKernelEx(&config, ConvertHiddenKernel<T>, a.hidden, a.batch, a.hidden_dim,
                             layout.chunk_rows, layout.block_rows, filled, hidden_rounded, zero_words);
 }

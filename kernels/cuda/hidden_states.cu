@@ -17,12 +17,10 @@
 // thread order; the atomic runs only for bad elements, never on a valid
 // payload.
 //
-// Reporting to the host (LaunchWidenHiddenStatesToHost): every block counts
-// itself done with one atomicAdd after a __threadfence, so the block that
-// draws the last ticket sees every other block's atomicMin; it moves the
-// index to the host's word (one 8-byte store over the bus) and puts the two
-// device words back to their start values for the next launch. So neither
-// a reset before the launch nor a copy after it is needed.
+// Reporting to the host (LaunchWidenHiddenStatesToHost): the launch's last
+// block moves the index to the host's word and resets the device words
+// (hidden_check.cuh), so neither a reset before the launch nor a copy after
+// it is needed.
 //
 // The serving engine's form also carries the launch's row parameters when
 // no other copy would (RideAlongCopy: grid-stride 4-byte words from mapped
@@ -44,6 +42,7 @@
 #include "kernels/cuda/hidden_states.h"
 
 #include "kernels/common/half_precision.h"
+#include "kernels/cuda/hidden_check.cuh"
 #include "kernels/cuda/sample_reduce.cuh"
 
 namespace flashsampler::kernels {
@@ -92,28 +91,8 @@ __device__ __forceinline__ void WidenElement(const void* src, int64_t i, float* 
   if (bad) atomicMin(first_bad, static_cast<unsigned long long>(i));
 }
 
-// RideAlongCopy's words, grid-stride (a launch has at least `words` threads
-// or strides over them).
-__device__ __forceinline__ void CopyRideAlong(const uint32_t* ride_src, uint32_t* ride_dst, int64_t words) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += stride) {
-    ride_dst[w] = ride_src[w];
-  }
-}
-
-// With a host word to report to (blocks_done != null): the block counts
-// itself done, and the last one reports and resets (the top of this file).
-__device__ __forceinline__ void ReportWhenLast(unsigned long long* first_bad, unsigned int* blocks_done,
-                                               unsigned long long* first_bad_host) {
-  if (blocks_done == nullptr) return;
-  __syncthreads();  // every thread of the block has made its atomicMin
-  if (threadIdx.x != 0) return;
-  __threadfence();
-  if (atomicAdd(blocks_done, 1u) != gridDim.x - 1) return;
-  __threadfence();
-  *reinterpret_cast<volatile unsigned long long*>(first_bad_host) = atomicExch(first_bad, kNoBadHiddenElement);
-  atomicExch(blocks_done, 0u);
-}
+using cuda_internal::CopyRideAlong;
+using cuda_internal::ReportWhenLast;
 
 template <CudaWeightDType kSrc, CudaWeightDType kWeight>
 __global__ void __launch_bounds__(kWidenThreads)
@@ -287,22 +266,13 @@ KernelStatus LaunchWidenHiddenStatesToHost(const void* src, CudaWeightDType src_
                                            const FirstBadToHost& report, cudaStream_t stream,
                                            const RideAlongCopy& ride) {
   if (report.blocks_done == nullptr || report.first_bad_host == nullptr) return KernelStatus::kInvalidArgument;
-  if (ride.bytes != 0) {
-    const auto word_aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
-    const auto overlaps = [&ride](const void* p, size_t bytes) {
-      const char* a = static_cast<const char*>(ride.dst);
-      const char* b = static_cast<const char*>(p);
-      return a < b + bytes && b < a + ride.bytes;
-    };
-    const size_t src_bytes = static_cast<size_t>(count) * CudaWeightDTypeBytes(src_dtype);
-    if (ride.src == nullptr || ride.dst == nullptr || ride.bytes % 4 != 0 || !word_aligned(ride.src) ||
-        !word_aligned(ride.dst) || overlaps(ride.src, ride.bytes) || overlaps(src, src_bytes) ||
-        overlaps(dst, static_cast<size_t>(count) * sizeof(float)) ||
-        overlaps(report.first_bad, sizeof(*report.first_bad)) ||
-        overlaps(report.blocks_done, sizeof(*report.blocks_done)) ||
-        overlaps(report.first_bad_host, sizeof(*report.first_bad_host))) {
-      return KernelStatus::kInvalidArgument;
-    }
+  const size_t src_bytes = static_cast<size_t>(count) * CudaWeightDTypeBytes(src_dtype);
+  if (!RideAlongCopyValid(ride, {{src, src_bytes},
+                                 {dst, static_cast<size_t>(count) * sizeof(float)},
+                                 {report.first_bad, sizeof(*report.first_bad)},
+                                 {report.blocks_done, sizeof(*report.blocks_done)},
+                                 {report.first_bad_host, sizeof(*report.first_bad_host)}})) {
+    return KernelStatus::kInvalidArgument;
   }
   return LaunchWiden(src, src_dtype, count, weight_dtype, dst, report.first_bad, report.blocks_done,
                      report.first_bad_host, ride, stream, FirstBadReset::kByCaller);

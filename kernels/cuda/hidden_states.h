@@ -20,11 +20,9 @@
 
 #include "kernels/common/kernel_status.h"
 #include "kernels/cuda/fused_sample.h"
+#include "kernels/cuda/hidden_check.h"
 
 namespace flashsampler::kernels {
-
-// No bad element: the value *first_bad keeps.
-inline constexpr unsigned long long kNoBadHiddenElement = ~0ull;
 
 // Who sets *first_bad to kNoBadHiddenElement before the kernel runs: the
 // launcher (one memset on the stream), or the caller, who enqueued that value
@@ -45,41 +43,18 @@ KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype,
                                      FirstBadReset reset = FirstBadReset::kByLauncher);
 
 // The serving engine's form: the first bad index reaches the host without a
-// copy. *first_bad and *blocks_done (device memory) hold kNoBadHiddenElement
-// and 0 when the launch starts, and the launch leaves them so (the caller
-// sets them once, before its first launch, and then never touches them);
-// the launch's last block to finish writes the smallest bad index, or
-// kNoBadHiddenElement, to *first_bad_host: pinned host memory mapped into
-// the device's address space, readable once the stream has passed the
-// launch. Launches sharing first_bad and blocks_done must be ordered (one
-// stream). dst, src and the outcomes as LaunchWidenHiddenStates;
-// kInvalidArgument also for a null first_bad_host or blocks_done.
+// copy (FirstBadToHost, hidden_check.h; kInvalidArgument also for a null
+// first_bad_host or blocks_done). dst, src and the outcomes as
+// LaunchWidenHiddenStates.
 //
-// `ride`: bytes the same launch copies besides (RideAlongCopy), or none.
+// `ride`: bytes the same launch copies besides (RideAlongCopy), or none;
+// kInvalidArgument when RideAlongCopyValid says no (its dst overlapping src,
+// dst or the report words included).
 // The kernel also lets the next kernel on the stream be scheduled while it
 // runs (programmatic dependent launch); such a kernel must wait for this
 // one's writes (griddepcontrol.wait) before it reads dst or ride.dst, and
 // must not let its own dependents start before that wait, as
 // LaunchFusedSample's first kernel does.
-struct FirstBadToHost {
-  unsigned long long* first_bad = nullptr;       // device
-  unsigned int* blocks_done = nullptr;           // device
-  unsigned long long* first_bad_host = nullptr;  // mapped pinned host memory
-};
-// A few bytes of the caller's per-launch input (the serving engine's row
-// parameters when its hidden states are already on the GPU) that the
-// widening kernel's threads copy, one 4-byte word each, from src
-// (device-accessible: device memory or mapped pinned host memory) to dst
-// (device memory): they are there once the stream has passed the launch,
-// with no copy operation of their own on the stream. bytes == 0: nothing;
-// else both pointers non-null and 4-byte aligned, bytes a multiple of 4,
-// and dst overlapping neither src nor the widening's buffers and report
-// words (else kInvalidArgument).
-struct RideAlongCopy {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  size_t bytes = 0;
-};
 KernelStatus LaunchWidenHiddenStatesToHost(const void* src, CudaWeightDType src_dtype, int64_t count,
                                            CudaWeightDType weight_dtype, float* dst,
                                            const FirstBadToHost& report, cudaStream_t stream,

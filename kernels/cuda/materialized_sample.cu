@@ -114,6 +114,8 @@ KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_
   // ---- Arguments (nothing is enqueued when they are wrong).
   if (cublas == nullptr) return KernelStatus::kInvalidArgument;
   if (const KernelStatus s = cuda_internal::CheckSampleArgs(args, 256); s != KernelStatus::kOk) return s;
+  // cuBLAS reads fp32 H (FusedSampleArgs::hidden_in_weight_dtype is LaunchFusedSample's).
+  if (args.hidden == nullptr) return KernelStatus::kInvalidArgument;
   const WorkspaceLayout layout =
       Layout(args.batch, args.valid_vocab, args.hidden_dim, args.weight_dtype);
   if (layout.total == 0 || args.workspace_bytes < layout.total) {

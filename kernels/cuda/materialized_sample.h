@@ -45,6 +45,8 @@ size_t MaterializedSampleWorkspaceBytes(int64_t batch, int64_t vocab, int64_t hi
 // Same arguments and outputs as LaunchFusedSample; args.workspace must be
 // 256-byte aligned (as cudaMalloc returns) and hold
 // MaterializedSampleWorkspaceBytes(batch, valid_vocab, hidden_dim, weight_dtype).
+// H comes as fp32 rows (args.hidden) only: hidden_in_weight_dtype set is
+// InvalidArgument.
 KernelStatus LaunchMaterializedSample(const FusedSampleArgs& args, cublasHandle_t cublas,
                                       cudaStream_t stream);
 

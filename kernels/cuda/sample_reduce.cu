@@ -106,7 +106,9 @@ cudaError_t LaunchMergeTileSummaries(const SampleSummary* tile_summaries, int64_
 KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_alignment) {
   constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
   const size_t elem_bytes = CudaWeightDTypeBytes(args.weight_dtype);
-  if (elem_bytes == 0 || args.weight == nullptr || args.hidden == nullptr ||
+  const HiddenInWeightDType& in_weight_dtype = args.hidden_in_weight_dtype;
+  // Exactly one H: fp32 rows, or rows in the weights' dtype.
+  if (elem_bytes == 0 || args.weight == nullptr || (args.hidden == nullptr) == (in_weight_dtype.rows == nullptr) ||
       args.params == nullptr || args.workspace == nullptr ||
       (args.token_ids == nullptr && args.row_summaries == nullptr)) {
     return KernelStatus::kInvalidArgument;
@@ -129,6 +131,19 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
       !aligned(args.params, alignof(RowParams)) || !aligned(args.workspace, workspace_alignment) ||
       !aligned(args.row_summaries, alignof(SampleSummary))) {
     return KernelStatus::kInvalidArgument;
+  }
+  if (in_weight_dtype.rows != nullptr) {
+    const FirstBadToHost& report = in_weight_dtype.report;
+    const size_t rows_bytes = static_cast<size_t>(args.batch) * static_cast<size_t>(args.hidden_dim) * 2;
+    if (elem_bytes != 2 || !aligned(in_weight_dtype.rows, 16) || report.first_bad == nullptr ||
+        report.blocks_done == nullptr || report.first_bad_host == nullptr ||
+        !RideAlongCopyValid(in_weight_dtype.ride, {{in_weight_dtype.rows, rows_bytes},
+                                                   {args.workspace, args.workspace_bytes},
+                                                   {report.first_bad, sizeof(*report.first_bad)},
+                                                   {report.blocks_done, sizeof(*report.blocks_done)},
+                                                   {report.first_bad_host, sizeof(*report.first_bad_host)}})) {
+      return KernelStatus::kInvalidArgument;
+    }
   }
   // Draft tokens and their log-probs come together, and only for a whole
   // head: a shard's draft log-prob would need the merged log Z.

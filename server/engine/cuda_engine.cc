@@ -5,7 +5,10 @@
 // in one cudaMemcpyBatchAsync (wire rows, SampleBatch::wire_hidden, cross the
 // bus in the caller's dtype, or not at all for a CUDA IPC buffer on this GPU,
 // and are widened, rounded and checked on the device; when no row needs a
-// copy, the RowParams ride with the first widening kernel instead), one
+// copy, the RowParams ride with the first widening kernel instead; a decode
+// step whose rows are one GPU run in W's 16-bit dtype skips the widening:
+// the fused sampler's first kernel copies and checks them where they lie,
+// kernels::HiddenInWeightDType, and the RowParams ride with it), one
 // sampler launch runs (PlanCudaSamplerPath,
 // cuda_controlled_runner.h: batches with sampling controls take the fused
 // controlled path for the rows it serves and the materialized one for the
@@ -31,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -237,8 +241,13 @@ class CudaEngine final : public Engine {
     if (absl::Status s = StageHidden(batch); !s.ok()) return s;
     absl::StatusOr<SampleResult> result = RunSampler(batch);
     // A device error is the launch's outcome: what the failed stream left in
-    // the first-bad indices is not evidence about the rows.
-    if (!result.ok() && result.status().code() == absl::StatusCode::kInternal) return result;
+    // the first-bad indices is not evidence about the rows. Nor is an
+    // unwritten report of rows read in place: the sampler checks those, and
+    // a launch refused before its first kernel has not.
+    if (!result.ok() &&
+        (result.status().code() == absl::StatusCode::kInternal || in_place_.rows != nullptr)) {
+      return result;
+    }
     // A bad value in wire rows fails the batch whatever the sampler made of
     // it (its outputs are garbage then, never a crash).
     if (absl::Status s = CheckWireRows(batch.request_row_offset); !s.ok()) return s;
@@ -259,9 +268,15 @@ class CudaEngine final : public Engine {
   // wire runs) goes out in one cudaMemcpyBatchAsync. Per request that was
   // four CUDA calls (copy, memset, widen, first-bad copy), ~0.4 ms of a
   // 25-request launch of a small head on an H100 host.
+  //
+  // Rows read in place (ReadsInPlace): no widening launch; in_place_ tells
+  // RunPlain to hand them to the fused sampler, which checks them into the
+  // first group's report and copies the parameters.
   absl::Status StageHidden(const SampleBatch& batch) {
     const int64_t d = shape_.hidden_size;
     wire_groups_.clear();
+    in_place_ = kernels::HiddenInWeightDType{};
+    const bool in_place = ReadsInPlace(batch);
     // Copies a failed launch left behind (an argument error returns before
     // they are enqueued) must not reach this one.
     copy_dst_.clear();
@@ -351,6 +366,10 @@ class CudaEngine final : public Engine {
       const kernels::FirstBadToHost report{static_cast<unsigned long long*>(first_bad_) + g,
                                            static_cast<unsigned int*>(blocks_done_) + g,
                                            static_cast<unsigned long long*>(device_first_bad_host_) + g};
+      if (in_place) {  // one group (ReadsInPlace)
+        in_place_ = kernels::HiddenInWeightDType{group.source, report, params_ride};
+        break;
+      }
       const KernelStatus status = kernels::LaunchWidenHiddenStatesToHost(
           group.source, ToCudaDType(group.dtype), group.rows * d, ToCudaDType(shape_.weight_dtype),
           static_cast<float*>(hidden_) + group.first_row * d, report, stream_,
@@ -358,6 +377,45 @@ class CudaEngine final : public Engine {
       if (status != KernelStatus::kOk) return KernelStatusToStatus(status, "widening hidden states on the GPU");
     }
     return absl::OkStatus();
+  }
+
+  // Whether the batch's hidden states go to the fused sampler where they lie
+  // (kernels::HiddenInWeightDType): one run of rows on this GPU holding the
+  // whole batch, in W's 16-bit dtype and 16-byte aligned (a decode step from
+  // a CUDA IPC buffer or an upload), on the plain fused path with a
+  // tensor-core stage 1. A 16-bit value is its own rounding, so the rows'
+  // results are those of the widened fp32 rows bit for bit; what goes is the
+  // widening kernel and its fp32 copy of the rows.
+  bool ReadsInPlace(const SampleBatch& batch) const {
+    if (batch.wire_hidden.size() != 1) return false;
+    const WireHiddenRows& run = batch.wire_hidden.front();
+    if (run.device == kHostMemory || run.first_row != 0 || run.rows != batch.rows ||
+        run.dtype != shape_.weight_dtype || WeightDTypeSize(run.dtype) != 2 ||
+        reinterpret_cast<uintptr_t>(run.data) % 16 != 0 ||
+        PlanCudaSamplerPath(batch, options_.fused_max_rows) != CudaSamplerPath::kFused) {
+      return false;
+    }
+    kernels::FusedSampleArgs args = PlainArgs(batch.rows);
+    args.hidden = nullptr;
+    args.hidden_in_weight_dtype.rows = run.data;
+    return kernels::FusedSampleReadsHiddenInWeightDType(args);
+  }
+
+  // The plain launches' shape and buffers for `rows` rows (RunPlain fills in
+  // the rest).
+  kernels::FusedSampleArgs PlainArgs(int64_t rows) const {
+    kernels::FusedSampleArgs args;
+    args.weight = weight_;
+    args.weight_dtype = ToCudaDType(shape_.weight_dtype);
+    args.hidden = static_cast<const float*>(hidden_);
+    args.params = static_cast<const RowParams*>(params_);
+    args.batch = rows;
+    args.vocab = shape_.vocab_size;
+    args.valid_vocab = shape_.valid_vocab;
+    args.hidden_dim = shape_.hidden_size;
+    args.workspace = workspace_;
+    args.workspace_bytes = workspace_bytes_;
+    return args;
   }
 
   void AddCopy(void* dst, const void* src, size_t bytes) {
@@ -394,8 +452,9 @@ class CudaEngine final : public Engine {
   // (its row counted from request_row_offset, SampleBatch), after the stream
   // has finished.
   absl::Status CheckWireRows(int64_t request_row_offset) {
-    // Called only after StageHidden enqueued every group's widening; a
-    // report a launch failed to write still holds kFirstBadNotReported.
+    // Called only after StageHidden enqueued every group's widening (or
+    // handed its one group to a sampler launch that ran); a report a launch
+    // failed to write still holds kFirstBadNotReported.
     if (wire_groups_.empty()) return absl::OkStatus();
     FS_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
     const int64_t d = shape_.hidden_size;
@@ -478,20 +537,14 @@ class CudaEngine final : public Engine {
   absl::StatusOr<SampleResult> RunPlain(const SampleBatch& batch, CudaSamplerPath path) {
     const int64_t rows = batch.rows;
     const bool drafts = !batch.draft_tokens.empty();
-    kernels::FusedSampleArgs args;
-    args.weight = weight_;
-    args.weight_dtype = ToCudaDType(shape_.weight_dtype);
-    args.hidden = static_cast<const float*>(hidden_);
-    args.params = static_cast<const RowParams*>(params_);
-    args.batch = rows;
-    args.vocab = shape_.vocab_size;
-    args.valid_vocab = shape_.valid_vocab;
-    args.hidden_dim = shape_.hidden_size;
+    kernels::FusedSampleArgs args = PlainArgs(rows);
+    if (in_place_.rows != nullptr) {  // StageHidden left the rows where they lie
+      args.hidden = nullptr;
+      args.hidden_in_weight_dtype = in_place_;
+    }
     args.token_ids = static_cast<int32_t*>(device_tokens_);
     args.logz = batch.want_logz ? static_cast<float*>(device_logz_) : nullptr;
     args.logprobs = batch.want_logprobs ? static_cast<float*>(device_logprobs_) : nullptr;
-    args.workspace = workspace_;
-    args.workspace_bytes = workspace_bytes_;
     args.draft_tokens = drafts ? static_cast<const int32_t*>(drafts_) : nullptr;
     args.draft_logprobs = drafts ? static_cast<float*>(device_draft_logprobs_) : nullptr;
     // Results that stay on the device (a CUDA IPC output region): stage 2
@@ -575,6 +628,9 @@ class CudaEngine final : public Engine {
     const void* source;
     bool host;
   };
+  // The current launch's rows read in place (ReadsInPlace), or rows ==
+  // null: set by StageHidden, read by RunPlain.
+  kernels::HiddenInWeightDType in_place_;
   // The current launch's groups (each reports its first-bad index into
   // host_first_bad_) and its copies in flight to one EnqueueCopies call
   // (reused).

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/common/half_precision.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/batching/dynamic_batcher.h"
 #include "server/engine/engine.h"
@@ -655,6 +657,87 @@ TEST(CudaEngine, RowsOnTheGpuTakeTheirParametersWithTheWidening) {
     EXPECT_EQ(device_tokens, want->token_ids);
     EXPECT_EQ(std::memcmp(device_logz.data(), want->logz.data(), rows * sizeof(float)), 0);
   }
+  EXPECT_TRUE(cuda->healthy());
+}
+
+// A decode step whose rows are one GPU run in the head's bf16 (a CUDA IPC
+// buffer, an upload) is read where it lies by the fused sampler's first
+// kernel, with no widening launch (CudaEngine's ReadsInPlace): on the
+// default engine (the fused kernel at every batch), from 1 row to chunked
+// batches, its tokens, log Z, logprobs and device outputs are the fp32
+// rows' bit for bit; its parameters arrive with that kernel; a bad value is
+// named by its first element and the engine serves on; a source that is not
+// 16-byte aligned takes the widening and gives the same bits.
+TEST(CudaEngine, RowsOnTheGpuInTheHeadsDTypeAreReadInPlace) {
+  ASSERT_TRUE(CudaBackendAvailable()) << "this GPU test needs a CUDA device (exclude label gpu)";
+  EngineOptions options;
+  options.valid_vocab = kVocab - 7;
+  options.max_batch_rows = 320;
+  absl::StatusOr<std::unique_ptr<Engine>> made = MakeEngine("cuda", LmHead::Demo(kVocab, kHidden, 9), options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine* const cuda = made->get();
+  for (int64_t rows : {1, 4, 33, 160, 300}) {
+    for (Place where : {Place::kGpu, Place::kUploaded}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows, place " << static_cast<int>(where));
+      const SampleBatch original = RandomBatch(rows, 900 + rows);
+      SampleBatch fp32 = original;
+      fp32.hidden_in_weight_dtype = false;
+      fp32.want_logz = true;
+      fp32.want_logprobs = true;
+      SampleBatch wire = fp32;
+      WireCopy copy;
+      wire.wire_hidden.push_back(ToWire(original.hidden, 0, rows, WeightDType::kBFloat16, where, &copy,
+                                        &fp32.hidden, cuda));
+      std::fill(wire.hidden.begin(), wire.hidden.end(), std::nanf(""));  // never read
+      int32_t* tokens = nullptr;
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&tokens), rows * sizeof(int32_t)), cudaSuccess);
+      wire.device_outputs.push_back(DeviceOutputRows{0, rows, tokens, nullptr, nullptr, 0, nullptr});
+      const absl::StatusOr<SampleResult> want = cuda->Sample(fp32);
+      const absl::StatusOr<SampleResult> got = cuda->Sample(wire);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(got.ok()) << got.status();
+      std::vector<int32_t> device_tokens(static_cast<size_t>(rows));
+      ASSERT_EQ(cudaMemcpy(device_tokens.data(), tokens, rows * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      cudaFree(tokens);
+      EXPECT_EQ(got->path, LaunchPath::kFused);
+      EXPECT_EQ(got->token_ids, want->token_ids);
+      EXPECT_EQ(device_tokens, want->token_ids);
+      EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), rows * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(got->logprobs.data(), want->logprobs.data(), rows * sizeof(float)), 0);
+
+      // Bad values: NaN in the last row, and an earlier infinity, which is named.
+      HiddenStates bad_values = original.hidden;
+      bad_values[(rows - 1) * kHidden + 200] = std::nanf("");
+      bad_values[(rows - 1) / 2 * kHidden + 9] = -INFINITY;
+      SampleBatch bad = fp32;
+      HiddenStates ignored = bad_values;
+      WireCopy bad_copy;
+      bad.wire_hidden.push_back(
+          ToWire(bad_values, 0, rows, WeightDType::kBFloat16, where, &bad_copy, &ignored, cuda));
+      const absl::StatusOr<SampleResult> refused = cuda->Sample(bad);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+      const std::string named = absl::StrCat("hidden_states[", (rows - 1) / 2, "][9] is infinite");
+      EXPECT_NE(refused.status().message().find(named), std::string::npos) << refused.status();
+      EXPECT_TRUE(cuda->healthy());
+    }
+  }
+  // A source 2 bytes past a 16-byte boundary: widened, the same bits.
+  const SampleBatch original = RandomBatch(6, 990);
+  SampleBatch fp32 = original;
+  fp32.hidden_in_weight_dtype = false;
+  SampleBatch wire = fp32;
+  WireCopy copy;
+  // The bf16 bytes (copy.host) and the fp32 path's values of them.
+  ToWire(original.hidden, 0, 6, WeightDType::kBFloat16, Place::kHost, &copy, &fp32.hidden, cuda);
+  char* shifted = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&shifted), copy.host.size() + 16), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(shifted + 2, copy.host.data(), copy.host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  wire.wire_hidden.push_back(WireHiddenRows{0, 6, shifted + 2, WeightDType::kBFloat16, 0, false, nullptr});
+  ExpectSameResults(cuda, fp32, wire);
+  cudaFree(shifted);
+  const absl::StatusOr<SampleResult> next = cuda->Sample(RandomBatch(3, 991));
+  EXPECT_TRUE(next.ok()) << next.status();
   EXPECT_TRUE(cuda->healthy());
 }
 
