@@ -244,8 +244,9 @@ absl::StatusOr<int64_t> DecodeHidden(const v1::Tensor& t, const std::string& fie
     };
     if (slice.has_value()) {
       // GPU memory on the engine's device, and host memory mapped into its
-      // address space, are read where they are, by the widening kernel,
-      // whose loads need elements at their natural alignment: a misaligned
+      // address space, are read where they are, by the widening kernel (or
+      // the fused sampler's first kernel, for 16-byte aligned rows in the
+      // head's dtype), whose loads need elements at their natural alignment: a misaligned
       // address would fault the device (and stop its context for every
       // later request), so such a slice is read through the host instead.
       const MemoryRegion::DeviceAddress device = slice->region->DeviceAddressOf(slice->offset, slice->byte_size);
