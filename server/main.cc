@@ -43,6 +43,7 @@
 #include "server/security/bearer_token_auth.h"
 #include "server/engine/engine.h"
 #include "server/api/health_gate.h"
+#include "server/security/header_token_check.h"
 #include "server/security/health_only_server.h"
 #include "server/local/local_channel_server.h"
 #include "server/model/lm_head.h"
@@ -254,6 +255,12 @@ int main(int argc, char** argv) {
   // default, SO_REUSEPORT, and the kernel would split the connections).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
+  // On a TLS port the token is also checked on each Sampler call's headers,
+  // before gRPC buffers its message (server/security/header_token_check.h).
+  if (token_auth != nullptr && security->tls) {
+    security->credentials->SetAuthMetadataProcessor(
+        std::make_shared<flashsampler::HeaderTokenCheck>(token_auth.get()));
+  }
   builder.AddListeningPort(config->address, security->credentials, &port);
   if (authenticated_service != nullptr) {
     builder.RegisterService(authenticated_service.get());

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
@@ -233,6 +235,44 @@ TEST_F(SecurityE2E, MutualTlsWithTokenNeedsBoth) {
   ChannelSecurityOptions token_only = TrustingCa();
   token_only.auth_token_file = File("token");
   EXPECT_EQ(SampleCode(Security(token_only), server.address()), absl::StatusCode::kUnavailable);
+}
+
+// With TLS, the token is checked on a Sampler call's headers: a unary call
+// without it that never sends its message is refused at once, with
+// UNAUTHENTICATED, instead of the server waiting for (and buffering) a
+// message it would refuse (server/security/header_token_check.h). Without the
+// header check the call would end only at its deadline.
+TEST_F(SecurityE2E, OverTlsATokenlessCallIsRefusedOnItsHeaders) {
+  ServerProcess server(Flags({Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"),
+                              Flag("auth_token_file", "token")}),
+                       Security(TrustingCa()));
+  ASSERT_TRUE(server.Start().ok());
+  grpc::GenericStub stub(MakeSecureChannel(server.address(), Security(TrustingCa()), grpc::ChannelArguments()));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, "/flashsampler.v1.Sampler/Sample", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(2));
+  void* tag = nullptr;
+  bool ok = false;
+  bool finished = false;
+  while (!finished && cq.Next(&tag, &ok)) finished = tag == reinterpret_cast<void*>(2);
+  ASSERT_TRUE(finished);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  // With the token the same server serves; health needs none.
+  ChannelSecurityOptions with_token = TrustingCa();
+  with_token.auth_token_file = File("token");
+  EXPECT_EQ(SampleCode(Security(with_token), server.address()), absl::StatusCode::kOk);
+  SamplerClient tokenless(server.address(), Security(TrustingCa()));
+  const absl::StatusOr<Serving::ServingStatus> health = tokenless.CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, Serving::SERVING);
 }
 
 // Copies `from` to `to` through a new file renamed over `to`: an atomic
