@@ -240,6 +240,10 @@ int main(int argc, char** argv) {
           security->auth_token_file, token_auth.get(), security->credentials_refresh, *security->auth_token);
     }
   }
+  // gRPC's threads use the services and the token check (HeaderTokenCheck
+  // holds token_auth) until the server is gone, and they were declared
+  // after it: on every return from here on, the server goes first.
+  absl::Cleanup server_goes_first = [&server] { server.reset(); };
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

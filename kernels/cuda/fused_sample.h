@@ -190,7 +190,7 @@ inline constexpr int kMaxOutputSpans = 8;
 struct HiddenInWeightDType {
   const void* rows = nullptr;  // device [batch, hidden_dim] of weight_dtype, 16-byte aligned
   FirstBadToHost report;       // every pointer required
-  RideAlongCopy ride;          // optional; its dst overlaps none of the launch's buffers
+  RideAlongCopy ride;          // optional; its dst overlaps neither its src, `rows`, the workspace nor the report words
 };
 
 struct FusedSampleArgs {

@@ -253,8 +253,9 @@ __global__ void __launch_bounds__(256)
 // NaN; a 16-bit value in the weights' dtype cannot leave their range), with
 // the smallest bad index of H reported to the host by the last block, and
 // the ride-along copy. The ride is made after GridDependencyWait (the launch
-// before may still read what it overwrites, the params) and stage 1 reads
-// it after its own wait, which covers this whole grid. Every thread reaches
+// before may still read what it overwrites, the params), and every thread of
+// stage 1 that reads it waits for this grid first (mma.sync: every thread;
+// WGMMA: the producer and each folding thread, FoldTile). Every thread reaches
 // the report (it has a __syncthreads): no early return.
 template <class T>
 __global__ void __launch_bounds__(256)

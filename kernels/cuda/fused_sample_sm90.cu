@@ -898,6 +898,13 @@ __device__ __forceinline__ void FoldTile(const WgmmaKernelParams<Cfg>& p, float*
                                          int64_t row0, int64_t row_end, int64_t tok0, int tile,
                                          int warp, int lane, float lane_known = -INFINITY) {
   constexpr int kRows = Cfg::kRows;
+  // The row params (and draft tokens) may come from the kernel this one
+  // depends on (a ride-along copy, FusedSampleArgs::hidden_in_weight_dtype),
+  // which lets this grid start before it has written them: each folding
+  // thread waits for that kernel itself, as the producer does for Hr,
+  // instead of relying on the barriers between them (one instruction once
+  // the wait is resolved).
+  GridDependencyWait();
   if (p.logits != nullptr) {
     // LaunchWgmmaLogits: the dots as they are (no scale), one warp per row,
     // lane j storing tokens j, j + 32, j + 64, j + 96 (128 contiguous bytes

@@ -462,7 +462,7 @@ class CudaEngine final : public Engine {
       const unsigned long long bad = static_cast<const unsigned long long*>(host_first_bad_)[g];
       if (bad == kernels::kNoBadHiddenElement) continue;
       if (bad == kFirstBadNotReported) {
-        return absl::InternalError("a widening launch did not report its first bad hidden-state element");
+        return absl::InternalError("a launch that checks hidden states did not report its first bad element");
       }
       const WireGroup& group = wire_groups_[g];
       // Read the element itself for the message (a few bytes, errors only)
@@ -582,6 +582,7 @@ class CudaEngine final : public Engine {
         batch, static_cast<const int32_t*>(host_tokens_), static_cast<const float*>(host_logz_),
         static_cast<const float*>(host_logprobs_), static_cast<const float*>(host_draft_logprobs_));
     result.path = path == CudaSamplerPath::kFused ? LaunchPath::kFused : LaunchPath::kMaterialized;
+    result.hidden_read_in_place = in_place_.rows != nullptr;
     return result;
   }
 

@@ -252,6 +252,10 @@ struct SampleResult {
   // without a draft), else empty.
   std::vector<float> draft_logprobs;
   LaunchPath path = LaunchPath::kUnspecified;  // set by every engine
+  // The CUDA engine: the batch's hidden states went to the sampler where
+  // they lie, in the head's 16-bit dtype, with no widening launch
+  // (kernels::HiddenInWeightDType). False for every other launch.
+  bool hidden_read_in_place = false;
 };
 
 // Memory of one device the engine uses (for the metrics endpoint).

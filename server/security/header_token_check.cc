@@ -5,7 +5,8 @@
 namespace flashsampler {
 namespace {
 
-constexpr std::string_view kSamplerPrefix = "/flashsampler.v1.Sampler/";
+// The one service a caller without the token may reach: probes.
+constexpr std::string_view kHealthPrefix = "/grpc.health.v1.Health/";
 
 }  // namespace
 
@@ -13,16 +14,15 @@ grpc::Status HeaderTokenCheck::Process(const InputMetadata& auth_metadata, grpc:
                                        OutputMetadata* /*consumed_auth_metadata*/,
                                        OutputMetadata* /*response_metadata*/) {
   // The :path pseudo-header is among the metadata gRPC hands a processor
-  // (every HTTP/2 request has one); without it nothing says the call is
-  // not a Sampler call, so it needs the token.
+  // (every HTTP/2 request has one); a call without one needs the token.
   const auto path = auth_metadata.find(":path");
   if (path == auth_metadata.end()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a call without a :path header");
   }
   const std::string_view name(path->second.data(), path->second.size());
-  if (name.substr(0, kSamplerPrefix.size()) != kSamplerPrefix) return grpc::Status::OK;
+  if (name.substr(0, kHealthPrefix.size()) == kHealthPrefix) return grpc::Status::OK;
   // The header stays in the metadata (nothing is consumed), so
-  // AuthenticatedSamplerService checks it again when the call arrives.
+  // AuthenticatedSamplerService checks a Sampler call again when it arrives.
   const absl::Status status = auth_->Check(auth_metadata);
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(status.message()));

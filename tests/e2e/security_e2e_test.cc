@@ -237,33 +237,36 @@ TEST_F(SecurityE2E, MutualTlsWithTokenNeedsBoth) {
   EXPECT_EQ(SampleCode(Security(token_only), server.address()), absl::StatusCode::kUnavailable);
 }
 
-// With TLS, the token is checked on a Sampler call's headers: a unary call
-// without it that never sends its message is refused at once, with
-// UNAUTHENTICATED, instead of the server waiting for (and buffering) a
-// message it would refuse (server/security/header_token_check.h). Without the
-// header check the call would end only at its deadline.
+// With TLS, the token is checked on a call's headers: a unary Sampler call
+// and a reflection stream without it that never send a message are refused
+// at once, with UNAUTHENTICATED, instead of the server waiting for (and
+// buffering) a message (server/security/header_token_check.h). Without the
+// header check each call would end only at its deadline.
 TEST_F(SecurityE2E, OverTlsATokenlessCallIsRefusedOnItsHeaders) {
   ServerProcess server(Flags({Flag("tls_cert", "server.pem"), Flag("tls_key", "server.key"),
                               Flag("auth_token_file", "token")}),
                        Security(TrustingCa()));
   ASSERT_TRUE(server.Start().ok());
   grpc::GenericStub stub(MakeSecureChannel(server.address(), Security(TrustingCa()), grpc::ChannelArguments()));
-  grpc::CompletionQueue cq;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-      stub.PrepareCall(&context, "/flashsampler.v1.Sampler/Sample", &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(2));
-  void* tag = nullptr;
-  bool ok = false;
-  bool finished = false;
-  while (!finished && cq.Next(&tag, &ok)) finished = tag == reinterpret_cast<void*>(2);
-  ASSERT_TRUE(finished);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
+  for (const char* path :
+       {"/flashsampler.v1.Sampler/Sample", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}) {
+    SCOPED_TRACE(path);
+    grpc::CompletionQueue cq;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(&context, path, &cq);
+    call->StartCall(reinterpret_cast<void*>(1));
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(2));
+    void* tag = nullptr;
+    bool ok = false;
+    bool finished = false;
+    while (!finished && cq.Next(&tag, &ok)) finished = tag == reinterpret_cast<void*>(2);
+    ASSERT_TRUE(finished);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
   }
   // With the token the same server serves; health needs none.
   ChannelSecurityOptions with_token = TrustingCa();

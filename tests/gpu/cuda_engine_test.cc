@@ -701,6 +701,8 @@ TEST(CudaEngine, RowsOnTheGpuInTheHeadsDTypeAreReadInPlace) {
                 cudaSuccess);
       cudaFree(tokens);
       EXPECT_EQ(got->path, LaunchPath::kFused);
+      EXPECT_TRUE(got->hidden_read_in_place);
+      EXPECT_FALSE(want->hidden_read_in_place);
       EXPECT_EQ(got->token_ids, want->token_ids);
       EXPECT_EQ(device_tokens, want->token_ids);
       EXPECT_EQ(std::memcmp(got->logz.data(), want->logz.data(), rows * sizeof(float)), 0);
@@ -722,6 +724,26 @@ TEST(CudaEngine, RowsOnTheGpuInTheHeadsDTypeAreReadInPlace) {
       EXPECT_TRUE(cuda->healthy());
     }
   }
+  // With draft rows (their tokens and the params then go up by copy, with
+  // no ride): the same residual tokens and draft log-probs.
+  {
+    const SampleBatch original = RandomBatch(5, 980);
+    SampleBatch fp32 = original;
+    fp32.hidden_in_weight_dtype = false;
+    fp32.draft_tokens = {3, -1, 17, 4000, -1};
+    SampleBatch wire = fp32;
+    WireCopy copy;
+    wire.wire_hidden.push_back(
+        ToWire(original.hidden, 0, 5, WeightDType::kBFloat16, Place::kGpu, &copy, &fp32.hidden, cuda));
+    const absl::StatusOr<SampleResult> want = cuda->Sample(fp32);
+    const absl::StatusOr<SampleResult> got = cuda->Sample(wire);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(got->hidden_read_in_place);
+    EXPECT_EQ(got->token_ids, want->token_ids);
+    ASSERT_EQ(got->draft_logprobs.size(), 5u);
+    EXPECT_EQ(std::memcmp(got->draft_logprobs.data(), want->draft_logprobs.data(), 5 * sizeof(float)), 0);
+  }
   // A source 2 bytes past a 16-byte boundary: widened, the same bits.
   const SampleBatch original = RandomBatch(6, 990);
   SampleBatch fp32 = original;
@@ -735,6 +757,9 @@ TEST(CudaEngine, RowsOnTheGpuInTheHeadsDTypeAreReadInPlace) {
   ASSERT_EQ(cudaMemcpy(shifted + 2, copy.host.data(), copy.host.size(), cudaMemcpyHostToDevice), cudaSuccess);
   wire.wire_hidden.push_back(WireHiddenRows{0, 6, shifted + 2, WeightDType::kBFloat16, 0, false, nullptr});
   ExpectSameResults(cuda, fp32, wire);
+  const absl::StatusOr<SampleResult> widened = cuda->Sample(wire);
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  EXPECT_FALSE(widened->hidden_read_in_place);
   cudaFree(shifted);
   const absl::StatusOr<SampleResult> next = cuda->Sample(RandomBatch(3, 991));
   EXPECT_TRUE(next.ok()) << next.status();

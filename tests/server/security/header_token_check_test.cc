@@ -22,29 +22,29 @@ grpc::StatusCode Process(HeaderTokenCheck& check, const Headers& headers) {
   return status.error_code();
 }
 
-TEST(HeaderTokenCheck, SamplerCallsNeedTheTokenOnTheirHeaders) {
+TEST(HeaderTokenCheck, EveryCallButHealthNeedsTheTokenOnItsHeaders) {
   BearerTokenAuth auth("tok-1");
   HeaderTokenCheck check(&auth);
   EXPECT_FALSE(check.IsBlocking());
   for (const char* path : {"/flashsampler.v1.Sampler/Sample", "/flashsampler.v1.Sampler/SampleStream",
                            "/flashsampler.v1.Sampler/Verify", "/flashsampler.v1.Sampler/RegisterRegion",
-                           "/flashsampler.v1.Sampler/NoSuchMethod"}) {
+                           "/flashsampler.v1.Sampler/NoSuchMethod",
+                           "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                           "/flashsampler.v1.Sampler", "/grpc.health.v1.Healthy/Check", "/other.Service/Call"}) {
     SCOPED_TRACE(path);
     EXPECT_EQ(Process(check, Headers{{":path", path}}), grpc::StatusCode::UNAUTHENTICATED);
     EXPECT_EQ(Process(check, Headers{{":path", path}, {"authorization", "Bearer tok-2"}}),
               grpc::StatusCode::UNAUTHENTICATED);
     EXPECT_EQ(Process(check, Headers{{":path", path}, {"authorization", "Bearer tok-1"}}), grpc::StatusCode::OK);
   }
-  // A path that only resembles the service's, and a call without one.
-  EXPECT_EQ(Process(check, Headers{{":path", "/flashsampler.v1.Sampler"}}), grpc::StatusCode::OK);
+  // A call without a path.
   EXPECT_EQ(Process(check, Headers{{"authorization", "Bearer tok-1"}}), grpc::StatusCode::UNAUTHENTICATED);
 }
 
-TEST(HeaderTokenCheck, HealthAndReflectionStayOpen) {
+TEST(HeaderTokenCheck, HealthStaysOpen) {
   BearerTokenAuth auth("tok-1");
   HeaderTokenCheck check(&auth);
-  for (const char* path : {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
-                           "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}) {
+  for (const char* path : {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"}) {
     EXPECT_EQ(Process(check, Headers{{":path", path}}), grpc::StatusCode::OK) << path;
   }
 }
