@@ -550,8 +550,9 @@ bool ChooseStage1(const FusedSampleArgs& args, Stage1Kernel requested, Stage1Cho
 }  // namespace cuda_internal
 
 bool FusedSampleReadsHiddenInWeightDType(const FusedSampleArgs& args) {
+  // The tensor-core families serve 16-bit weights only (ChooseStage1).
   cuda_internal::Stage1Choice choice;
-  return CudaWeightDTypeBytes(args.weight_dtype) == 2 && cuda_internal::ChooseStage1(args, args.stage1, &choice) &&
+  return cuda_internal::ChooseStage1(args, args.stage1, &choice) &&
          choice.family != cuda_internal::Stage1Choice::kCudaCore;
 }
 

@@ -195,20 +195,11 @@ struct Fp16Mma {
 };
 
 // ---- Kernel 1: H -> Hr ------------------------------------------------------------
-// 8 elements of Hr per thread: two float4 loads, one 16-byte store
-// (hidden_dim % 16 == 0, so the 8 lie in one row). Hr row `at` holds row
-// chunk * chunk_rows + within of H, where at = chunk * block_rows + within
-// (HiddenChunks), or zeros where within >= chunk_rows or that row is past the
-// batch; the identity layout skips the divisions. Launched as a programmatic
-// dependent of whatever kernel precedes it on the stream (the serving
-// engine's widening lets it be scheduled early): it waits for that kernel's
-// writes before touching memory, and so for every earlier operation on the
-// stream. Only then does it let stage 1 be scheduled: stage 1 reads the
-// params, draft tokens and H of earlier operations (a widening may write the
-// params) after a wait that covers this kernel alone, so none of them may
-// still be running when stage 1 starts.
 // The element of H that Hr's element i (a multiple of 8) holds, or -1 for a
-// zero (HiddenChunks; the identity layout skips the divisions).
+// zero. Hr row `at` holds row chunk * chunk_rows + within of H, where at =
+// chunk * block_rows + within (HiddenChunks), or zeros where within >=
+// chunk_rows or that row is past the batch; the identity layout skips the
+// divisions.
 __device__ __forceinline__ int64_t HiddenSourceOf(int64_t i, int64_t batch, int64_t hidden_dim,
                                                   int64_t chunk_rows, int64_t block_rows) {
   if (chunk_rows != block_rows) {
@@ -220,6 +211,16 @@ __device__ __forceinline__ int64_t HiddenSourceOf(int64_t i, int64_t batch, int6
   return i < batch * hidden_dim ? i : -1;
 }
 
+// 8 elements of Hr per thread: two float4 loads, one 16-byte store
+// (hidden_dim % 16 == 0, so the 8 lie in one row), laid out by
+// HiddenSourceOf. Launched as a programmatic dependent of whatever kernel
+// precedes it on the stream (the serving engine's widening lets it be
+// scheduled early): it waits for that kernel's
+// writes before touching memory, and so for every earlier operation on the
+// stream. Only then does it let stage 1 be scheduled: stage 1 reads the
+// params, draft tokens and H of earlier operations (a widening may write the
+// params) after a wait that covers this kernel alone, so none of them may
+// still be running when stage 1 starts.
 template <class T>
 __global__ void __launch_bounds__(256)
     ConvertHiddenKernel(const float* __restrict__ hidden, int64_t batch, int64_t hidden_dim,
@@ -273,9 +274,8 @@ __global__ void __launch_bounds__(256)
   if (i < filled) {
     const int64_t from = HiddenSourceOf(i, batch, hidden_dim, chunk_rows, block_rows);
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (from >= 0) v = __ldg(reinterpret_cast<const uint4*>(rows + from));
-    *reinterpret_cast<uint4*>(hidden_rounded + i) = v;
     if (from >= 0) {
+      v = __ldg(reinterpret_cast<const uint4*>(rows + from));
       const uint32_t words[4] = {v.x, v.y, v.z, v.w};
       int bad_at = 8;  // the first of the 8 that is refused
 #pragma unroll
@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(256)
       }
       if (bad_at < 8) atomicMin(report.first_bad, static_cast<unsigned long long>(from + bad_at));
     }
+    *reinterpret_cast<uint4*>(hidden_rounded + i) = v;
   }
   ReportWhenLast(report.first_bad, report.blocks_done, report.first_bad_host);
 }

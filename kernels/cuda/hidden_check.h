@@ -43,30 +43,38 @@ struct FirstBadToHost {
 // mapped pinned host memory) to dst (device memory): they are there once the
 // stream has passed the launch. bytes == 0: nothing; else both pointers
 // non-null and 4-byte aligned, bytes a multiple of 4, and dst overlapping no
-// other buffer of the launch (RideAlongCopyValid).
+// other buffer of the launch (ReportAndRideValid).
 struct RideAlongCopy {
   const void* src = nullptr;
   void* dst = nullptr;
   size_t bytes = 0;
 };
 
-// Whether `ride` is empty or well formed and its dst overlaps neither its
-// src nor any of `others` (each {pointer, bytes}: the launch's other buffers).
-inline bool RideAlongCopyValid(const RideAlongCopy& ride,
-                               std::initializer_list<std::pair<const void*, size_t>> others) {
+// Whether a checking launch's report and ride are usable: every report
+// pointer set, and `ride` empty, or well formed with its dst overlapping
+// neither its src, the report's words nor any of `buffers` (each {pointer,
+// bytes}: the launch's own).
+inline bool ReportAndRideValid(const FirstBadToHost& report, const RideAlongCopy& ride,
+                               std::initializer_list<std::pair<const void*, size_t>> buffers) {
+  if (report.first_bad == nullptr || report.blocks_done == nullptr || report.first_bad_host == nullptr) {
+    return false;
+  }
   if (ride.bytes == 0) return true;
   const auto word_aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
   const auto overlaps = [&ride](const void* p, size_t bytes) {
     const char* a = static_cast<const char*>(ride.dst);
     const char* b = static_cast<const char*>(p);
-    return a < b + bytes && b < a + ride.bytes;
+    return p != nullptr && a < b + bytes && b < a + ride.bytes;
   };
   if (ride.src == nullptr || ride.dst == nullptr || ride.bytes % 4 != 0 || !word_aligned(ride.src) ||
-      !word_aligned(ride.dst) || overlaps(ride.src, ride.bytes)) {
+      !word_aligned(ride.dst) || overlaps(ride.src, ride.bytes) ||
+      overlaps(report.first_bad, sizeof(*report.first_bad)) ||
+      overlaps(report.blocks_done, sizeof(*report.blocks_done)) ||
+      overlaps(report.first_bad_host, sizeof(*report.first_bad_host))) {
     return false;
   }
-  for (const auto& [p, bytes] : others) {
-    if (p != nullptr && overlaps(p, bytes)) return false;
+  for (const auto& [p, bytes] : buffers) {
+    if (overlaps(p, bytes)) return false;
   }
   return true;
 }

@@ -265,13 +265,8 @@ KernelStatus LaunchWidenHiddenStatesToHost(const void* src, CudaWeightDType src_
                                            CudaWeightDType weight_dtype, float* dst,
                                            const FirstBadToHost& report, cudaStream_t stream,
                                            const RideAlongCopy& ride) {
-  if (report.blocks_done == nullptr || report.first_bad_host == nullptr) return KernelStatus::kInvalidArgument;
   const size_t src_bytes = static_cast<size_t>(count) * CudaWeightDTypeBytes(src_dtype);
-  if (!RideAlongCopyValid(ride, {{src, src_bytes},
-                                 {dst, static_cast<size_t>(count) * sizeof(float)},
-                                 {report.first_bad, sizeof(*report.first_bad)},
-                                 {report.blocks_done, sizeof(*report.blocks_done)},
-                                 {report.first_bad_host, sizeof(*report.first_bad_host)}})) {
+  if (!ReportAndRideValid(report, ride, {{src, src_bytes}, {dst, static_cast<size_t>(count) * sizeof(float)}})) {
     return KernelStatus::kInvalidArgument;
   }
   return LaunchWiden(src, src_dtype, count, weight_dtype, dst, report.first_bad, report.blocks_done,

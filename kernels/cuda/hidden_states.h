@@ -43,13 +43,12 @@ KernelStatus LaunchWidenHiddenStates(const void* src, CudaWeightDType src_dtype,
                                      FirstBadReset reset = FirstBadReset::kByLauncher);
 
 // The serving engine's form: the first bad index reaches the host without a
-// copy (FirstBadToHost, hidden_check.h; kInvalidArgument also for a null
-// first_bad_host or blocks_done). dst, src and the outcomes as
-// LaunchWidenHiddenStates.
+// copy (FirstBadToHost, hidden_check.h). dst, src and the outcomes as
+// LaunchWidenHiddenStates; kInvalidArgument also when ReportAndRideValid
+// says no (a null report pointer; a ride whose dst overlaps src, dst or the
+// report's words).
 //
-// `ride`: bytes the same launch copies besides (RideAlongCopy), or none;
-// kInvalidArgument when RideAlongCopyValid says no (its dst overlapping src,
-// dst or the report words included).
+// `ride`: bytes the same launch copies besides (RideAlongCopy), or none.
 // The kernel also lets the next kernel on the stream be scheduled while it
 // runs (programmatic dependent launch); such a kernel must wait for this
 // one's writes (griddepcontrol.wait) before it reads dst or ride.dst, and

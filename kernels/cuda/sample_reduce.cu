@@ -133,15 +133,10 @@ KernelStatus CheckSampleArgs(const FusedSampleArgs& args, size_t workspace_align
     return KernelStatus::kInvalidArgument;
   }
   if (in_weight_dtype.rows != nullptr) {
-    const FirstBadToHost& report = in_weight_dtype.report;
     const size_t rows_bytes = static_cast<size_t>(args.batch) * static_cast<size_t>(args.hidden_dim) * 2;
-    if (elem_bytes != 2 || !aligned(in_weight_dtype.rows, 16) || report.first_bad == nullptr ||
-        report.blocks_done == nullptr || report.first_bad_host == nullptr ||
-        !RideAlongCopyValid(in_weight_dtype.ride, {{in_weight_dtype.rows, rows_bytes},
-                                                   {args.workspace, args.workspace_bytes},
-                                                   {report.first_bad, sizeof(*report.first_bad)},
-                                                   {report.blocks_done, sizeof(*report.blocks_done)},
-                                                   {report.first_bad_host, sizeof(*report.first_bad_host)}})) {
+    if (elem_bytes != 2 || !aligned(in_weight_dtype.rows, 16) ||
+        !ReportAndRideValid(in_weight_dtype.report, in_weight_dtype.ride,
+                            {{in_weight_dtype.rows, rows_bytes}, {args.workspace, args.workspace_bytes}})) {
       return KernelStatus::kInvalidArgument;
     }
   }
