@@ -259,8 +259,8 @@ int main(int argc, char** argv) {
   // default, SO_REUSEPORT, and the kernel would split the connections).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
-  // On a TLS port the token is also checked on each Sampler call's headers,
-  // before gRPC buffers its message (server/security/header_token_check.h).
+  // On a TLS port the token is also checked on the headers of every call but
+  // health's, before gRPC buffers its message (server/security/header_token_check.h).
   if (token_auth != nullptr && security->tls) {
     security->credentials->SetAuthMetadataProcessor(
         std::make_shared<flashsampler::HeaderTokenCheck>(token_auth.get()));

@@ -238,8 +238,10 @@ class CudaEngine final : public Engine {
 
   absl::StatusOr<SampleResult> RunOnStream(const SampleBatch& batch) {
     FS_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
-    if (absl::Status s = StageHidden(batch); !s.ok()) return s;
-    absl::StatusOr<SampleResult> result = RunSampler(batch);
+    // Planned once: where the rows go depends on it (ReadsInPlace).
+    const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
+    if (absl::Status s = StageHidden(batch, path); !s.ok()) return s;
+    absl::StatusOr<SampleResult> result = RunSampler(batch, path);
     // A device error is the launch's outcome: what the failed stream left in
     // the first-bad indices is not evidence about the rows. Nor is an
     // unwritten report of rows read in place: the sampler checks those, and
@@ -272,11 +274,11 @@ class CudaEngine final : public Engine {
   // Rows read in place (ReadsInPlace): no widening launch; in_place_ tells
   // RunPlain to hand them to the fused sampler, which checks them into the
   // first group's report and copies the parameters.
-  absl::Status StageHidden(const SampleBatch& batch) {
+  absl::Status StageHidden(const SampleBatch& batch, CudaSamplerPath path) {
     const int64_t d = shape_.hidden_size;
     wire_groups_.clear();
     in_place_ = kernels::HiddenInWeightDType{};
-    const bool in_place = ReadsInPlace(batch);
+    const bool in_place = ReadsInPlace(batch, path);
     // Copies a failed launch left behind (an argument error returns before
     // they are enqueued) must not reach this one.
     copy_dst_.clear();
@@ -386,13 +388,12 @@ class CudaEngine final : public Engine {
   // tensor-core stage 1. A 16-bit value is its own rounding, so the rows'
   // results are those of the widened fp32 rows bit for bit; what goes is the
   // widening kernel and its fp32 copy of the rows.
-  bool ReadsInPlace(const SampleBatch& batch) const {
+  bool ReadsInPlace(const SampleBatch& batch, CudaSamplerPath path) const {
     if (batch.wire_hidden.size() != 1) return false;
     const WireHiddenRows& run = batch.wire_hidden.front();
     if (run.device == kHostMemory || run.first_row != 0 || run.rows != batch.rows ||
         run.dtype != shape_.weight_dtype || WeightDTypeSize(run.dtype) != 2 ||
-        reinterpret_cast<uintptr_t>(run.data) % 16 != 0 ||
-        PlanCudaSamplerPath(batch, options_.fused_max_rows) != CudaSamplerPath::kFused) {
+        reinterpret_cast<uintptr_t>(run.data) % 16 != 0 || path != CudaSamplerPath::kFused) {
       return false;
     }
     kernels::FusedSampleArgs args = PlainArgs(batch.rows);
@@ -495,9 +496,8 @@ class CudaEngine final : public Engine {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<SampleResult> RunSampler(const SampleBatch& batch) {
+  absl::StatusOr<SampleResult> RunSampler(const SampleBatch& batch, CudaSamplerPath path) {
     const bool drafts = !batch.draft_tokens.empty();  // uploaded by StageHidden
-    const CudaSamplerPath path = PlanCudaSamplerPath(batch, options_.fused_max_rows);
     if (path != CudaSamplerPath::kControlled) return RunPlain(batch, path);
     const auto controlled = [&] {
       return controlled_.Run(batch, shape_, weight_, ToCudaDType(shape_.weight_dtype),
