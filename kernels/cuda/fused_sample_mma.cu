@@ -537,8 +537,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   auto* kernel = out.logits != nullptr  ? &MmaTileKernel<T, Cfg, MmaEpilogue::kLogits>
                  : controls != nullptr ? &MmaTileKernel<T, Cfg, MmaEpilogue::kControlled>
                                        : &MmaTileKernel<T, Cfg, MmaEpilogue::kSample>;
-  const cudaError_t err = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
+  const cudaError_t err =
+      OptInDynamicSharedMemory(reinterpret_cast<const void*>(kernel), static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: blocks may start while the H conversion
   // still runs (they wait for it before reading Hr).

@@ -1426,9 +1426,50 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // barriers): 384 threads, ~160-192 KB, one block per SM (9 waves on 132 SMs);
 // or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). Ping-pong:
 // min(work items, SMs) persistent blocks of 384 threads, ~177-202 KB. The
-// TMA descriptors are encoded on the host for every launch (cuTensorMapEncodeTiled through the runtime's driver entry
-// point, a few microseconds of host time) because W, Hr and the sizes may
-// change between launches.
+// TMA descriptors are encoded on the host (MainloopParamsFor) when W, Hr or
+// the sizes differ from the thread's last launch of the configuration.
+
+// The main loop's parameters for (problem, args): its two TMA descriptors
+// (W and Hr), which CUTLASS encodes with cuTensorMapEncodeTiled after looking
+// the driver entry point up by name, at every call: host time on every
+// launch (with the attribute below, about 5 us of an H200 host's 19-20 us in
+// LaunchFusedSample; BENCHMARKS.md, "A launch's host time"). A serving
+// engine's launches repeat W, Hr (its workspace) and, step
+// after step, the row count, so each thread keeps the last few parameters it
+// made for a configuration (one per GPU of a sharded engine that launches
+// its shards from one thread) and reuses them while the pointers and sizes
+// are the same (the parameters depend on nothing else: the strides follow
+// from hidden_dim).
+template <class Mainloop, class Problem>
+const typename Mainloop::Params& MainloopParamsFor(const Problem& problem,
+                                                   const typename Mainloop::Arguments& args,
+                                                   const void* weight, const void* hidden_rounded) {
+  struct Made {
+    const void* weight = nullptr;
+    const void* hidden_rounded = nullptr;
+    int m = -1, n = -1, k = -1;
+    typename Mainloop::Params params{};
+  };
+  constexpr int kKept = 4;
+  thread_local Made made[kKept];
+  thread_local int next = 0;  // the slot replaced on a miss
+  const int m = cute::get<0>(problem), n = cute::get<1>(problem), k = cute::get<2>(problem);
+  for (const Made& e : made) {
+    if (e.weight == weight && e.hidden_rounded == hidden_rounded && e.m == m && e.n == n && e.k == k) {
+      return e.params;
+    }
+  }
+  Made& e = made[next];
+  next = (next + 1) % kKept;
+  e.params = Mainloop::to_underlying_arguments(problem, args, nullptr);
+  e.weight = weight;
+  e.hidden_rounded = hidden_rounded;
+  e.m = m;
+  e.n = n;
+  e.k = k;
+  return e.params;
+}
+
 template <class Element, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         const HiddenChunks& layout, int64_t num_tiles, bool want_lse,
@@ -1472,7 +1513,7 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
   if (!Mainloop::can_implement(problem, args)) return cudaErrorInvalidValue;
 
   WgmmaKernelParams<Cfg> params{};
-  params.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
+  params.mainloop = MainloopParamsFor<Mainloop>(problem, args, a.weight, hidden_rounded);
   params.valid_vocab = m;
   params.batch = static_cast<int32_t>(a.batch);
   params.loaded_rows = n;
@@ -1515,8 +1556,8 @@ cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_r
       return controls != nullptr ? &WgmmaTileKernel<Cfg, true> : &WgmmaTileKernel<Cfg, false>;
     }
   }();
-  cudaError_t err = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
+  cudaError_t err = OptInDynamicSharedMemory(reinterpret_cast<const void*>(kernel),
+                                             static_cast<int>(Cfg::kSmemBytes));
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: blocks may start while the H rounding
   // still runs (the producer waits for it before its first TMA load).

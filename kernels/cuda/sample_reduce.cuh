@@ -210,6 +210,32 @@ inline cudaLaunchConfig_t DependentLaunch(dim3 grid, dim3 block, size_t smem_byt
   return config;
 }
 
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) on the
+// current device, once per thread for each (kernel, device): the attribute
+// stays with the device's context (which nothing here resets: a reset would
+// drop it), and setting it before every launch cost a driver call (and its
+// lock) each time. A kernel takes one size (its
+// configuration's), so `bytes` is not part of the key. Any thread may call
+// it.
+inline cudaError_t OptInDynamicSharedMemory(const void* kernel, int bytes) {
+  struct Done {
+    const void* kernel;
+    int device;
+  };
+  constexpr int kRemembered = 32;  // (kernel, device) pairs a thread keeps
+  thread_local Done done[kRemembered];
+  thread_local int count = 0;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  for (int i = 0; i < count; ++i) {
+    if (done[i].kernel == kernel && done[i].device == device) return cudaSuccess;
+  }
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && count < kRemembered) done[count++] = Done{kernel, device};
+  return err;
+}
+
 // KernelStatus of a CUDA runtime result.
 inline KernelStatus StatusFromCuda(cudaError_t err) {
   return err == cudaSuccess ? KernelStatus::kOk : KernelStatus::kDeviceError;
