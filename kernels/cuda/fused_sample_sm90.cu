@@ -129,6 +129,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <memory>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -1426,20 +1427,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // barriers): 384 threads, ~160-192 KB, one block per SM (9 waves on 132 SMs);
 // or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). Ping-pong:
 // min(work items, SMs) persistent blocks of 384 threads, ~177-202 KB. The
-// TMA descriptors are encoded on the host (MainloopParamsFor) when W, Hr or
-// the sizes differ from the thread's last launch of the configuration.
+// TMA descriptors are encoded on the host (MainloopParamsFor) only when W,
+// Hr or the sizes are not among the thread's last launches of the main loop.
 
 // The main loop's parameters for (problem, args): its two TMA descriptors
 // (W and Hr), which CUTLASS encodes with cuTensorMapEncodeTiled after looking
-// the driver entry point up by name, at every call: host time on every
-// launch (with the attribute below, about 5 us of an H200 host's 19-20 us in
-// LaunchFusedSample; BENCHMARKS.md, "A launch's host time"). A serving
-// engine's launches repeat W, Hr (its workspace) and, step
-// after step, the row count, so each thread keeps the last few parameters it
-// made for a configuration (one per GPU of a sharded engine that launches
-// its shards from one thread) and reuses them while the pointers and sizes
-// are the same (the parameters depend on nothing else: the strides follow
-// from hidden_dim).
+// the driver entry point up by name (cutlass/cuda_host_adapter.hpp), at
+// every call: host time on every launch (with the attribute below, about
+// 5 us of an H200 host's 19-20 us in LaunchFusedSample; BENCHMARKS.md, "A
+// launch's host time"). A serving engine's launches repeat W, Hr (its
+// workspace) and, step after step, the row count, so each thread keeps the
+// last kKept parameter sets it made for a main-loop type (a sharded engine
+// launches every shard from one thread: up to 8 GPUs, and a few shapes
+// each) and reuses one while the pointers and sizes are the same. Nothing
+// else goes into them: the strides follow from hidden_dim, L is 1, and the
+// rest is the type's (element types, tile and shared-memory layouts).
 template <class Mainloop, class Problem>
 const typename Mainloop::Params& MainloopParamsFor(const Problem& problem,
                                                    const typename Mainloop::Arguments& args,
@@ -1450,17 +1452,24 @@ const typename Mainloop::Params& MainloopParamsFor(const Problem& problem,
     int m = -1, n = -1, k = -1;
     typename Mainloop::Params params{};
   };
-  constexpr int kKept = 4;
-  thread_local Made made[kKept];
-  thread_local int next = 0;  // the slot replaced on a miss
+  constexpr int kKept = 16;
+  struct Kept {
+    Made made[kKept];
+    int next = 0;  // the slot replaced on a miss
+  };
+  // On the heap from a thread's first launch of this main loop: only the
+  // threads that launch hold one. (A thread_local array itself would sit in
+  // every thread's TLS block, over 100 KB for all the configurations.)
+  thread_local std::unique_ptr<Kept> kept;
+  if (kept == nullptr) kept = std::make_unique<Kept>();
   const int m = cute::get<0>(problem), n = cute::get<1>(problem), k = cute::get<2>(problem);
-  for (const Made& e : made) {
+  for (const Made& e : kept->made) {
     if (e.weight == weight && e.hidden_rounded == hidden_rounded && e.m == m && e.n == n && e.k == k) {
       return e.params;
     }
   }
-  Made& e = made[next];
-  next = (next + 1) % kKept;
+  Made& e = kept->made[kept->next];
+  kept->next = (kept->next + 1) % kKept;
   e.params = Mainloop::to_underlying_arguments(problem, args, nullptr);
   e.weight = weight;
   e.hidden_rounded = hidden_rounded;

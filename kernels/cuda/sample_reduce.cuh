@@ -222,7 +222,9 @@ inline cudaError_t OptInDynamicSharedMemory(const void* kernel, int bytes) {
     const void* kernel;
     int device;
   };
-  constexpr int kRemembered = 32;  // (kernel, device) pairs a thread keeps
+  // (kernel, device) pairs a thread keeps; past them, the call is made each
+  // time (still correct). 1 KB of every thread's TLS.
+  constexpr int kRemembered = 64;
   thread_local Done done[kRemembered];
   thread_local int count = 0;
   int device = 0;
