@@ -1422,14 +1422,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 }
 
 // ---- Launcher ----------------------------------------------------------------------
-// Grid: num_tiles * ceil(batch / kRows) blocks (1187 tiles at V = 151936) of
-// Cfg::kThreads threads and Cfg::kSmemBytes of dynamic shared memory (ring +
-// barriers): 384 threads, ~160-192 KB, one block per SM (9 waves on 132 SMs);
-// or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). Ping-pong:
-// min(work items, SMs) persistent blocks of 384 threads, ~177-202 KB. The
-// TMA descriptors are encoded on the host (MainloopParamsFor) only when W,
-// Hr or the sizes are not among the thread's last launches of the main loop.
-
 // The main loop's parameters for (problem, args): its two TMA descriptors
 // (W and Hr), which CUTLASS encodes with cuTensorMapEncodeTiled after looking
 // the driver entry point up by name (cutlass/cuda_host_adapter.hpp), at
@@ -1479,6 +1471,13 @@ const typename Mainloop::Params& MainloopParamsFor(const Problem& problem,
   return e.params;
 }
 
+// Grid: num_tiles * ceil(batch / kRows) blocks (1187 tiles at V = 151936) of
+// Cfg::kThreads threads and Cfg::kSmemBytes of dynamic shared memory (ring +
+// barriers): 384 threads, ~160-192 KB, one block per SM (9 waves on 132 SMs);
+// or 288 threads, ~100 KB, two per SM (4.5 waves of 264 blocks). Ping-pong:
+// min(work items, SMs) persistent blocks of 384 threads, ~177-202 KB. The
+// TMA descriptors are encoded on the host (MainloopParamsFor) only when W,
+// Hr or the sizes are not among the thread's last launches of the main loop.
 template <class Element, class Cfg>
 cudaError_t LaunchTiles(const FusedSampleArgs& a, const unsigned short* hidden_rounded,
                         const HiddenChunks& layout, int64_t num_tiles, bool want_lse,

@@ -214,9 +214,8 @@ inline cudaLaunchConfig_t DependentLaunch(dim3 grid, dim3 block, size_t smem_byt
 // current device, once per thread for each (kernel, device): the attribute
 // stays with the device's context (which nothing here resets: a reset would
 // drop it), and setting it before every launch cost a driver call (and its
-// lock) each time. A kernel takes one size (its
-// configuration's), so `bytes` is not part of the key. Any thread may call
-// it.
+// lock) each time. Each caller's kernel has one size (its configuration's),
+// so `bytes` is not part of the key. Any thread may call it.
 inline cudaError_t OptInDynamicSharedMemory(const void* kernel, int bytes) {
   struct Done {
     const void* kernel;
