@@ -56,9 +56,11 @@ include_rule(server/api
 include_rule(server/security
   server/security server/api client/credential_files.h absl grpc proto openssl)
 # The local channel: the API's service (and through it gRPC's status type and
-# the generated messages), the frames it shares with the clients.
+# the generated messages), the frames it shares with the clients, and the
+# batcher's spin-wait (it trades a core for a wake-up as the worker does).
 include_rule(server/local
-  server/local server/api server/telemetry absl grpc proto client/local_frame.h)
+  server/local server/api server/telemetry absl grpc proto client/local_frame.h
+  server/batching/spin_wait.h)
 # kernels/: framework-free compute, never gRPC, protobuf, absl or server/.
 include_rule(kernels/common   kernels/common random123)
 include_rule(kernels/cpu      kernels/common kernels/cpu random123)

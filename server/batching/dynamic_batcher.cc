@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/batching/spin_wait.h"
 #include "server/telemetry/metrics.h"
 
 namespace flashsampler {
@@ -97,25 +98,14 @@ void DynamicBatcher::PublishQueueRows() {
   if (metrics_ != nullptr) metrics_->SetQueueRows(queued_rows_);
 }
 
-namespace {
-// One spin-wait step: tells the core this thread is polling.
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-}  // namespace
-
 void DynamicBatcher::SpinWhileIdle() const {
   if (options_.idle_spin <= absl::ZeroDuration()) return;
-  const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.idle_spin);
-  while (queued_jobs_.load(std::memory_order_acquire) == 0 &&
-         !stop_requested_.load(std::memory_order_acquire)) {
-    for (int i = 0; i < 32; ++i) CpuRelax();
-    if (std::chrono::steady_clock::now() >= until) return;
-  }
+  SpinUntil(
+      [this] {
+        return queued_jobs_.load(std::memory_order_acquire) != 0 ||
+               stop_requested_.load(std::memory_order_acquire);
+      },
+      std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.idle_spin));
 }
 
 absl::Status ClassifyQueuedCall(absl::Time enqueued, absl::Time deadline, absl::Time now, bool cancelled) {

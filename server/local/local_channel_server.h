@@ -30,7 +30,8 @@
 // connection's thread reads, parses and submits; the batcher's thread that
 // completes the request writes its answer. The two never write at once: the
 // reading thread writes (a parse error, the goodbye) only while no request
-// of its connection is in flight.
+// of its connection is in flight. With `idle_poll` set, one connection
+// thread at a time spins while its request is in flight (the others sleep).
 //
 // Lifecycle, all from one thread (main):
 // - Start binds. A socket file that nobody listens on is replaced; one in use
@@ -47,6 +48,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -66,9 +68,12 @@ struct LocalChannelOptions {
   int max_connections = 64;                   // open connections at most
   uint32_t max_request_bytes = 64u << 20;     // a request frame's payload at most
   // After answering, a connection's thread busy-polls its socket this long
-  // for the next request before it sleeps in a blocking read (main passes
-  // the batcher's idle spin, --idle_spin_us: the same trade of a core for a
-  // wake-up). Zero: block at once.
+  // for the next request before it sleeps in a blocking read; and while its
+  // request is in flight it spins this long for the answer before it sleeps
+  // on it (one connection of the server at a time), so that it is running
+  // when the client's next request comes (main passes the batcher's idle
+  // spin, --idle_spin_us: the same trade of a core for a wake-up). Zero:
+  // block at once.
   absl::Duration idle_poll = absl::ZeroDuration();
 };
 
@@ -113,6 +118,10 @@ class LocalChannelServer {
   const SocketFileId file_;
   std::thread accept_thread_;
   bool stopped_ = false;  // main's thread only
+  // Connection threads spinning for their answer now (at most one: with
+  // several requests in flight, one more core per connection would buy
+  // each of them the same few microseconds).
+  std::atomic<int> answer_spinners_{0};
   absl::Mutex mu_;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -4,8 +4,9 @@
 // sockets as clients. Concurrent connections get the answers each request
 // gets alone; a client that stops reading holds up its own connection only;
 // clients that vanish with a request in flight take nothing down, and one
-// that hangs up while its request is queued has it dropped uncomputed; the
-// drain and Stop end every connection.
+// that hangs up while its request is queued has it dropped uncomputed; a
+// connection thread that spins for its answer (idle_poll) or sleeps gets
+// the same answers; the drain and Stop end every connection.
 #include "server/local/local_channel_server.h"
 
 #include <sys/socket.h>
@@ -29,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "server/engine/engine.h"
 #include "server/model/lm_head.h"
 #include "tests/common/scoped_temp_dir.h"
@@ -115,7 +117,7 @@ class LocalChannelServerTest : public ::testing::Test {
  protected:
   void SetUp() override { StartWith(CpuEngine()); }
 
-  void StartWith(std::unique_ptr<Engine> engine) {
+  void StartWith(std::unique_ptr<Engine> engine, absl::Duration idle_poll = absl::ZeroDuration()) {
     BatcherOptions options;
     options.max_batch_rows = 256;
     batcher_ = std::make_unique<DynamicBatcher>(options);
@@ -125,6 +127,7 @@ class LocalChannelServerTest : public ::testing::Test {
     LocalChannelOptions local;
     local.path = dir_.Path("s.sock");
     local.max_connections = 16;
+    local.idle_poll = idle_poll;
     absl::StatusOr<std::unique_ptr<LocalChannelServer>> started =
         LocalChannelServer::Start(local, service_.get());
     ASSERT_TRUE(started.ok()) << started.status();
@@ -148,6 +151,38 @@ class LocalChannelServerTest : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
+  // `connections` clients at once, each sending `per_connection` of
+  // `requests` in its own order (the batcher joins their rows into shared
+  // launches); every answer must be the one the request got alone.
+  void ExpectEveryAnswerAsAlone(const std::vector<v1::SampleRequest>& requests,
+                                const std::vector<v1::SampleResponse>& alone, int connections,
+                                int per_connection) {
+    std::vector<std::thread> threads;
+    std::atomic<int> mismatches{0}, failures{0};
+    const int n = static_cast<int>(requests.size());
+    for (int t = 0; t < connections; ++t) {
+      threads.emplace_back([&, t] {
+        std::unique_ptr<LocalSamplerClient> c = Connect();
+        if (c == nullptr) {
+          ++failures;
+          return;
+        }
+        for (int k = 0; k < per_connection; ++k) {
+          const int i = (k * 7 + t * 3) % n;
+          absl::StatusOr<v1::SampleResponse> r = c->Sample(requests[i]);
+          if (!r.ok()) {
+            ++failures;
+          } else if (r->SerializeAsString() != alone[i].SerializeAsString()) {
+            ++mismatches;
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(mismatches.load(), 0);
+  }
+
   ScopedTempDir dir_{"local_channel_server"};
   std::unique_ptr<DynamicBatcher> batcher_;
   std::unique_ptr<SamplerService> service_;
@@ -166,31 +201,9 @@ TEST_F(LocalChannelServerTest, ConcurrentConnectionsGetTheAnswersOfEachRequestAl
     ASSERT_TRUE(r.ok()) << r.status();
     alone.push_back(*r);
   }
-  // Eight connections at once, in various orders: the batcher joins their
-  // rows into shared launches, and every answer is still the request's own.
-  std::vector<std::thread> threads;
-  std::atomic<int> mismatches{0}, failures{0};
-  for (int t = 0; t < 8; ++t) {
-    threads.emplace_back([&, t] {
-      std::unique_ptr<LocalSamplerClient> c = Connect();
-      if (c == nullptr) {
-        ++failures;
-        return;
-      }
-      for (int k = 0; k < 40; ++k) {
-        const int i = (k * 7 + t * 3) % 12;
-        absl::StatusOr<v1::SampleResponse> r = c->Sample(requests[i]);
-        if (!r.ok()) {
-          ++failures;
-        } else if (r->SerializeAsString() != alone[i].SerializeAsString()) {
-          ++mismatches;
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(mismatches.load(), 0);
+  // Eight connections at once, in various orders: every answer is still
+  // the request's own.
+  ExpectEveryAnswerAsAlone(requests, alone, /*connections=*/8, /*per_connection=*/40);
 }
 
 TEST_F(LocalChannelServerTest, AClientThatStopsReadingHoldsUpOnlyItsOwnConnection) {
@@ -296,6 +309,57 @@ TEST_F(LocalChannelCancellationTest, AQueuedRequestOfAClientThatHungUpIsNeverCom
   batcher_->Stop();  // whatever was queued has been run or dropped
   EXPECT_THAT(engine_->launches(), ElementsAreArray({2, 3})) << "the hung-up client's 5 rows were computed";
 }
+
+// With idle_poll set, a connection's thread spins for its answer instead of
+// sleeping (WaitForAnswer), up to idle_poll, then sleeps. Either way every
+// client gets its own answers, also with a launch held far past a short
+// spin, and the drain and Stop still end every connection.
+class LocalChannelSpinTest : public LocalChannelServerTest,
+                             public ::testing::WithParamInterface<absl::Duration> {
+ protected:
+  void SetUp() override {
+    auto engine = std::make_unique<HeldCpuEngine>();
+    engine_ = engine.get();
+    StartWith(std::move(engine), GetParam());
+  }
+  HeldCpuEngine* engine_ = nullptr;
+};
+
+TEST_P(LocalChannelSpinTest, EveryConnectionGetsItsOwnAnswersWhetherItsThreadSpinsOrSleeps) {
+  // The first request's launch is held until its connection's thread is
+  // past any short spin and asleep, or still spinning under a long one.
+  std::unique_ptr<LocalSamplerClient> first = Connect();
+  ASSERT_NE(first, nullptr);
+  const v1::SampleRequest held = Request(2, 1);
+  absl::StatusOr<v1::SampleResponse> held_answer;
+  std::thread held_call([&] { held_answer = first->Sample(held); });
+  engine_->WaitForFirstLaunch();
+  engine_->Release();
+  held_call.join();
+  ASSERT_TRUE(held_answer.ok()) << held_answer.status();
+  EXPECT_EQ(held_answer->token_ids_size(), 2);
+
+  std::vector<v1::SampleRequest> requests;
+  std::vector<v1::SampleResponse> alone;
+  for (int i = 0; i < 6; ++i) {
+    requests.push_back(Request(1 + i % 3, 500 + i));
+    absl::StatusOr<v1::SampleResponse> r = first->Sample(requests.back());
+    ASSERT_TRUE(r.ok()) << r.status();
+    alone.push_back(*r);
+  }
+  // Four connections at once: one spins for its answers, the others sleep.
+  ExpectEveryAnswerAsAlone(requests, alone, /*connections=*/4, /*per_connection=*/30);
+  // The same request again on the first connection: the same answer.
+  absl::StatusOr<v1::SampleResponse> again = first->Sample(held);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), held_answer->SerializeAsString());
+  Shutdown();
+}
+
+// A nanosecond: the spin ends before any answer, and the thread sleeps on
+// the condition variable. A minute: every answer comes while it spins.
+INSTANTIATE_TEST_SUITE_P(IdlePoll, LocalChannelSpinTest,
+                         ::testing::Values(absl::Nanoseconds(1), absl::Minutes(1)));
 
 TEST_F(LocalChannelServerTest, TheDrainEndsIdleConnectionsWithAGoodbyeAndStopJoinsEverything) {
   std::vector<std::unique_ptr<LocalSamplerClient>> clients;
