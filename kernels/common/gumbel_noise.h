@@ -32,6 +32,18 @@
 // Thread safety: pure functions, callable concurrently from anywhere.
 #pragma once
 
+// Device code: Random123's mulhilo32 from CUDA's __umulhi (its
+// R123_USE_MULHILO32_MULHI_INTRIN template, which R123_USE_64BIT's 64-bit
+// product takes precedence over). The same 32 x 32 -> 64 products, so the
+// same words; ptxas made the 64-bit form 82 instructions a Philox4x32-10
+// block (18 of them dead adds of a zero upper word) and makes this 58
+// (SASS of the sm_90a fold, NOTES-fused.md v34). Only Philox4x32 is used on
+// the device, so no 64-bit Random123 type is lost.
+#if defined(__CUDA_ARCH__)
+#define R123_USE_64BIT 0
+#define R123_USE_MULHILO32_MULHI_INTRIN 1
+#define R123_MULHILO32_MULHI_INTRIN __umulhi
+#endif
 #include <Random123/philox.h>
 
 #include <cmath>
@@ -97,15 +109,27 @@ FS_HOST_DEVICE FS_FORCE_INLINE float GumbelFromBits(uint32_t r) {
 // at most ln 2 + 2^-10 above the largest g (n >= 1), which is all pruning
 // needs: a typical token sits many units below the row's best score.
 // gumbel_noise_test checks it over all 2^24 cells with the host's libm.
+// GumbelLeadingOnesBound from f = the index of the highest set bit of ~r
+// (31 - clz(~r); -1 for r = 2^32 - 1), in fewer instructions: the device's
+// form (the fused samplers evaluate it for every token). The same bits:
+// n + 1 = min(clz(~r), 24) + 1 = 32 - m with m = max(f, 7), and
+// fma(32 - m, ln 2, 2^-10) = fma(m, -ln 2, 32 ln 2 + 2^-10) round the same
+// real number once, since the constant is exact in fp32 (32 ln 2 and 2^-10
+// are multiples of 2^-19 below 2^5). gumbel_noise_test checks every class.
+FS_HOST_DEVICE FS_FORCE_INLINE float GumbelBoundFromTopZero(int f) {
+  constexpr float kBoundAt32 = 32.0f * 0.693147182f + 0x1p-10f;  // exact
+  return fmaf(static_cast<float>(f > 7 ? f : 7), -0.693147182f, kBoundAt32);
+}
+
 FS_HOST_DEVICE FS_FORCE_INLINE float GumbelLeadingOnesBound(uint32_t r) {
 #if defined(__CUDA_ARCH__)
-  const int ones = __clz(~r);
+  return GumbelBoundFromTopZero(31 - __clz(~r));
 #else
   const int ones = r == 0xffffffffu ? 32 : __builtin_clz(~r);
-#endif
   const int n = ones < 24 ? ones : 24;
   // 0.693147182f is ln 2 rounded up; the fma's rounding is far below 2^-10.
   return fmaf(static_cast<float>(n + 1), 0.693147182f, 0x1p-10f);
+#endif
 }
 
 FS_HOST_DEVICE FS_FORCE_INLINE float GumbelNoise(uint64_t seed, uint64_t offset,

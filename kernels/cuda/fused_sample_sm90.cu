@@ -553,34 +553,55 @@ __device__ __forceinline__ T PickOfFour(const T (&v)[4], int i) {
 
 // One lane's four tokens of one row.
 struct LaneTokens {
-  float logit[4];   // l' = TransformLogit(dot, 1/T)
-  uint32_t bits[4]; // the tokens' Philox words
-  float bound[4];   // >= the score when it may win, else -inf
-  bool live[4];     // below valid_vocab
-  bool compete[4];  // may win: live, and not a sampled row's draft (score NaN)
-  int32_t token0;   // global id of the first
+  float logit[4];    // l' = TransformLogit(dot, 1/T)
+  uint32_t bits[4];  // the tokens' Philox words
+  float bound[4];    // >= the score when it may win, else -inf
+  int32_t room;      // live tokens, 0-4: token i is below valid_vocab iff i < room
+  uint32_t compete;  // bit i: token i may win (live, and not a sampled row's draft: score NaN)
+  int32_t token0;    // global id of the first
+  __device__ __forceinline__ bool live(int i) const { return i < room; }
+  __device__ __forceinline__ bool competes(int i) const { return ((compete >> i) & 1u) != 0u; }
 };
 
 // Step 1, and RowSampler::DraftScore's store of the draft's l'.
+// room: how many of the four lie below valid_vocab (0-4); live_mask: the
+// bits i < room. The global id in 32 bits: its low word is all that is used
+// (the int32 id and the Philox block), and the low word of a sum is the sum
+// of the low words. The draft test is one unsigned compare (below), and the
+// flags are bits of one word: ptxas had made the bool arrays and the 64-bit
+// compares branches and per-flag bit packing (NOTES-fused.md v34).
 __device__ __forceinline__ LaneTokens PrepareLaneTokens(const RowSampler& row,
                                                         int64_t local_token0, const float4& dots,
-                                                        int64_t valid_vocab) {
+                                                        int32_t room, uint32_t live_mask) {
   LaneTokens t;
-  const int64_t token0 = local_token0 + row.token_offset;
+  const uint32_t token0 =
+      static_cast<uint32_t>(local_token0) + static_cast<uint32_t>(row.token_offset);
   t.token0 = static_cast<int32_t>(token0);
+  t.room = room;
   const r123::Philox4x32::ctr_type block = PhiloxNoiseBlock(
-      row.params.seed, row.params.offset, row.params.stream, static_cast<uint32_t>(token0) >> 2);
+      row.params.seed, row.params.offset, row.params.stream, token0 >> 2);
   const float dot[4] = {dots.x, dots.y, dots.z, dots.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    t.live[i] = local_token0 + i < valid_vocab;
     t.logit[i] = TransformLogit(dot[i], row.scale);
     t.bits[i] = block.v[i];
-    const bool draft = t.live[i] && t.token0 + i == row.draft;
-    if (draft) *row.draft_logit = t.logit[i];
-    t.compete[i] = t.live[i] && !(draft && row.sampled);
-    t.bound[i] =
-        t.compete[i] ? __fadd_rn(t.logit[i], GumbelLeadingOnesBound(t.bits[i])) : -INFINITY;
+  }
+  // The draft x is token d = x - token0 of this lane when d < 4 (mod 2^32:
+  // token0 + d == x exactly when d == x - token0), at most one of the four.
+  uint32_t compete = live_mask;
+  const uint32_t d = static_cast<uint32_t>(row.draft) - token0;
+  if (d < 4u && ((live_mask >> d) & 1u) != 0u) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (d == static_cast<uint32_t>(i)) *row.draft_logit = t.logit[i];
+    }
+    if (row.sampled) compete &= ~(1u << d);
+  }
+  t.compete = compete;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float bound = __fadd_rn(t.logit[i], GumbelLeadingOnesBound(t.bits[i]));
+    t.bound[i] = t.competes(i) ? bound : -INFINITY;
   }
   return t;
 }
@@ -599,8 +620,8 @@ __device__ __forceinline__ void FoldLogSumExp(SampleSummary& s, const LaneTokens
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float l = t.logit[i];
-    const bool raise = t.live[i] && l > s.max_logit;
-    const bool add = t.live[i] && !raise && l > -INFINITY;  // skips -inf and NaN
+    const bool raise = t.live(i) && l > s.max_logit;
+    const bool add = t.live(i) && !raise && l > -INFINITY;  // skips -inf and NaN
     const float e = expf(raise ? s.max_logit - l : l - s.max_logit);
     s.sum_exp = raise ? __fmaf_rn(s.sum_exp, e, 1.0f) : add ? __fadd_rn(s.sum_exp, e) : s.sum_exp;
     s.max_logit = raise ? l : s.max_logit;
@@ -621,13 +642,13 @@ __device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneT
 #pragma unroll
   for (int i = 1; i < 4; ++i) j = t.bound[i] > PickOfFour(t.bound, j) ? i : j;
   const float logit_j = PickOfFour(t.logit, j);
-  const bool probe_may_win = PickOfFour(t.compete, j);
+  const bool probe_may_win = t.competes(j);
   const float score_j = __fadd_rn(logit_j, GumbelFromBitsStraight(PickOfFour(t.bits, j)));
   FoldScore(s, sampled && probe_may_win, score_j, t.token0 + j, logit_j);
   if constexpr (!kSampled) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      FoldScore(s, !sampled && t.compete[i], t.logit[i], t.token0 + i, t.logit[i]);
+      FoldScore(s, !sampled && t.competes(i), t.logit[i], t.token0 + i, t.logit[i]);
     }
   }
   float best = sampled && probe_may_win ? score_j : -INFINITY;
@@ -637,7 +658,7 @@ __device__ __forceinline__ uint32_t FoldProbe(const RowSampler& row, const LaneT
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     // A -inf bound (l' = -inf) is kept while best is -inf: it may still win.
-    if (sampled && t.compete[i] && i != j && !(t.bound[i] < best)) need |= 1u << i;
+    if (sampled && t.competes(i) && i != j && !(t.bound[i] < best)) need |= 1u << i;
   }
   return need;
 }
@@ -653,13 +674,21 @@ struct ProbeChoice {
   bool probe;     // it is scored now
 };
 
+// The arg-max as a running maximum: bound_j is PickOfFour(t.bound, j) at
+// every step, so the same j. Its l' and word are picked in FoldProbeScore,
+// which most warps skip.
 __device__ __forceinline__ ProbeChoice ChooseProbe(bool sampled, const LaneTokens& t, float known) {
   int j = 0;
+  float bound_j = t.bound[0];
 #pragma unroll
-  for (int i = 1; i < 4; ++i) j = t.bound[i] > PickOfFour(t.bound, j) ? i : j;
+  for (int i = 1; i < 4; ++i) {
+    const bool higher = t.bound[i] > bound_j;
+    j = higher ? i : j;
+    bound_j = higher ? t.bound[i] : bound_j;
+  }
   // !(bound < known): a NaN bound is probed, as it was before the bound
   // (its NaN score never wins).
-  return {j, sampled && PickOfFour(t.compete, j) && !(PickOfFour(t.bound, j) < known)};
+  return {j, sampled && t.competes(j) && !(bound_j < known)};
 }
 
 // The probe's exact score folded into s (lanes with c.probe), and the
@@ -681,7 +710,7 @@ __device__ __forceinline__ void FoldGreedy(bool sampled, const LaneTokens& t, Sa
   if constexpr (!kSampled) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      FoldScore(s, !sampled && t.compete[i], t.logit[i], t.token0 + i, t.logit[i]);
+      FoldScore(s, !sampled && t.competes(i), t.logit[i], t.token0 + i, t.logit[i]);
     }
   }
 }
@@ -692,13 +721,11 @@ __device__ __forceinline__ void FoldGreedy(bool sampled, const LaneTokens& t, Sa
 // best is -inf: it may still win.
 __device__ __forceinline__ uint32_t NeedMask(bool sampled, const LaneTokens& t, ProbeChoice c,
                                              float best) {
-  uint32_t need = 0;
+  uint32_t keep = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bool probed = c.probe && i == c.j;
-    if (sampled && t.compete[i] && !probed && !(t.bound[i] < best)) need |= 1u << i;
-  }
-  return need;
+  for (int i = 0; i < 4; ++i) keep |= !(t.bound[i] < best) ? 1u << i : 0u;
+  const uint32_t probed = c.probe ? 1u << c.j : 0u;
+  return sampled ? t.compete & ~probed & keep : 0u;
 }
 
 // Rows a and b of the dot tile (their 128 fp32 dots each, before the scale)
@@ -717,10 +744,14 @@ __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowS
                                                  int64_t tok0, int lane, int64_t valid_vocab,
                                                  bool want_lse, float lane_known, int ka,
                                                  int kb, SampleSummary& sa, SampleSummary& sb) {
+  // The lane's live tokens, 0-4 (the last tile and phantom tiles have fewer).
+  const int64_t left = valid_vocab - (tok0 + 4 * lane);
+  const int32_t room = left <= 0 ? 0 : left >= 4 ? 4 : static_cast<int32_t>(left);
+  const uint32_t live_mask = (1u << room) - 1u;
   const LaneTokens ta = PrepareLaneTokens(
-      a, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_a + 4 * lane), valid_vocab);
+      a, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_a + 4 * lane), room, live_mask);
   const LaneTokens tb = PrepareLaneTokens(
-      b, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_b + 4 * lane), valid_vocab);
+      b, tok0 + 4 * lane, *reinterpret_cast<const float4*>(dots_b + 4 * lane), room, live_mask);
   sa = EmptySampleSummary();
   sb = EmptySampleSummary();
   uint32_t need;

@@ -13,9 +13,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <climits>
+#include <random>
 #include <vector>
 
 namespace flashsampler {
@@ -229,6 +231,25 @@ TEST(GumbelNoiseTest, LeadingOnesBoundHoldsForEveryCell) {
   }
   EXPECT_GE(GumbelLeadingOnesBound(0xffffffffu), kGumbelMax - 1e-3f);
   EXPECT_EQ(GumbelLeadingOnesBound(0xffffff00u), GumbelLeadingOnesBound(0xffffffffu));
+}
+
+// The device's form of the bound (GumbelBoundFromTopZero of the highest
+// zero bit of r) gives GumbelLeadingOnesBound's bits in every leading-ones
+// class, and on words within each class.
+TEST(GumbelNoiseTest, TheDevicesBoundFormGivesTheSameBits) {
+  const auto top_zero = [](uint32_t r) { return r == 0xffffffffu ? -1 : 31 - __builtin_clz(~r); };
+  std::mt19937 gen(11);
+  for (int n = 0; n <= 32; ++n) {
+    // Exactly n leading ones, then (n < 32) a zero, then random bits.
+    const uint32_t ones = n == 0 ? 0u : n >= 32 ? 0xffffffffu : ~(0xffffffffu >> n);
+    for (int trial = 0; trial < 1000; ++trial) {
+      const uint32_t rest = n >= 31 ? 0u : static_cast<uint32_t>(gen()) & (0x7fffffffu >> n);
+      const uint32_t r = ones | rest;
+      ASSERT_EQ(std::bit_cast<uint32_t>(GumbelBoundFromTopZero(top_zero(r))),
+                std::bit_cast<uint32_t>(GumbelLeadingOnesBound(r)))
+          << "n=" << n << " r=" << r;
+    }
+  }
 }
 
 // The empirical distribution of g over many tuples is Gumbel(0, 1):
