@@ -38,8 +38,11 @@
 // same words; ptxas made the 64-bit form 82 instructions a Philox4x32-10
 // block (18 of them dead adds of a zero upper word) and makes this 58
 // (SASS of the sm_90a fold, NOTES-fused.md v34). Only Philox4x32 is used on
-// the device, so no 64-bit Random123 type is lost.
-#if defined(__CUDA_ARCH__)
+// the device, so no 64-bit Random123 type is lost. Random123 must come in
+// through this header first in device code (it does: kernels/ includes it
+// nowhere else in .cu files); otherwise the choice is Random123's default,
+// which gives the same words, only slower.
+#if defined(__CUDA_ARCH__) && !defined(R123_USE_64BIT) && !defined(R123_USE_MULHILO32_MULHI_INTRIN)
 #define R123_USE_64BIT 0
 #define R123_USE_MULHILO32_MULHI_INTRIN 1
 #define R123_MULHILO32_MULHI_INTRIN __umulhi

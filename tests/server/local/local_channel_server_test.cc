@@ -326,8 +326,8 @@ class LocalChannelSpinTest : public LocalChannelServerTest,
 };
 
 TEST_P(LocalChannelSpinTest, EveryConnectionGetsItsOwnAnswersWhetherItsThreadSpinsOrSleeps) {
-  // The first request's launch is held until its connection's thread is
-  // past any short spin and asleep, or still spinning under a long one.
+  // The first request's launch is held until the test has seen it start,
+  // so its connection's thread waits for it, spinning or asleep.
   std::unique_ptr<LocalSamplerClient> first = Connect();
   ASSERT_NE(first, nullptr);
   const v1::SampleRequest held = Request(2, 1);
@@ -356,8 +356,10 @@ TEST_P(LocalChannelSpinTest, EveryConnectionGetsItsOwnAnswersWhetherItsThreadSpi
   Shutdown();
 }
 
-// A nanosecond: the spin ends before any answer, and the thread sleeps on
-// the condition variable. A minute: every answer comes while it spins.
+// A nanosecond: the thread sleeps on the condition variable unless the
+// answer is already there. A minute: the spinning thread sees every answer
+// (the other connections' threads sleep). Which path each wait takes is
+// not asserted (it is timing); the answers and the shutdown are.
 INSTANTIATE_TEST_SUITE_P(IdlePoll, LocalChannelSpinTest,
                          ::testing::Values(absl::Nanoseconds(1), absl::Minutes(1)));
 
