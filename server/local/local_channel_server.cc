@@ -58,9 +58,9 @@ bool PeerHungUp(int fd) {
 class LocalChannelServer::Connection final : public SampleCall {
  public:
   Connection(SamplerService* service, int fd, const LocalChannelOptions& options,
-             std::atomic<int>* answer_spinners)
+             std::atomic<bool>* answer_spinner)
       : service_(service), fd_(fd), max_request_bytes_(options.max_request_bytes),
-        idle_poll_(options.idle_poll), answer_spinners_(answer_spinners) {
+        idle_poll_(options.idle_poll), answer_spinner_(answer_spinner) {
     response = &response_;
     method = RpcMethod::kLocalSample;
   }
@@ -172,16 +172,15 @@ class LocalChannelServer::Connection final : public SampleCall {
   // within microseconds, and with the thread woken from the condition
   // variable instead, steps of 16-256 rows spent 10-20 µs more outside
   // every server timer (BENCHMARKS.md, "The local channel's thread awake
-  // for its answer"). The lock is then taken with
-  // try_lock spins: the answering thread holds it only to set the flag and
-  // notify, and blocking on it would mean one more sleep and wake-up.
+  // for its answer"). The lock is then taken with try_lock spins: the
+  // answering thread holds it only to set the flag and notify, and blocking
+  // on it would mean one more sleep and wake-up.
   void WaitForAnswer() {
-    if (idle_poll_ > absl::ZeroDuration()) {
-      const bool spin = answer_spinners_->fetch_add(1, std::memory_order_relaxed) == 0;
+    if (idle_poll_ > absl::ZeroDuration() && !answer_spinner_->exchange(true, std::memory_order_relaxed)) {
       const bool seen =
-          spin && SpinUntil([this] { return answered_.load(std::memory_order_acquire); },
-                            std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(idle_poll_));
-      answer_spinners_->fetch_sub(1, std::memory_order_relaxed);
+          SpinUntil([this] { return answered_.load(std::memory_order_acquire); },
+                    std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(idle_poll_));
+      answer_spinner_->store(false, std::memory_order_relaxed);
       if (seen) {
         while (!answer_mu_.try_lock()) CpuRelax();
         answer_mu_.unlock();
@@ -196,7 +195,7 @@ class LocalChannelServer::Connection final : public SampleCall {
   const int fd_;
   const uint32_t max_request_bytes_;
   const absl::Duration idle_poll_;
-  std::atomic<int>* const answer_spinners_;  // the server's (WaitForAnswer)
+  std::atomic<bool>* const answer_spinner_;  // the server's (WaitForAnswer)
   std::thread thread_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> finished_{false};
@@ -319,7 +318,7 @@ void LocalChannelServer::AcceptLoop() {
       close(fd);
       continue;
     }
-    connections_.push_back(std::make_unique<Connection>(service_, fd, options_, &answer_spinners_));
+    connections_.push_back(std::make_unique<Connection>(service_, fd, options_, &answer_spinner_));
     connections_.back()->Begin();
   }
 }

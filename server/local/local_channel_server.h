@@ -118,10 +118,10 @@ class LocalChannelServer {
   const SocketFileId file_;
   std::thread accept_thread_;
   bool stopped_ = false;  // main's thread only
-  // Connection threads spinning for their answer now (at most one: with
+  // Whether a connection thread spins for its answer now (one at most: with
   // several requests in flight, one more core per connection would buy
   // each of them the same few microseconds).
-  std::atomic<int> answer_spinners_{0};
+  std::atomic<bool> answer_spinner_{false};
   absl::Mutex mu_;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -151,12 +151,19 @@ class LocalChannelServerTest : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
-  // `connections` clients at once, each sending `per_connection` of
-  // `requests` in its own order (the batcher joins their rows into shared
-  // launches); every answer must be the one the request got alone.
-  void ExpectEveryAnswerAsAlone(const std::vector<v1::SampleRequest>& requests,
-                                const std::vector<v1::SampleResponse>& alone, int connections,
+  // Each of `requests` answered alone on `first`; then `connections`
+  // clients at once, each sending `per_connection` of them in its own order
+  // (the batcher joins their rows into shared launches): every answer must
+  // be the one the request got alone.
+  void ExpectEveryAnswerAsAlone(LocalSamplerClient* first,
+                                const std::vector<v1::SampleRequest>& requests, int connections,
                                 int per_connection) {
+    std::vector<v1::SampleResponse> alone;
+    for (const v1::SampleRequest& request : requests) {
+      absl::StatusOr<v1::SampleResponse> r = first->Sample(request);
+      ASSERT_TRUE(r.ok()) << r.status();
+      alone.push_back(*r);
+    }
     std::vector<std::thread> threads;
     std::atomic<int> mismatches{0}, failures{0};
     const int n = static_cast<int>(requests.size());
@@ -190,20 +197,13 @@ class LocalChannelServerTest : public ::testing::Test {
 };
 
 TEST_F(LocalChannelServerTest, ConcurrentConnectionsGetTheAnswersOfEachRequestAlone) {
-  // Each request's answer alone, first.
   std::vector<v1::SampleRequest> requests;
-  std::vector<v1::SampleResponse> alone;
+  for (int i = 0; i < 12; ++i) requests.push_back(Request(1 + i % 5, 100 + i));
   std::unique_ptr<LocalSamplerClient> first = Connect();
   ASSERT_NE(first, nullptr);
-  for (int i = 0; i < 12; ++i) {
-    requests.push_back(Request(1 + i % 5, 100 + i));
-    absl::StatusOr<v1::SampleResponse> r = first->Sample(requests.back());
-    ASSERT_TRUE(r.ok()) << r.status();
-    alone.push_back(*r);
-  }
   // Eight connections at once, in various orders: every answer is still
   // the request's own.
-  ExpectEveryAnswerAsAlone(requests, alone, /*connections=*/8, /*per_connection=*/40);
+  ExpectEveryAnswerAsAlone(first.get(), requests, /*connections=*/8, /*per_connection=*/40);
 }
 
 TEST_F(LocalChannelServerTest, AClientThatStopsReadingHoldsUpOnlyItsOwnConnection) {
@@ -340,15 +340,9 @@ TEST_P(LocalChannelSpinTest, EveryConnectionGetsItsOwnAnswersWhetherItsThreadSpi
   EXPECT_EQ(held_answer->token_ids_size(), 2);
 
   std::vector<v1::SampleRequest> requests;
-  std::vector<v1::SampleResponse> alone;
-  for (int i = 0; i < 6; ++i) {
-    requests.push_back(Request(1 + i % 3, 500 + i));
-    absl::StatusOr<v1::SampleResponse> r = first->Sample(requests.back());
-    ASSERT_TRUE(r.ok()) << r.status();
-    alone.push_back(*r);
-  }
+  for (int i = 0; i < 6; ++i) requests.push_back(Request(1 + i % 3, 500 + i));
   // Four connections at once: one spins for its answers, the others sleep.
-  ExpectEveryAnswerAsAlone(requests, alone, /*connections=*/4, /*per_connection=*/30);
+  ExpectEveryAnswerAsAlone(first.get(), requests, /*connections=*/4, /*per_connection=*/30);
   // The same request again on the first connection: the same answer.
   absl::StatusOr<v1::SampleResponse> again = first->Sample(held);
   ASSERT_TRUE(again.ok()) << again.status();
