@@ -744,7 +744,10 @@ __device__ __forceinline__ void FoldRowPairLanes(const RowSampler& a, const RowS
                                                  int64_t tok0, int lane, int64_t valid_vocab,
                                                  bool want_lse, float lane_known, int ka,
                                                  int kb, SampleSummary& sa, SampleSummary& sb) {
-  // The lane's live tokens, 0-4 (the last tile and phantom tiles have fewer).
+  // The lane's live tokens, 0-4 (the last tile and phantom tiles have fewer),
+  // as a count and as a mask, both passed for both rows: with the mask
+  // derived inside PrepareLaneTokens instead, ptxas spilled 32 / 40 bytes in
+  // the bound kernel, not 8 / 8 (NOTES-fused.md v34).
   const int64_t left = valid_vocab - (tok0 + 4 * lane);
   const int32_t room = left <= 0 ? 0 : left >= 4 ? 4 : static_cast<int32_t>(left);
   const uint32_t live_mask = (1u << room) - 1u;
