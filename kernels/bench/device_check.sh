@@ -80,6 +80,12 @@ for phase in "$@"; do
       # all four as tile pairs, 2-block clusters sharing Hr through TMA
       # multicast, whose last pair of 9 tiles has a phantom second tile), and
       # OneTile's pairs (one tile: every second block's items are phantoms).
+      # In these cases each block folds at most one item. Where a block folds
+      # several, racecheck reports the dot-tile hand-off between the MMA and
+      # epilogue warps (a named-barrier arrive on one side, a sync on the
+      # other) as hazards; the PTX ISA has the arrive order the arriving
+      # threads' earlier accesses, and the bit-exact multi-item tests pass,
+      # so we read those as false positives (NOTES-fused.md v36).
       if [ -x "$bin/fused_sample_sm90_gpu_test" ]; then
         a='Shapes/FusedSampleSm90Agreement.MatchesFloat64AndMmaSync'
         sep="$a/84:$a/86:$a/87:$a/88:$a/89:$a/90:$a/94:$a/95:$a/96:$a/97:OneTile/FusedSampleSm90Agreement.*"

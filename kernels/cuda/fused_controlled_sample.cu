@@ -1,8 +1,8 @@
 // Fused controlled sampling: stage 1 is the tensor-core GEMM with the
 // controls epilogue (fused_sample_mma.cu + fused_controls.cuh); this file holds
 // stage 2 and the launcher. What it computes and why it is exact:
-// fused_controlled_sample.h. Reads top to bottom: the candidate sort key, the
-// stage-2 kernel (summary rows, then candidate rows step by step), the
+// fused_controlled_sample.h. Reads top to bottom: the candidate keys, the
+// block's top-k selection, the stage-2 kernel (summary rows, then candidate rows step by step), the
 // launcher with its workspace arithmetic.
 #include "kernels/cuda/fused_controlled_sample.h"
 
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <limits>
 
-#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "kernels/common/candidate_order_key.h"
 #include "kernels/common/gumbel_noise.h"
@@ -30,13 +30,14 @@ using cuda_internal::kMmaTileVocab;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Tile heads per thread in the first sort: 8 x 256 = 2048 tiles = kFusedMaxVocab.
+// Tile heads per thread in the first selection: 8 x 256 = 2048 tiles = kFusedMaxVocab.
 constexpr int kHeadItems = 8;
-static_assert(int64_t{kHeadItems} * kThreads * kMmaTileVocab == kFusedMaxVocab, "one sort holds every tile head");
-// Candidates per thread in the second sort: top_k tiles x m candidates.
+static_assert(int64_t{kHeadItems} * kThreads * kMmaTileVocab == kFusedMaxVocab, "one block holds every tile head");
+// Candidates per thread in the second selection: top_k tiles x m candidates.
 constexpr int kCandItems = (kFusedMaxTopK * kFusedTileCandidates) / kThreads;
 static_assert(kCandItems * kThreads == kFusedMaxTopK * kFusedTileCandidates, "whole items");
 static_assert(kFusedMaxTopK <= 64, "the sample step gives each lane two kept tokens");
+static_assert(kFusedMaxTopK <= kThreads, "the top-k's final order gives each found token a thread");
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
@@ -47,13 +48,13 @@ __device__ __forceinline__ uint64_t CandidateKey(const FusedCandidate& c) {
   return c.id < 0 ? 0 : CandidateOrderKey(c.logit, c.id);
 }
 // Its high word, l' alone (0 still marks an empty slot: the ordered bits of
-// every l', -inf included, are non-zero; l' is never NaN). The sorts below
-// order by this 32-bit key and leave the id to the arrangement: a block
-// radix sort is stable, so keys that tie keep their input order, and each
-// sort's input lists ids in ascending order wherever logits can tie (tile
-// heads in tile order; candidates tile by tile in tile order, each tile's in
-// canonical order). So the result is the canonical order of the 64-bit key,
-// with half the radix passes (8 of 4 bits instead of 16). This rests on two
+// every l', -inf included, are non-zero; l' is never NaN). The selections
+// below compare this 32-bit key and leave the id to the arrangement: keys
+// that tie go to the earlier item, and each selection's input lists ids in
+// ascending order wherever logits can tie (tile heads in tile order;
+// candidates tile by tile in tile order, each tile's in canonical order).
+// So the result is the canonical order of the 64-bit key, with half the
+// radix rounds. This rests on two
 // facts outside this kernel: the tile columns of `candidates` are in
 // ascending global tile order (a vocabulary shard's tiles are gathered at
 // column token_offset / 128, sharded_sample.cu), and stage 1 writes each
@@ -62,26 +63,130 @@ __device__ __forceinline__ uint32_t LogitKey(const FusedCandidate& c) {
   return c.id < 0 ? 0u : static_cast<uint32_t>(CandidateOrderKey(c.logit, c.id) >> 32);
 }
 
-using HeadSort = cub::BlockRadixSort<uint32_t, kThreads, kHeadItems, int32_t>;
-using CandSort = cub::BlockRadixSort<uint32_t, kThreads, kCandItems, int32_t>;
+// ---- The k largest keys of a block: a radix select ------------------------------
+// Stage 2 needs, twice, the k largest of up to 2048 32-bit keys (k <= 64;
+// key 0: an empty slot, never taken) with ties going to the earlier item of
+// the block's blocked arrangement (thread t holds items t * kItems ...),
+// which lists ids in ascending order wherever keys can tie (LogitKey). Not
+// a sort: the cut between the taken keys and the rest, found one 8-bit
+// digit at a time from the top (a 256-bin histogram of the keys that match
+// the digits found so far, and a scan of it from the largest digit down),
+// so at most four rounds of block barriers instead of a radix sort's eight
+// passes of ranking and exchange over every key. The cut is exact: every
+// key above it is among the k largest, and so are the first `equal` keys
+// equal to it; the k largest under "key desc, then arrangement order" are
+// exactly those.
+constexpr int kDigitBits = 8;
+constexpr int kDigits = 1 << kDigitBits;
+static_assert(kDigits == kThreads, "one histogram bin a thread");
+using CountScan = cub::BlockScan<int32_t, kThreads>;
+
+struct SelectShared {
+  typename CountScan::TempStorage scan;
+  int32_t hist[kDigits];  // zero between rounds and calls
+  uint32_t prefix;
+  int32_t remaining;
+  int32_t done;
+};
+
+struct TopKCut {
+  uint32_t key;   // every key above it is taken
+  int32_t equal;  // and the first `equal` keys equal to it (0 when key is 0)
+};
+
+// All threads call it with the same k >= 1; sh.hist must be zero (it is
+// left zero). Ends with a barrier, so sh may be reused at once.
+template <int kItems>
+__device__ TopKCut SelectTopKCut(const uint32_t (&keys)[kItems], int k, SelectShared& sh) {
+  const int tid = static_cast<int>(threadIdx.x);
+  uint32_t prefix = 0u, mask = 0u;
+  int remaining = k;  // still to take among the keys that match prefix on mask
+  for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (keys[i] != 0u && (keys[i] & mask) == prefix) {
+        atomicAdd(&sh.hist[(keys[i] >> shift) & (kDigits - 1)], 1);
+      }
+    }
+    __syncthreads();
+    // Thread t takes digit 255 - t: its exclusive prefix sum counts the
+    // matching keys in larger digits.
+    const int digit = kDigits - 1 - tid;
+    const int count = sh.hist[digit];
+    sh.hist[digit] = 0;  // for the next round; the barriers below order it before its atomics
+    int above = 0, matching = 0;
+    CountScan(sh.scan).ExclusiveSum(count, above, matching);
+    if (tid == 0) sh.done = 0;
+    __syncthreads();
+    if (matching <= remaining) {
+      // Only in the first round (later rounds match more than `remaining`
+      // keys): at most k non-zero keys, all taken.
+      __syncthreads();
+      return {0u, 0};
+    }
+    if (above < remaining && remaining <= above + count) {  // exactly one thread
+      const uint32_t cut = prefix | (static_cast<uint32_t>(digit) << shift);
+      if (remaining - above == count) {
+        // The whole digit is taken: every key >= cut, i.e. above cut - 1.
+        // cut > 0: digit 0 taken whole would take every matching key, and
+        // there are more than `remaining` of them.
+        sh.prefix = cut - 1u;
+        sh.done = 1;
+      } else {
+        sh.prefix = cut;
+        sh.remaining = remaining - above;
+      }
+    }
+    __syncthreads();
+    prefix = sh.prefix;
+    remaining = sh.remaining;
+    const bool done = sh.done != 0;
+    __syncthreads();  // before the next round rewrites sh.prefix and reuses sh.scan
+    if (done) return {prefix, 0};
+    mask |= static_cast<uint32_t>(kDigits - 1) << shift;
+  }
+  return {prefix, remaining};
+}
+
+// Which of the thread's items the cut takes (bit i), given how many keys
+// equal to the cut the threads before it hold (a block scan). Every item
+// taken is non-zero.
+template <int kItems>
+__device__ __forceinline__ uint32_t TakenItems(const uint32_t (&keys)[kItems], TopKCut cut,
+                                               int equal_before) {
+  uint32_t taken = 0u;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const bool tie = keys[i] != 0u && keys[i] == cut.key;
+    if (keys[i] > cut.key || (tie && equal_before < cut.equal)) taken |= 1u << i;
+    equal_before += tie ? 1 : 0;
+  }
+  return taken;
+}
+
+// The keys equal to the cut that the thread holds (non-zero ones).
+template <int kItems>
+__device__ __forceinline__ int EqualItems(const uint32_t (&keys)[kItems], TopKCut cut) {
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) n += keys[i] != 0u && keys[i] == cut.key ? 1 : 0;
+  return n;
+}
 
 struct FinishShared {
   union {
-    typename HeadSort::TempStorage head_sort;
-    typename CandSort::TempStorage cand_sort;
+    SelectShared select;
     SampleSummary warp_summaries[kWarps];
   };
-  int32_t tiles[kFusedMaxTopK];    // the selected tiles, best head first
-  int32_t by_index[kFusedMaxTopK]; // the same tiles in ascending tile order
+  int32_t by_index[kFusedMaxTopK];  // the selected tiles in ascending tile order
+  uint32_t found_key[kFusedMaxTopK];  // the top-k found, in arrangement order
+  int32_t found_id[kFusedMaxTopK];
   float logit[kFusedMaxTopK];      // the row's top-k, canonical order
   int32_t id[kFusedMaxTopK];
   double mass[kFusedMaxTopK];      // exp(l' - max), float64
-  int32_t num_tiles_selected;
-  int32_t found;                   // candidates in the top-k (<= top_k)
   int32_t saturated;
   int32_t kept;
   double logz;
-  int32_t sample0;
 };
 
 // ---- Stage 2: one block per row --------------------------------------------------
@@ -140,44 +245,40 @@ __global__ void __launch_bounds__(kThreads)
   const int m = k < kFusedTileCandidates ? k : kFusedTileCandidates;
   const FusedCandidate* row_cands = candidates + row * num_tiles * kFusedTileCandidates;
 
-  // 1. The top_k tiles by their head (best candidate; key 0: an empty tile).
-  // Tiles in ascending order in the blocked arrangement, so heads that tie
-  // on l' stay in id order.
+  // 1. The top_k tiles by their head (best candidate; key 0: an empty tile),
+  // in ascending tile order. Tiles in ascending order in the blocked
+  // arrangement, so heads that tie on l' go to the lower ids.
+  sh.select.hist[tid] = 0;  // SelectTopKCut's histogram starts zero
+  __syncthreads();
+  int selected = 0;
   {
     uint32_t keys[kHeadItems];
-    int32_t tiles[kHeadItems];
 #pragma unroll
     for (int i = 0; i < kHeadItems; ++i) {
       const int t = tid * kHeadItems + i;  // blocked arrangement
-      tiles[i] = t;
       keys[i] = t < num_tiles ? LogitKey(row_cands[static_cast<int64_t>(t) * kFusedTileCandidates]) : 0u;
     }
-    HeadSort(sh.head_sort).SortDescending(keys, tiles);
-    if (tid == 0) sh.num_tiles_selected = 0;
+    const TopKCut cut = SelectTopKCut(keys, k, sh.select);
+    int equal_before = 0;
+    CountScan(sh.select.scan).ExclusiveSum(EqualItems(keys, cut), equal_before);
     __syncthreads();
+    const uint32_t taken = TakenItems(keys, cut, equal_before);
+    int pos = 0;
+    CountScan(sh.select.scan).ExclusiveSum(__popc(taken), pos, selected);
 #pragma unroll
     for (int i = 0; i < kHeadItems; ++i) {
-      const int rank = tid * kHeadItems + i;
-      if (rank < k && keys[i] != 0) {
-        sh.tiles[rank] = tiles[i];
-        atomicMax(&sh.num_tiles_selected, rank + 1);  // non-zero keys form a prefix
-      }
+      if ((taken >> i) & 1u) sh.by_index[pos++] = tid * kHeadItems + i;
     }
     __syncthreads();
   }
 
-  // 2. Their first m candidates, sorted; the first k are the top-k found.
-  // The selected tiles in ascending order first (each tile's candidates are
-  // already in canonical order), so that logits that tie keep id order.
-  const int selected = sh.num_tiles_selected;
-  if (tid < selected) {
-    const int32_t t = sh.tiles[tid];
-    int before = 0;
-    for (int j = 0; j < selected; ++j) before += sh.tiles[j] < t ? 1 : 0;
-    sh.by_index[before] = t;
-  }
-  __syncthreads();
+  // 2. Their first m candidates; the best k of them are the top-k found.
+  // Listed tile by tile in ascending tile order (each tile's candidates are
+  // already in canonical order), so logits that tie go to the lower ids.
+  // The k taken (in list order) are put in canonical order by counting: a
+  // found token's rank is the number that precede it.
   uint64_t kth_key = 0;
+  int found = 0;
   {
     uint32_t keys[kCandItems];
     int32_t ids[kCandItems];
@@ -190,25 +291,35 @@ __global__ void __launch_bounds__(kThreads)
       keys[i] = LogitKey(cand);
       ids[i] = cand.id;
     }
-    __syncthreads();  // the union's head-sort storage is reused below
-    CandSort(sh.cand_sort).SortDescending(keys, ids);
-    if (tid == 0) {
-      sh.found = 0;
-      sh.saturated = 0;
-    }
+    const TopKCut cut = SelectTopKCut(keys, k, sh.select);
+    int equal_before = 0;
+    CountScan(sh.select.scan).ExclusiveSum(EqualItems(keys, cut), equal_before);
     __syncthreads();
+    const uint32_t taken = TakenItems(keys, cut, equal_before);
+    int pos = 0;
+    CountScan(sh.select.scan).ExclusiveSum(__popc(taken), pos, found);
 #pragma unroll
     for (int i = 0; i < kCandItems; ++i) {
-      const int rank = tid * kCandItems + i;
-      if (rank < k && keys[i] != 0) {
-        sh.logit[rank] = FloatOfOrderedBits(keys[i]);
-        sh.id[rank] = ids[i];
-        atomicMax(&sh.found, rank + 1);
+      if ((taken >> i) & 1u) {
+        sh.found_key[pos] = keys[i];
+        sh.found_id[pos] = ids[i];
+        ++pos;
       }
     }
     __syncthreads();
+    if (tid < found) {
+      const uint32_t key = sh.found_key[tid];
+      int rank = 0;
+      for (int j = 0; j < found; ++j) {
+        const uint32_t other = sh.found_key[j];
+        rank += other > key || (other == key && j < tid) ? 1 : 0;
+      }
+      sh.logit[rank] = FloatOfOrderedBits(key);
+      sh.id[rank] = sh.found_id[tid];
+    }
+    if (tid == 0) sh.saturated = 0;
+    __syncthreads();
   }
-  const int found = sh.found;
   if (found == k) {
     kth_key = CandidateKey(FusedCandidate{sh.logit[k - 1], sh.id[k - 1]});
   }
@@ -217,7 +328,7 @@ __global__ void __launch_bounds__(kThreads)
   // tile whose last candidate ranks before the k-th found (or, when fewer
   // than k were found, any full tile) may hold more of the top-k.
   if (tid < selected) {
-    const FusedCandidate last = row_cands[static_cast<int64_t>(sh.tiles[tid]) * kFusedTileCandidates + m - 1];
+    const FusedCandidate last = row_cands[static_cast<int64_t>(sh.by_index[tid]) * kFusedTileCandidates + m - 1];
     if (TileMayHoldMoreOfTopK(last.id >= 0, m, k, CandidateKey(last), kth_key)) sh.saturated = 1;
   }
   __syncthreads();
@@ -434,8 +545,8 @@ KernelStatus LaunchFusedControlledStage1(const ControlledSampleArgs& a, int64_t 
 }
 
 // Grid: one block of 256 threads per row, static shared memory =
-// sizeof(FinishShared) (the cub sort storage of 2048 32-bit keys with int
-// values, plus the row's top-k), launched as a programmatic dependent
+// sizeof(FinishShared) (the selection's 256-bin histogram and cub scan
+// storage, plus the row's top-k), launched as a programmatic dependent
 // (after stage 1 it may start early and waits; after copies it is ordinary).
 KernelStatus LaunchFusedControlledStage2(const void* tile_summaries, const void* tile_candidates,
                                          int64_t tiles, int64_t batch, const RowParams* params,

@@ -37,9 +37,10 @@
 //     stopping early at tokens that 64 others of the row already beat (the
 //     tile-head bound: fused_controls.cuh, kHeadSlots).
 // Stage 2, one block per row: a summary row merges its tiles (token, log Z and
-// log-prob under the processed distribution). A candidate row sorts the tile
-// heads (each tile's best token), takes the top_k tiles, sorts their
-// candidates and keeps the first top_k: the row's global top-k, then min_p,
+// log-prob under the processed distribution). A candidate row takes the top_k
+// tiles by their heads (each tile's best token), then the best top_k of
+// their candidates (a radix select each, ties to the lower id): the row's
+// global top-k, put in canonical order, then min_p,
 // top_p (float64, in canonical order), log Z over the kept set, the samples
 // (Gumbel-max over the kept set with the contract's noise), their log-probs
 // and ranks, and the top list.
@@ -99,7 +100,7 @@ inline constexpr int32_t kFusedMaxTopK = 64;
 // Candidates a tile writes per row: min(top_k, this). Larger values make the
 // fallback rarer and cost epilogue work and workspace traffic on every launch.
 inline constexpr int kFusedTileCandidates = 16;
-// Largest valid vocabulary (tiles of 128 tokens the stage-2 sort holds).
+// Largest valid vocabulary (tiles of 128 tokens stage 2 holds, 8 a thread).
 inline constexpr int64_t kFusedMaxVocab = 2048 * 128;
 
 enum FusedRowKind : int32_t {

@@ -423,8 +423,8 @@ KernelStatus LaunchShardedFusedControlledSample(const ShardedFusedControlledArgs
 
   // ---- 2. Shard 0's stream puts every shard's tiles in tile order: shard k's
   // [batch, tiles_k] cells land at tile column begin_k / 128 of [batch, tiles]
-  // (stage 2 relies on ascending tile order: its sorts keep tied logits in
-  // input order, fused_controlled_sample.cu's LogitKey).
+  // (stage 2 relies on ascending tile order: its selections give tied
+  // logits to the earlier input, fused_controlled_sample.cu's LogitKey).
   const ShardDevice& d0 = args.devices[0];
   if (cudaSetDevice(d0.device) != cudaSuccess) return KernelStatus::kDeviceError;
   for (int32_t k = 0; k < n; ++k) {

@@ -2,7 +2,8 @@
 // fused controlled path against the float64 reference (every fit case it
 // serves, plus a top-k above the per-tile candidate count spread over many
 // tiles), against the CPU backend and against the materialized path on
-// random rows it serves (ties included), and the edge cases: top_k = 1 is
+// random rows it serves (ties included) and at every kind of top-k cut that
+// stage 2's selections meet, and the edge cases: top_k = 1 is
 // greedy, top-k boundary ties go to the lower id, a tile holding more of the
 // top-k than it keeps reports row_status 2 (the caller's fallback), rows it
 // does not serve report 2, a fully masked row reports 1, bad arguments; and
@@ -379,7 +380,7 @@ TEST_F(FusedControlledSampleTest, TopKBoundaryTiesGoToTheLowerId) {
 }
 
 // Every token of 40 tiles ties: the top-k tiles and candidates are the lowest
-// ids (the stage-2 sorts order by l' and keep ties in id order), for a top_k
+// ids (the stage-2 selections compare l' and give ties to the lower id), for a top_k
 // that each tile covers (no saturation), greedy and sampled alike.
 TEST_F(FusedControlledSampleTest, TiesAcrossTilesGoToTheLowestIds) {
   constexpr int64_t kVocab = 40 * 128;
@@ -404,7 +405,7 @@ TEST_F(FusedControlledSampleTest, TiesAcrossTilesGoToTheLowestIds) {
   }
 }
 
-// The selected tiles enter the candidate sort in tile order, not in the
+// The selected tiles enter the candidate selection in tile order, not in the
 // order of their heads: tile 1's head (2.0, id 128) beats tile 0's (1.0),
 // and the ties at 1.0 then go to tile 0's lower ids. top_k 4 keeps
 // 128, 0, 1, 2 (taking tile 1's 129-131 would be the head order's mistake).
@@ -489,6 +490,67 @@ TEST_F(FusedControlledSampleTest, RowWithEveryTokenMaskedReportsItsStatus) {
   EXPECT_EQ(out.row_status, (std::vector<int32_t>{0, 1, 1, 0}));
   EXPECT_TRUE(out.tokens[0] == 0 || out.tokens[0] == 13 || out.tokens[0] == 23);
   EXPECT_TRUE(out.tokens[3] >= 0 && out.tokens[3] < 24);
+}
+
+// Stage 2's two selections (the top_k tiles by head, then the best top_k of
+// their candidates: radix selects, fused_controlled_sample.cu) at every kind
+// of cut, against the CPU backend: rows whose bitmask allows top_k - 1,
+// top_k, top_k + 1 or 3 top_k tokens (fewer non-empty keys than k, exactly
+// k, one more, many), in one tile or one token a tile over 160 tiles, for
+// top_k 1, 5, 12, 16 and 64 (64 spread only: a tile then writes one
+// candidate, so none is full), greedy and sampled, the whole top list
+// compared. Twice: weights on a grid of 1/4 (ties across the cut, resolved
+// by the lower id) and continuous weights scaled by 1/T (keys that differ
+// only in their low bytes, so the select runs all its rounds).
+TEST_F(FusedControlledSampleTest, TopKCutsMatchTheCpuBackend) {
+  constexpr int64_t kTiles = 160;
+  constexpr int64_t kVocab = kTiles * 128;
+  for (const bool grid : {true, false}) {
+    SCOPED_TRACE(grid ? "ties" : "continuous");
+    RandomProblem p;
+    std::mt19937 rng(grid ? 501u : 502u);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    p.w.resize(kVocab);
+    for (float& x : p.w) x = RoundToBf16(grid ? 0.25f * std::floor(4.0f * normal(rng)) : normal(rng));
+    for (const int32_t k : {1, 5, 12, 16, 64}) {
+      for (const int32_t n : {k - 1, k, k + 1, 3 * k}) {
+        for (const bool spread : {false, true}) {
+          if (n < 1 || (!spread && (k > kFusedTileCandidates || n > 128)) || (spread && n > kTiles)) continue;
+          for (const float temperature : {0.0f, 0.7f, 1.3f}) {
+            RowControls c = testing::FilterControls(k, 1.0f, 0.0f);
+            c.top_logprobs = std::min<int32_t>(k, kMaxTopLogprobs);
+            c.allowed_bitmask.assign(kVocab / 32, 0u);
+            // One tile: tokens 128 t0 + (5 j mod 128); spread: 128 j + (37 j mod 128).
+            const int64_t t0 = static_cast<int64_t>(p.h.size()) % kTiles;
+            for (int32_t j = 0; j < n; ++j) {
+              const int64_t token = spread ? 128 * j + (37 * j) % 128 : 128 * t0 + (5 * j) % 128;
+              c.allowed_bitmask[token >> 5] |= 1u << (token & 31);
+            }
+            const uint32_t row = static_cast<uint32_t>(p.h.size());
+            p.params.push_back(RowParams{temperature, 77, 0, row});
+            p.controls.push_back(c);
+            p.h.push_back(1.0f);
+          }
+        }
+      }
+    }
+    const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(cpu.launch, KernelStatus::kOk);
+    const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
+    ASSERT_EQ(gpu.launch, KernelStatus::kOk);
+    ExpectAgrees(gpu, cpu, p);
+    // A row with at most top_k allowed tokens keeps them all (top_p is 1):
+    // its top list holds min(allowed, top_logprobs) of them.
+    for (size_t r = 0; r < p.h.size(); ++r) {
+      int32_t allowed = 0;
+      for (uint32_t word : p.controls[r].allowed_bitmask) allowed += __builtin_popcount(word);
+      if (allowed > p.controls[r].top_k) continue;
+      ASSERT_LT(r, gpu.details.size());
+      EXPECT_EQ(gpu.details[r].top.size(),
+                static_cast<size_t>(std::min(allowed, p.controls[r].top_logprobs)))
+          << "row " << r;
+    }
+  }
 }
 
 // ---- The tile-head bound (fused_controls.cuh, kHeadSlots) ---------------------------
