@@ -38,6 +38,7 @@ constexpr int kCandItems = (kFusedMaxTopK * kFusedTileCandidates) / kThreads;
 static_assert(kCandItems * kThreads == kFusedMaxTopK * kFusedTileCandidates, "whole items");
 static_assert(kFusedMaxTopK <= 64, "the sample step gives each lane two kept tokens");
 static_assert(kFusedMaxTopK <= kThreads, "the top-k's final order gives each found token a thread");
+static_assert(kHeadItems <= 32 && kCandItems <= 32, "a thread's taken items fit one bit mask");
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
@@ -53,9 +54,9 @@ __device__ __forceinline__ uint64_t CandidateKey(const FusedCandidate& c) {
 // that tie go to the earlier item, and each selection's input lists ids in
 // ascending order wherever logits can tie (tile heads in tile order;
 // candidates tile by tile in tile order, each tile's in canonical order).
-// So the result is the canonical order of the 64-bit key, with half the
-// radix rounds. This rests on two
-// facts outside this kernel: the tile columns of `candidates` are in
+// So what they take, and the order step 2's ranking gives it (ties to the
+// earlier item), are those of the 64-bit key, with half the radix rounds.
+// This rests on two facts outside this kernel: the tile columns of `candidates` are in
 // ascending global tile order (a vocabulary shard's tiles are gathered at
 // column token_offset / 128, sharded_sample.cu), and stage 1 writes each
 // tile's candidates in canonical order (ControlledTileRow, fused_controls.cuh).
@@ -91,17 +92,22 @@ struct SelectShared {
 
 struct TopKCut {
   uint32_t key;   // every key above it is taken
-  int32_t equal;  // and the first `equal` keys equal to it (0 when key is 0)
+  int32_t equal;  // and the first `equal` keys equal to it (0 when every key
+                  // taken is above `key`: at most k non-zero keys, or a whole digit)
 };
 
 // All threads call it with the same k >= 1; sh.hist must be zero (it is
 // left zero). Ends with a barrier, so sh may be reused at once.
 template <int kItems>
-__device__ TopKCut SelectTopKCut(const uint32_t (&keys)[kItems], int k, SelectShared& sh) {
+__device__ __forceinline__ TopKCut SelectTopKCut(const uint32_t (&keys)[kItems], int k,
+                                                 SelectShared& sh) {
   const int tid = static_cast<int>(threadIdx.x);
   uint32_t prefix = 0u, mask = 0u;
   int remaining = k;  // still to take among the keys that match prefix on mask
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+    // Ordered after the last round's reads by its closing barrier, and
+    // before this round's winner's write by the next one.
+    if (tid == 0) sh.done = 0;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (keys[i] != 0u && (keys[i] & mask) == prefix) {
@@ -116,8 +122,6 @@ __device__ TopKCut SelectTopKCut(const uint32_t (&keys)[kItems], int k, SelectSh
     sh.hist[digit] = 0;  // for the next round; the barriers below order it before its atomics
     int above = 0, matching = 0;
     CountScan(sh.scan).ExclusiveSum(count, above, matching);
-    if (tid == 0) sh.done = 0;
-    __syncthreads();
     if (matching <= remaining) {
       // Only in the first round (later rounds match more than `remaining`
       // keys): at most k non-zero keys, all taken.
@@ -131,6 +135,7 @@ __device__ TopKCut SelectTopKCut(const uint32_t (&keys)[kItems], int k, SelectSh
         // cut > 0: digit 0 taken whole would take every matching key, and
         // there are more than `remaining` of them.
         sh.prefix = cut - 1u;
+        sh.remaining = 0;
         sh.done = 1;
       } else {
         sh.prefix = cut;
@@ -148,12 +153,27 @@ __device__ TopKCut SelectTopKCut(const uint32_t (&keys)[kItems], int k, SelectSh
   return {prefix, remaining};
 }
 
-// Which of the thread's items the cut takes (bit i), given how many keys
-// equal to the cut the threads before it hold (a block scan). Every item
-// taken is non-zero.
+// The keys equal to the cut that the thread holds (non-zero ones).
+template <int kItems>
+__device__ __forceinline__ int EqualItems(const uint32_t (&keys)[kItems], TopKCut cut) {
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) n += keys[i] != 0u && keys[i] == cut.key ? 1 : 0;
+  return n;
+}
+
+// Which of the thread's items the cut takes (bit i); every item taken is
+// non-zero. When the cut takes some of the keys equal to it, a block scan
+// counts those the threads before this one hold, so they go in
+// arrangement order. All threads call it; sh may be reused at once after.
 template <int kItems>
 __device__ __forceinline__ uint32_t TakenItems(const uint32_t (&keys)[kItems], TopKCut cut,
-                                               int equal_before) {
+                                               SelectShared& sh) {
+  int equal_before = 0;
+  if (cut.equal > 0) {  // uniform
+    CountScan(sh.scan).ExclusiveSum(EqualItems(keys, cut), equal_before);
+    __syncthreads();
+  }
   uint32_t taken = 0u;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
@@ -162,15 +182,6 @@ __device__ __forceinline__ uint32_t TakenItems(const uint32_t (&keys)[kItems], T
     equal_before += tie ? 1 : 0;
   }
   return taken;
-}
-
-// The keys equal to the cut that the thread holds (non-zero ones).
-template <int kItems>
-__device__ __forceinline__ int EqualItems(const uint32_t (&keys)[kItems], TopKCut cut) {
-  int n = 0;
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) n += keys[i] != 0u && keys[i] == cut.key ? 1 : 0;
-  return n;
 }
 
 struct FinishShared {
@@ -258,11 +269,7 @@ __global__ void __launch_bounds__(kThreads)
       const int t = tid * kHeadItems + i;  // blocked arrangement
       keys[i] = t < num_tiles ? LogitKey(row_cands[static_cast<int64_t>(t) * kFusedTileCandidates]) : 0u;
     }
-    const TopKCut cut = SelectTopKCut(keys, k, sh.select);
-    int equal_before = 0;
-    CountScan(sh.select.scan).ExclusiveSum(EqualItems(keys, cut), equal_before);
-    __syncthreads();
-    const uint32_t taken = TakenItems(keys, cut, equal_before);
+    const uint32_t taken = TakenItems(keys, SelectTopKCut(keys, k, sh.select), sh.select);
     int pos = 0;
     CountScan(sh.select.scan).ExclusiveSum(__popc(taken), pos, selected);
 #pragma unroll
@@ -291,11 +298,7 @@ __global__ void __launch_bounds__(kThreads)
       keys[i] = LogitKey(cand);
       ids[i] = cand.id;
     }
-    const TopKCut cut = SelectTopKCut(keys, k, sh.select);
-    int equal_before = 0;
-    CountScan(sh.select.scan).ExclusiveSum(EqualItems(keys, cut), equal_before);
-    __syncthreads();
-    const uint32_t taken = TakenItems(keys, cut, equal_before);
+    const uint32_t taken = TakenItems(keys, SelectTopKCut(keys, k, sh.select), sh.select);
     int pos = 0;
     CountScan(sh.select.scan).ExclusiveSum(__popc(taken), pos, found);
 #pragma unroll
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  // 4. min_p, top_p and log Z over the sorted top-k, float64 in canonical
+  // 4. min_p, top_p and log Z over the ranked top-k, float64 in canonical
   // order: the CPU's SampleFromCandidates sums the same terms in the same order.
   const double max = sh.logit[0];
   if (tid < found) sh.mass[tid] = exp(static_cast<double>(sh.logit[tid]) - max);

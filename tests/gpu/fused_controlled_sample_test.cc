@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -494,38 +495,58 @@ TEST_F(FusedControlledSampleTest, RowWithEveryTokenMaskedReportsItsStatus) {
 
 // Stage 2's two selections (the top_k tiles by head, then the best top_k of
 // their candidates: radix selects, fused_controlled_sample.cu) at every kind
-// of cut, against the CPU backend: rows whose bitmask allows top_k - 1,
-// top_k, top_k + 1 or 3 top_k tokens (fewer non-empty keys than k, exactly
-// k, one more, many), in one tile or one token a tile over 160 tiles, for
-// top_k 1, 5, 12, 16 and 64 (64 spread only: a tile then writes one
-// candidate, so none is full), greedy and sampled, the whole top list
-// compared. Twice: weights on a grid of 1/4 (ties across the cut, resolved
-// by the lower id) and continuous weights scaled by 1/T (keys that differ
-// only in their low bytes, so the select runs all its rounds).
+// of cut, against the CPU backend, whole top lists compared: rows whose
+// bitmask allows top_k - 1, top_k, top_k + 1 or 3 top_k tokens (fewer
+// non-empty keys than k, exactly k, one more, many) in one tile, one a tile
+// or four a tile over 160 tiles (so the second selection too has more than
+// k keys), for top_k 1, 5, 12, 16 and 64 (64 spread only, and 3 x 64 four a
+// tile: a tile then holds fewer tokens than it may write, so none is full
+// and every row is served), greedy and sampled. Three heads: weights on a
+// grid of 1/4 (ties across the cut, resolved by the lower id; asserted to
+// occur), continuous weights, and the grid with a per-token bias of
+// j 2^-23 (keys that tie in their high bytes and differ in the lowest one,
+// so the select runs all four rounds).
 TEST_F(FusedControlledSampleTest, TopKCutsMatchTheCpuBackend) {
   constexpr int64_t kTiles = 160;
   constexpr int64_t kVocab = kTiles * 128;
-  for (const bool grid : {true, false}) {
-    SCOPED_TRACE(grid ? "ties" : "continuous");
+  enum class Head { kGrid, kContinuous, kGridWithLowBits };
+  for (const Head head : {Head::kGrid, Head::kContinuous, Head::kGridWithLowBits}) {
+    SCOPED_TRACE(::testing::Message() << "head " << static_cast<int>(head));
     RandomProblem p;
-    std::mt19937 rng(grid ? 501u : 502u);
+    std::mt19937 rng(501u + static_cast<uint32_t>(head));
     std::normal_distribution<float> normal(0.0f, 2.0f);
     p.w.resize(kVocab);
-    for (float& x : p.w) x = RoundToBf16(grid ? 0.25f * std::floor(4.0f * normal(rng)) : normal(rng));
+    for (float& x : p.w) {
+      x = RoundToBf16(head == Head::kContinuous ? normal(rng) : 0.25f * std::floor(4.0f * normal(rng)));
+    }
+    int64_t rows_tied_at_the_cut = 0;
     for (const int32_t k : {1, 5, 12, 16, 64}) {
       for (const int32_t n : {k - 1, k, k + 1, 3 * k}) {
-        for (const bool spread : {false, true}) {
-          if (n < 1 || (!spread && (k > kFusedTileCandidates || n > 128)) || (spread && n > kTiles)) continue;
+        for (const int per_tile : {128, 1, 4}) {  // 128: all in one tile
+          if (n < 1 || (per_tile == 128 && (k > kFusedTileCandidates || n > 128)) ||
+              (per_tile != 128 && (n + per_tile - 1) / per_tile > kTiles)) {
+            continue;
+          }
           for (const float temperature : {0.0f, 0.7f, 1.3f}) {
             RowControls c = testing::FilterControls(k, 1.0f, 0.0f);
             c.top_logprobs = std::min<int32_t>(k, kMaxTopLogprobs);
             c.allowed_bitmask.assign(kVocab / 32, 0u);
-            // One tile: tokens 128 t0 + (5 j mod 128); spread: 128 j + (37 j mod 128).
             const int64_t t0 = static_cast<int64_t>(p.h.size()) % kTiles;
+            std::vector<float> allowed;
             for (int32_t j = 0; j < n; ++j) {
-              const int64_t token = spread ? 128 * j + (37 * j) % 128 : 128 * t0 + (5 * j) % 128;
+              const int64_t token = per_tile == 128 ? 128 * t0 + (5 * j) % 128
+                                    : per_tile == 1 ? 128 * j + (37 * j) % 128
+                                                    : 128 * (j / 4) + 32 * (j % 4) + (j / 4) % 32;
               c.allowed_bitmask[token >> 5] |= 1u << (token & 31);
+              float bias = 0.0f;
+              if (head == Head::kGridWithLowBits) {
+                bias = std::ldexp(static_cast<float>(j), -23);
+                c.logit_bias.emplace_back(static_cast<int32_t>(token), bias);
+              }
+              allowed.push_back(p.w[token] + bias);
             }
+            std::sort(allowed.begin(), allowed.end(), std::greater<float>());
+            if (n > k && allowed[k - 1] == allowed[k]) ++rows_tied_at_the_cut;
             const uint32_t row = static_cast<uint32_t>(p.h.size());
             p.params.push_back(RowParams{temperature, 77, 0, row});
             p.controls.push_back(c);
@@ -534,22 +555,14 @@ TEST_F(FusedControlledSampleTest, TopKCutsMatchTheCpuBackend) {
         }
       }
     }
+    if (head == Head::kGrid) {
+      EXPECT_GT(rows_tied_at_the_cut, 0) << "no row ties at its k-th token";
+    }
     const Outputs cpu = RunCpu(p.w, p.h, p.params, p.controls);
     ASSERT_EQ(cpu.launch, KernelStatus::kOk);
     const Outputs gpu = Run(p.w, p.h, p.params, p.controls);
     ASSERT_EQ(gpu.launch, KernelStatus::kOk);
     ExpectAgrees(gpu, cpu, p);
-    // A row with at most top_k allowed tokens keeps them all (top_p is 1):
-    // its top list holds min(allowed, top_logprobs) of them.
-    for (size_t r = 0; r < p.h.size(); ++r) {
-      int32_t allowed = 0;
-      for (uint32_t word : p.controls[r].allowed_bitmask) allowed += __builtin_popcount(word);
-      if (allowed > p.controls[r].top_k) continue;
-      ASSERT_LT(r, gpu.details.size());
-      EXPECT_EQ(gpu.details[r].top.size(),
-                static_cast<size_t>(std::min(allowed, p.controls[r].top_logprobs)))
-          << "row " << r;
-    }
   }
 }
 
