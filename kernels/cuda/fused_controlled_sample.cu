@@ -153,15 +153,6 @@ __device__ __forceinline__ TopKCut SelectTopKCut(const uint32_t (&keys)[kItems],
   return {prefix, remaining};
 }
 
-// The keys equal to the cut that the thread holds (non-zero ones).
-template <int kItems>
-__device__ __forceinline__ int EqualItems(const uint32_t (&keys)[kItems], TopKCut cut) {
-  int n = 0;
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) n += keys[i] != 0u && keys[i] == cut.key ? 1 : 0;
-  return n;
-}
-
 // Which of the thread's items the cut takes (bit i); every item taken is
 // non-zero. When the cut takes some of the keys equal to it, a block scan
 // counts those the threads before this one hold, so they go in
@@ -169,15 +160,18 @@ __device__ __forceinline__ int EqualItems(const uint32_t (&keys)[kItems], TopKCu
 template <int kItems>
 __device__ __forceinline__ uint32_t TakenItems(const uint32_t (&keys)[kItems], TopKCut cut,
                                                SelectShared& sh) {
+  uint32_t ties = 0u;  // bit i: item i is non-zero and equal to the cut
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) ties |= keys[i] != 0u && keys[i] == cut.key ? 1u << i : 0u;
   int equal_before = 0;
   if (cut.equal > 0) {  // uniform
-    CountScan(sh.scan).ExclusiveSum(EqualItems(keys, cut), equal_before);
+    CountScan(sh.scan).ExclusiveSum(__popc(ties), equal_before);
     __syncthreads();
   }
   uint32_t taken = 0u;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
-    const bool tie = keys[i] != 0u && keys[i] == cut.key;
+    const bool tie = ((ties >> i) & 1u) != 0u;
     if (keys[i] > cut.key || (tie && equal_before < cut.equal)) taken |= 1u << i;
     equal_before += tie ? 1 : 0;
   }
